@@ -1,0 +1,175 @@
+"""The run config shared by host and DPU programs, its command-line parser, presets and hash.
+
+Both programs receive the same training flags from `dpurun` and resolve them to the same
+`RunConfig`; `handshake.check_peers` compares `config_hash()` across all ranks at start-up so a
+mismatch (e.g. a hand-written mpirun line with different flags per side) stops the job at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from dpuoffload.common.errors import ConfigError, NotYetAvailableError
+
+MODES = ("none", "naive", "da", "mv", "hybrid")
+IMPLEMENTED_MODES = ("none",)
+ALLREDUCE_BACKENDS = ("auto", "horovod", "torch")
+LR_SCHEDULES = ("cosine", "step", "constant")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Everything that must be identical on every rank of a run.
+
+    Per-side knobs that may legitimately differ (threads per rank, core pinning, throttling) are
+    launcher concerns passed through the environment, not part of this config or its hash.
+    """
+
+    mode: str = "none"
+    model: str = "resnet20"
+    dataset: str = "cifar10"
+    data: Optional[str] = None
+    download: bool = False
+    num_classes: Optional[int] = None
+    epochs: int = 3
+    batch_size: int = 32
+    val_batch_size: int = 128
+    drop_last: bool = False
+    train_subset: Optional[int] = None
+    val_subset: Optional[int] = None
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    lr_schedule: str = "cosine"
+    seed: int = 0
+    allreduce: str = "auto"
+    log_dir: Optional[str] = None
+    progress: bool = True
+    peer_timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        _check_choice("mode", self.mode, MODES)
+        _check_choice("allreduce", self.allreduce, ALLREDUCE_BACKENDS)
+        _check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        for name in ("epochs", "batch_size", "val_batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+        for name in ("train_subset", "val_subset", "num_classes"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"--{_flag(name)} must be >= 1, got {value}")
+        if self.lr <= 0:
+            raise ConfigError(f"--lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"--momentum must be in [0, 1), got {self.momentum}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"--weight-decay must be >= 0, got {self.weight_decay}")
+        if self.peer_timeout <= 0:
+            raise ConfigError(f"--peer-timeout must be > 0 seconds, got {self.peer_timeout}")
+
+    def check_mode_available(self) -> None:
+        """Raise `NotYetAvailableError` for modes that are documented but not implemented yet."""
+        if self.mode not in IMPLEMENTED_MODES:
+            raise NotYetAvailableError(
+                f"--mode {self.mode} is not yet available in this version (implemented: "
+                f"{', '.join(IMPLEMENTED_MODES)}); run with --mode none"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def config_hash(self) -> str:
+        """A short stable digest of the resolved config, compared across ranks at start-up."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _flag(field_name: str) -> str:
+    return field_name.replace("_", "-")
+
+
+def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ConfigError(f"--{_flag(name)} {value!r} is not one of: {', '.join(choices)}")
+
+
+# --------------------------------------------------------------------------------------- presets
+def debug_preset() -> dict[str, Any]:
+    """A tiny run (seconds per epoch on one core) that the demo and the tests reuse."""
+    return dict(model="resnet20", dataset="cifar10", epochs=3, batch_size=32, val_batch_size=128,
+                train_subset=512, val_subset=256, lr=0.05)
+
+
+def default_preset() -> dict[str, Any]:
+    """No overrides: the dataclass defaults."""
+    return {}
+
+
+PRESETS: dict[str, Callable[[], dict[str, Any]]] = {"default": default_preset, "debug": debug_preset}
+
+
+# ---------------------------------------------------------------------------------------- parser
+def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
+    """The training flags, shared by the host program, the DPU program and `dpurun` (after `--`)."""
+    p = argparse.ArgumentParser(prog=prog, add_help=True,
+                                description="Training flags (identical for host and DPU programs).")
+    S = argparse.SUPPRESS  # unset flags fall back to the preset, then to the dataclass default
+    p.add_argument("--preset", choices=sorted(PRESETS), default="default",
+                   help="start from a named preset; explicit flags override it (default: default)")
+    p.add_argument("--mode", choices=MODES, default=S,
+                   help="offload mode (default: none; only 'none' is implemented in this version)")
+    p.add_argument("--model", default=S, help="resnet20 | resnet56 | shufflenet_v2 | resnet50 | "
+                   "module:function (a factory taking num_classes) (default: resnet20)")
+    p.add_argument("--dataset", default=S, help="cifar10 | svhn | tinyimagenet | fake | "
+                   "module:function (a factory taking root, train, download) (default: cifar10)")
+    p.add_argument("--data", default=S, metavar="DIR", help="dataset root directory")
+    p.add_argument("--download", action="store_true", default=S,
+                   help="let torchvision download the dataset where it supports it")
+    p.add_argument("--num-classes", type=int, default=S,
+                   help="number of classes for a user dataset without a .classes attribute")
+    p.add_argument("--epochs", type=int, default=S, help="training epochs (default: 3)")
+    p.add_argument("--batch-size", type=int, default=S, help="per host rank batch size (default: 32)")
+    p.add_argument("--val-batch-size", type=int, default=S, help="validation batch size (default: 128)")
+    p.add_argument("--drop-last", action="store_true", default=S,
+                   help="drop each rank's last partial batch of an epoch")
+    p.add_argument("--train-subset", type=int, default=S, metavar="N",
+                   help="train on the first N samples only (quick runs)")
+    p.add_argument("--val-subset", type=int, default=S, metavar="N",
+                   help="validate on the first N samples only")
+    p.add_argument("--lr", type=float, default=S, help="peak SGD learning rate (default: 0.05)")
+    p.add_argument("--momentum", type=float, default=S, help="SGD momentum (default: 0.9)")
+    p.add_argument("--weight-decay", type=float, default=S, help="SGD weight decay (default: 5e-4)")
+    p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=S,
+                   help="per-step learning-rate schedule (default: cosine)")
+    p.add_argument("--seed", type=int, default=S, help="seed for weights, sampler and augmentation (default: 0)")
+    p.add_argument("--allreduce", choices=ALLREDUCE_BACKENDS, default=S,
+                   help="gradient allreduce: horovod, torch (torch.distributed gloo) or auto = "
+                        "horovod when it imports (default: auto)")
+    p.add_argument("--log-dir", default=S, metavar="DIR",
+                   help="write metrics.jsonl and per-rank phase timers (phases-rank<R>.jsonl) here")
+    p.add_argument("--no-progress", dest="progress", action="store_false", default=S,
+                   help="no progress bar on host rank 0")
+    p.add_argument("--peer-timeout", type=float, default=S, metavar="SECONDS",
+                   help="abort the job when a peer does not answer within this time (default: 600)")
+    return p
+
+
+def parse_run_config(argv: Optional[Sequence[str]] = None, prog: str = "dpuoffload") -> RunConfig:
+    """Parse training flags into a `RunConfig` (preset first, explicit flags override).
+
+    Raises:
+        ConfigError: a value is out of range or an unknown choice.
+        SystemExit: argparse's own usage errors (unknown flag, wrong type).
+    """
+    ns = build_parser(prog).parse_args(argv)
+    values = PRESETS[ns.preset]()
+    values.update({k: v for k, v in vars(ns).items() if k != "preset"})
+    return RunConfig(**values)

@@ -1,0 +1,52 @@
+"""Environment variables through which `dpurun` passes per-side settings to the programs.
+
+These are launcher concerns that may differ between host and DPU ranks (so they are not part of
+`RunConfig` and its hash). Both the launcher (which sets them) and the programs (which read them)
+import the names from here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, Optional
+
+from dpuoffload.common.errors import ConfigError
+
+THREADS = "DPUOFFLOAD_THREADS"          # torch intra-op threads of this rank (also OMP_NUM_THREADS)
+NODE_MAP = "DPUOFFLOAD_NODE_MAP"        # "dpu-host=host-node,..." : which node a DPU hostname belongs to
+CGROUP = "DPUOFFLOAD_CGROUP"            # informational: cgroup the DPU ranks were put in (throttling)
+
+
+def format_node_map(dpu_to_node: Mapping[str, str]) -> str:
+    return ",".join(f"{dpu}={node}" for dpu, node in dpu_to_node.items())
+
+
+def parse_node_map(text: Optional[str]) -> dict[str, str]:
+    """Parse `NODE_MAP` ("node1-bf=node1,node2-bf=node2"); empty or unset gives {}."""
+    if not text:
+        return {}
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        dpu, sep, node = item.partition("=")
+        if not sep or not dpu or not node:
+            raise ConfigError(f"{NODE_MAP}: bad entry {item!r}, expected dpu-hostname=host-node")
+        out[short_hostname(dpu)] = short_hostname(node)
+    return out
+
+
+def short_hostname(name: str) -> str:
+    """Hostnames compare by their first label: MPI may report 'n1.cluster' where users write 'n1'."""
+    return name.split(".", 1)[0]
+
+
+def threads_from_env(environ: Mapping[str, str] = os.environ) -> Optional[int]:
+    value = environ.get(THREADS)
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise ConfigError(f"{THREADS}={value!r} is not an integer") from None
+    if n < 1:
+        raise ConfigError(f"{THREADS} must be >= 1, got {n}")
+    return n

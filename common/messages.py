@@ -1,0 +1,55 @@
+"""Every host<->DPU message kind, defined once: its MPI tag and its fixed-size header layout.
+
+Headers are flat int64 numpy arrays sent as raw buffers (no pickling) so both programs, and any
+future C/aarch64 peer, agree on the bytes. Bump `PROTOCOL_VERSION` in `version.py` when a layout
+changes. Payloads that follow a header (batches, weight shards) are described by the header.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Mapping
+
+import numpy as np
+
+
+class Tag(IntEnum):
+    """MPI tags on `COMM_WORLD` for host<->DPU traffic. Never reuse a number for another meaning."""
+
+    CONTROL = 10       # control header (shutdown, epoch boundaries)
+    BATCH_HEADER = 20  # reserved: data-augmentation batches (--mode da)
+    BATCH_DATA = 21
+    WEIGHTS = 30       # reserved: model state for validation / checkpoints / clones
+    SHARD = 40
+
+
+class ControlKind(IntEnum):
+    SHUTDOWN = 1       # training ended; the DPU rank returns and finalizes
+
+
+@dataclass(frozen=True)
+class HeaderLayout:
+    """A named fixed layout of int64 fields, packed into / unpacked from a numpy buffer."""
+
+    name: str
+    tag: Tag
+    fields: tuple[str, ...]
+
+    def empty(self) -> np.ndarray:
+        """A receive buffer of the right size."""
+        return np.zeros(len(self.fields), dtype=np.int64)
+
+    def pack(self, **values: int) -> np.ndarray:
+        unknown = set(values) - set(self.fields)
+        if unknown:
+            raise ValueError(f"{self.name} header has no field(s) {sorted(unknown)}")
+        return np.array([int(values.get(f, 0)) for f in self.fields], dtype=np.int64)
+
+    def unpack(self, buf: np.ndarray) -> Mapping[str, int]:
+        if buf.shape != (len(self.fields),):
+            raise ValueError(f"{self.name} header must have {len(self.fields)} int64 fields, got shape {buf.shape}")
+        return {f: int(v) for f, v in zip(self.fields, buf)}
+
+
+CONTROL = HeaderLayout("control", Tag.CONTROL, ("kind", "epoch", "step", "value"))

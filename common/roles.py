@@ -1,0 +1,158 @@
+"""Which program a rank runs, its communicators, and the host<->DPU pairing.
+
+Every rank learns its role from `MPI.APPNUM` (app context 0 = host program, 1 = DPU program, as
+`dpurun` writes the MPMD command), splits `COMM_WORLD` into `host_comm` and `dpu_comm`, and computes
+the same pairing from an allgather of (role, hostname). The pairing itself is the pure function
+`pair_ranks`, testable without processes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+
+from dpuoffload.common import env
+from dpuoffload.common.errors import ConfigError
+
+if TYPE_CHECKING:  # mpi4py is imported lazily so pure logic stays importable without MPI
+    from mpi4py import MPI
+
+
+class Role(IntEnum):
+    """A rank's program; the value is the MPMD app context number (`MPI.APPNUM`)."""
+
+    HOST = 0
+    DPU = 1
+
+    @property
+    def program(self) -> str:
+        return "host program" if self is Role.HOST else "DPU program"
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    world_rank: int
+    role: Role
+    hostname: str
+    node: str  # the physical node: a DPU's node is the host node it is plugged into
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """Which DPU ranks serve which host rank (world ranks), always within one node."""
+
+    host_to_dpus: Mapping[int, tuple[int, ...]]
+    dpu_to_hosts: Mapping[int, tuple[int, ...]]
+
+
+def node_of(hostname: str, node_map: Mapping[str, str]) -> str:
+    short = env.short_hostname(hostname)
+    return node_map.get(short, short)
+
+
+def pair_ranks(ranks: Sequence[RankInfo]) -> Pairing:
+    """Pair host and DPU ranks node by node, deterministically.
+
+    On each node, host ranks and DPU ranks are ordered by world rank. With fewer (or as many) DPU
+    ranks than host ranks, host i gets DPU floor(i * n_dpu / n_host): consecutive host ranks share a
+    DPU rank (fan-out). With more DPU ranks than host ranks, DPU j serves host floor(j * n_host /
+    n_dpu): a host rank gets several DPU ranks. A node without DPU ranks leaves its hosts unpaired.
+    """
+    host_to: dict[int, list[int]] = {r.world_rank: [] for r in ranks if r.role is Role.HOST}
+    dpu_to: dict[int, list[int]] = {r.world_rank: [] for r in ranks if r.role is Role.DPU}
+    for node in sorted({r.node for r in ranks}):
+        hosts = sorted(r.world_rank for r in ranks if r.node == node and r.role is Role.HOST)
+        dpus = sorted(r.world_rank for r in ranks if r.node == node and r.role is Role.DPU)
+        if not hosts or not dpus:
+            continue
+        if len(dpus) <= len(hosts):
+            pairs = [(h, dpus[i * len(dpus) // len(hosts)]) for i, h in enumerate(hosts)]
+        else:
+            pairs = [(hosts[j * len(hosts) // len(dpus)], d) for j, d in enumerate(dpus)]
+        for h, d in pairs:
+            host_to[h].append(d)
+            dpu_to[d].append(h)
+    return Pairing(host_to_dpus={k: tuple(v) for k, v in host_to.items()},
+                   dpu_to_hosts={k: tuple(v) for k, v in dpu_to.items()})
+
+
+@dataclass
+class Topology:
+    """This rank's view of the job. `side_comm` is `host_comm` on host ranks, `dpu_comm` on DPU ranks."""
+
+    world: "MPI.Comm"
+    side_comm: "MPI.Comm"
+    role: Role
+    ranks: tuple[RankInfo, ...]
+    pairing: Pairing
+    host_ranks: tuple[int, ...] = field(init=False)
+    dpu_ranks: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.host_ranks = tuple(r.world_rank for r in self.ranks if r.role is Role.HOST)
+        self.dpu_ranks = tuple(r.world_rank for r in self.ranks if r.role is Role.DPU)
+
+    @property
+    def world_rank(self) -> int:
+        return self.world.Get_rank()
+
+    @property
+    def side_rank(self) -> int:
+        return self.side_comm.Get_rank()
+
+    @property
+    def host_comm(self) -> Optional["MPI.Comm"]:
+        return self.side_comm if self.role is Role.HOST else None
+
+    @property
+    def dpu_comm(self) -> Optional["MPI.Comm"]:
+        return self.side_comm if self.role is Role.DPU else None
+
+    @property
+    def peers(self) -> tuple[int, ...]:
+        """World ranks paired with this rank (its DPU ranks on a host, its host ranks on a DPU)."""
+        table = self.pairing.host_to_dpus if self.role is Role.HOST else self.pairing.dpu_to_hosts
+        return table[self.world_rank]
+
+    def describe(self, world_rank: Optional[int] = None) -> str:
+        """'host rank 1 (world rank 1, node n0)' — the label used in every log and error."""
+        wr = self.world_rank if world_rank is None else world_rank
+        info = self.ranks[wr]
+        side = (self.host_ranks if info.role is Role.HOST else self.dpu_ranks).index(wr)
+        kind = "host" if info.role is Role.HOST else "DPU"
+        return f"{kind} rank {side} (world rank {wr}, node {info.node})"
+
+
+def role_from_appnum(appnum: Optional[int], expected: Role) -> Role:
+    """Check the app context number against the program that is running.
+
+    `appnum` is None when a program was started without mpirun (singleton) or by an MPI without
+    APPNUM support; the program's own role is used then.
+    """
+    if appnum is None:
+        return expected
+    if appnum not in (0, 1):
+        raise ConfigError(f"MPI app context {appnum}: dpuoffload jobs have exactly two (0 = host "
+                          "program, 1 = DPU program); start them with dpurun")
+    if Role(appnum) is not expected:
+        raise ConfigError(f"the {expected.program} runs in MPI app context {appnum}, but context "
+                          f"{int(expected)} is reserved for it: put the host program first and the "
+                          "DPU program second in the mpirun command (dpurun does this)")
+    return expected
+
+
+def build_topology(expected: Role, world: Optional["MPI.Comm"] = None) -> Topology:
+    """Collective over `world`: determine roles, split communicators, compute the pairing."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD if world is None else world
+    role = role_from_appnum(world.Get_attr(MPI.APPNUM), expected)
+    node_map = env.parse_node_map(os.environ.get(env.NODE_MAP))
+    hostname = MPI.Get_processor_name()
+    gathered = world.allgather((int(role), hostname))
+    ranks = tuple(RankInfo(world_rank=i, role=Role(r), hostname=h, node=node_of(h, node_map))
+                  for i, (r, h) in enumerate(gathered))
+    side = world.Split(color=int(role), key=world.Get_rank())
+    return Topology(world=world, side_comm=side, role=role, ranks=ranks, pairing=pair_ranks(ranks))

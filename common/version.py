@@ -1,0 +1,6 @@
+"""Project and wire-protocol versions, checked by every rank at start-up (see `handshake`)."""
+
+__version__ = "0.1.0"
+
+# Bump whenever a message layout in `dpuoffload.common.messages` changes meaning or size.
+PROTOCOL_VERSION = 1

@@ -1,0 +1,42 @@
+"""Waiting on MPI requests without burning a core and without hanging forever on a dead peer.
+
+Open MPI's blocking waits spin; on an emulated DPU that shares cores with host ranks, an idle rank
+spinning would steal the host's CPU. `wait` polls `Test()` with a short back-off (sub-millisecond
+at first, so hot paths lose little latency) and raises `PeerError` when the deadline passes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Optional
+
+from dpuoffload.common.errors import PeerError
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+_MAX_SLEEP = 0.05
+
+
+def wait(req: "MPI.Request", timeout: Optional[float], what: str, max_sleep: float = _MAX_SLEEP) -> float:
+    """Wait for `req`; return the seconds waited.
+
+    Args:
+        req: a pending non-blocking request.
+        timeout: seconds before giving up (None: wait forever, still without spinning).
+        what: what is awaited and from whom, for the error message.
+        max_sleep: longest sleep between polls (latency bound once the wait has been long).
+
+    Raises:
+        PeerError: the deadline passed; the request is left pending (the caller aborts the job).
+    """
+    t0 = time.perf_counter()
+    sleep = 0.0
+    while not req.Test():
+        waited = time.perf_counter() - t0
+        if timeout is not None and waited > timeout:
+            raise PeerError(f"timed out after {timeout:.0f} s waiting for {what}; the peer rank is "
+                            "dead, hung or far slower than expected (raise --peer-timeout if it is slow)")
+        time.sleep(sleep)
+        sleep = min(max(sleep * 2, 1e-4), max_sleep)
+    return time.perf_counter() - t0

