@@ -59,19 +59,29 @@ def collective_call(comm: "MPI.Comm", fn: Callable[[], T], label: str) -> T:
     return result  # type: ignore[return-value]
 
 
-def run_program(main: Callable[[], int], label: Callable[[], str]) -> None:
+_rank_label = "rank ?"
+
+
+def set_rank_label(label: str) -> None:
+    """Name this rank in failure messages ('DPU rank 1 (world rank 3, node n0)')."""
+    global _rank_label
+    _rank_label = label
+
+
+def run_program(main: Callable[[], int], default_label: str) -> None:
     """Entry-point wrapper for both programs: exit with main's code, or end the whole job on error."""
+    set_rank_label(default_label)
     try:
         code = main()
     except JobFailed:
         sys.exit(1)
     except KeyboardInterrupt:
-        _abort(f"{label()}: interrupted", 130)
+        _abort(f"{_rank_label}: interrupted", 130)
     except BaseException as e:  # noqa: BLE001 - anything else must not leave peers hanging
         if isinstance(e, SystemExit) and (e.code in (0, None)):
             raise
         detail = "".join(traceback.format_exception(e)) if not isinstance(e, DpuOffloadError) else f"{type(e).__name__}: {e}"
-        _abort(f"{label()} failed: {detail}".rstrip(), 1)
+        _abort(f"{_rank_label} failed: {detail}".rstrip(), 1)
     else:
         sys.exit(code)
 

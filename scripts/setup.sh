@@ -78,7 +78,7 @@ if [ "$WITH_HOROVOD" = "1" ]; then
       say "using cached horovod wheel $whl"
     fi
     pip install --no-deps "$whl"
-    pip install cloudpickle psutil pyyaml packaging   # horovod's runtime deps
+    pip install cffi cloudpickle psutil pyyaml packaging   # horovod's runtime deps
   fi
 fi
 

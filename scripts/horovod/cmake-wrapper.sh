@@ -13,7 +13,7 @@ esac
 args=()
 for a in "$@"; do
   case "$a" in
-    -DPYTHON_EXECUTABLE=*) args+=("-DPYTHON_EXECUTABLE=$here/python-cpu-shim.sh") ;;
+    -DPYTHON_EXECUTABLE=*|-DPYTHON_EXECUTABLE:*) args+=("-DPYTHON_EXECUTABLE:FILEPATH=$here/python-cpu-shim.sh") ;;
     *) args+=("$a") ;;
   esac
 done

@@ -1,0 +1,28 @@
+"""Resolving `module:function` user factories (models, data sets) with errors a user can act on."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from dpuoffload.common.errors import ConfigError
+
+
+def is_factory_spec(name: str) -> bool:
+    return ":" in name
+
+
+def load_factory(spec: str, flag: str) -> Callable[..., Any]:
+    """Import `module:function`; raise `ConfigError` naming the flag, the module and the fix."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{flag} {spec!r}: expected module:function, e.g. mypkg.models:build")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"{flag} {spec!r}: cannot import module {module_name!r} ({e}); make it "
+                          "importable on every host and DPU (PYTHONPATH or pip install)") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"{flag} {spec!r}: module {module_name!r} has no callable {attr!r}")
+    return fn

@@ -1,0 +1,59 @@
+"""Per-sample augmentation seeds: a sample is augmented identically wherever it is augmented.
+
+torchvision transforms draw from torch's global RNG (and user transforms may use `random` or
+numpy's global RNG), so the random crop a sample gets would depend on which process built the
+batch and in what order. `PerSampleSeeded` runs each `__getitem__` under RNG states derived from
+(seed, epoch, sample index) and restores the caller's RNG states afterwards, so training-side
+randomness is unaffected by data loading — in every mode, `none` included.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A well-mixed 63-bit seed for one sample of one epoch (pure; same on every rank)."""
+    return _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ epoch) ^ index) >> 1
+
+
+class PerSampleSeeded(Dataset):
+    """Wrap a map-style dataset so item i of epoch e is produced under `sample_seed(seed, e, i)`."""
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        s = sample_seed(self.seed, self.epoch, int(index))
+        py_state, np_state = random.getstate(), np.random.get_state()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(s)
+                random.seed(s)
+                np.random.seed(s & 0xFFFFFFFF)
+                return self.dataset[index]
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)

@@ -1,0 +1,1 @@
+"""The DPU program: data augmentation, validation and checkpoint persistence offloaded from hosts."""

@@ -1,0 +1,1 @@
+"""The host program: forward/backward, gradient allreduce among host ranks, weight update."""

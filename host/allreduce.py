@@ -1,0 +1,120 @@
+"""Gradient averaging among host ranks: Horovod (on the host communicator only) or torch.distributed.
+
+Both backends sum every gradient across host ranks and scale by 1/N, over one flat view of all
+gradients, so with the same inputs they give the same averaged gradient up to float summation
+order (bit-identical in our 2-rank tests). DPU ranks never join these groups: they talk to hosts
+over mpi4py point-to-point on COMM_WORLD.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+import torch
+from torch import nn
+
+from dpuoffload.common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+
+class GradientSync(Protocol):
+    """Call order on every host rank: `broadcast_parameters_` once, `allreduce_gradients_` after
+    each backward, `shutdown` at the end. All calls are collective over the host ranks."""
+
+    name: str
+
+    def broadcast_parameters_(self, model: nn.Module) -> None: ...
+
+    def allreduce_gradients_(self, grads: Sequence[torch.Tensor]) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def horovod_available() -> bool:
+    return importlib.util.find_spec("horovod") is not None and importlib.util.find_spec("horovod.torch") is not None
+
+
+def resolve_backend(requested: str) -> str:
+    """'auto' means Horovod when it imports, torch.distributed otherwise."""
+    if requested == "auto":
+        return "horovod" if horovod_available() else "torch"
+    if requested == "horovod" and not horovod_available():
+        raise ConfigError("--allreduce horovod: Horovod is not installed; run scripts/setup.sh (it builds "
+                          "Horovod for this platform) or use --allreduce torch")
+    return requested
+
+
+class HorovodSync:
+    name = "horovod"
+
+    def __init__(self, host_comm: "MPI.Comm") -> None:
+        import horovod.torch as hvd
+
+        hvd.init(comm=host_comm)
+        self._hvd = hvd
+
+    def broadcast_parameters_(self, model: nn.Module) -> None:
+        self._hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def allreduce_gradients_(self, grads: Sequence[torch.Tensor]) -> None:
+        if grads:
+            self._hvd.grouped_allreduce_(list(grads), op=self._hvd.Average, name="grads")
+
+    def shutdown(self) -> None:
+        self._hvd.shutdown()
+
+
+class TorchSync:
+    """torch.distributed gloo group of the host ranks; the rendezvous port is shared over MPI."""
+
+    name = "torch"
+
+    def __init__(self, host_comm: "MPI.Comm", timeout: float) -> None:
+        import torch.distributed as dist
+
+        rank, size = host_comm.Get_rank(), host_comm.Get_size()
+        addr = _rendezvous_address(host_comm)
+        delta = datetime.timedelta(seconds=timeout)
+        if rank == 0:
+            store = dist.TCPStore(addr, 0, size, is_master=True, timeout=delta, wait_for_workers=False)
+            port = host_comm.bcast(store.port, root=0)
+        else:
+            port = host_comm.bcast(None, root=0)
+            store = dist.TCPStore(addr, port, size, is_master=False, timeout=delta)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=delta)
+        self._dist, self._size = dist, size
+
+    def broadcast_parameters_(self, model: nn.Module) -> None:
+        for tensor in model.state_dict().values():
+            self._dist.broadcast(tensor, src=0)
+
+    def allreduce_gradients_(self, grads: Sequence[torch.Tensor]) -> None:
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self._dist.all_reduce(flat)
+        flat.div_(self._size)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset: offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def shutdown(self) -> None:
+        self._dist.destroy_process_group()
+
+
+def _rendezvous_address(host_comm: "MPI.Comm") -> str:
+    """Loopback when all host ranks share a machine, else host rank 0's hostname."""
+    from mpi4py import MPI
+
+    names = host_comm.allgather(MPI.Get_processor_name())
+    return "127.0.0.1" if len(set(names)) == 1 else names[0]
+
+
+def build_sync(requested: str, host_comm: "MPI.Comm", timeout: float) -> GradientSync:
+    backend = resolve_backend(requested)
+    return HorovodSync(host_comm) if backend == "horovod" else TorchSync(host_comm, timeout)

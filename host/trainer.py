@@ -1,0 +1,176 @@
+"""The host training loop (`--mode none`): data-parallel SGD over the host ranks.
+
+One step = next batch (data) -> forward/backward -> gradient allreduce -> optimizer step, each
+timed as a phase; each epoch ends with validation on the host ranks and one log record.
+Determinism: weights from the seed, `DistributedSampler(seed)`, per-sample augmentation seeds
+(`PerSampleSeeded`), deterministic algorithms and a fixed allreduce order, so the same seed and
+rank count give the same loss sequence to the bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from mpi4py import MPI
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+from tqdm import tqdm
+
+from dpuoffload.common.config import RunConfig
+from dpuoffload.common.datasets import DatasetPair
+from dpuoffload.common.evaluation import evaluate_sums, metrics_from_sums, shard_range
+from dpuoffload.common.metrics import JsonlLog, PhaseTimer
+from dpuoffload.common.roles import Topology
+from dpuoffload.common.sampling import PerSampleSeeded
+from dpuoffload.host.allreduce import GradientSync
+
+
+@dataclass
+class HostJob:
+    """What host set-up builds before any communication (so failures are collective and clean)."""
+
+    data: DatasetPair
+    model: nn.Module
+
+
+def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.SGD:
+    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                           weight_decay=cfg.weight_decay)
+
+
+def lr_factor(schedule: str, step: int, total: int) -> float:
+    """Multiplier of the peak LR at `step` of `total` (per-step schedules)."""
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * step / max(total, 1)))
+    if schedule == "step":
+        return 0.1 ** sum(step >= total * m for m in (0.5, 0.75))
+    return 1.0
+
+
+def state_digest(model: nn.Module) -> str:
+    """sha256 over every parameter and buffer, in state_dict order: 'same weights, to the bit'."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, topo: Topology, job: HostJob, sync: GradientSync) -> None:
+        self.cfg, self.topo, self.sync = cfg, topo, sync
+        self.comm = topo.side_comm
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.model, self.val_set = job.model, job.data.val
+        self.criterion = nn.CrossEntropyLoss()
+        self.optimizer = build_optimizer(cfg, self.model)
+        self.train_set = PerSampleSeeded(job.data.train, cfg.seed)
+        self.sampler = DistributedSampler(self.train_set, num_replicas=self.size, rank=self.rank,
+                                          shuffle=True, seed=cfg.seed)
+        self.loader = DataLoader(self.train_set, batch_size=cfg.batch_size, sampler=self.sampler,
+                                 num_workers=0, drop_last=cfg.drop_last)
+        self.total_steps = cfg.epochs * len(self.loader)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(cfg.lr_schedule, s, self.total_steps))
+        self.timer = PhaseTimer()
+        self.phase_log = JsonlLog(cfg.log_dir, f"phases-rank{topo.world_rank}.jsonl")
+        self.metrics_log = JsonlLog(cfg.log_dir if self.rank == 0 else None, "metrics.jsonl")
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    def fit(self) -> list[dict[str, Any]]:
+        if len(self.loader) == 0:
+            raise ValueError("an epoch has no batches: the training set is smaller than one batch per "
+                             "host rank with --drop-last; lower --batch-size or drop --drop-last")
+        self.sync.broadcast_parameters_(self.model)
+        records = [self.run_epoch(epoch) for epoch in range(self.cfg.epochs)]
+        final = {"event": "end", "weights_sha256": state_digest(self.model),
+                 "allreduce": self.sync.name, "host_ranks": self.size}
+        self.metrics_log.write(final)
+        return records
+
+    def run_epoch(self, epoch: int) -> dict[str, Any]:
+        self.timer.reset()
+        t0 = time.perf_counter()
+        train_sums, losses = self.train_epoch(epoch)
+        with self.timer.phase("validation"):
+            val_sums = self.validate()
+        epoch_time = time.perf_counter() - t0
+        record = self.epoch_record(epoch, train_sums, val_sums, losses, epoch_time)
+        self.phase_log.write({"epoch": epoch, "world_rank": self.topo.world_rank, "role": "host",
+                              "epoch_time": epoch_time, "phases": dict(self.timer.totals)})
+        if self.is_leader:
+            self.metrics_log.write(record)
+            print(format_epoch_line(record, self.cfg.epochs), flush=True)
+        return record
+
+    def train_epoch(self, epoch: int) -> tuple[np.ndarray, list[float]]:
+        self.model.train()
+        self.sampler.set_epoch(epoch)
+        self.train_set.set_epoch(epoch)
+        sums = np.zeros(3, dtype=np.float64)
+        losses: list[float] = []
+        bar = tqdm(total=len(self.loader), desc=f"epoch {epoch + 1}/{self.cfg.epochs}", unit="step",
+                   leave=False, file=sys.stderr, mininterval=1.0,
+                   disable=not (self.cfg.progress and self.is_leader))
+        batches = iter(self.loader)
+        for _ in range(len(self.loader)):
+            with self.timer.phase("data"):
+                x, y = next(batches)
+            loss, correct = self.step(x, y)
+            losses.append(loss)
+            sums += (loss * len(y), correct, len(y))
+            bar.update(1)
+        bar.close()
+        return self.allreduce_sums(sums), losses
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
+        with self.timer.phase("forward_backward"):
+            out = self.model(x)
+            loss = self.criterion(out, y)
+            self.optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+        with self.timer.phase("allreduce"):
+            self.sync.allreduce_gradients_([p.grad for p in self.model.parameters() if p.grad is not None])
+        with self.timer.phase("optimizer"):
+            self.optimizer.step()
+            self.scheduler.step()
+        return float(loss.detach()), int((out.detach().argmax(1) == y).sum())
+
+    def validate(self) -> np.ndarray:
+        indices = shard_range(len(self.val_set), self.rank, self.size)
+        return self.allreduce_sums(evaluate_sums(self.model, self.val_set, indices, self.cfg.val_batch_size))
+
+    def allreduce_sums(self, sums: np.ndarray) -> np.ndarray:
+        out = np.empty_like(sums)
+        self.comm.Allreduce(sums, out, op=MPI.SUM)
+        return out
+
+    def epoch_record(self, epoch: int, train_sums: np.ndarray, val_sums: np.ndarray,
+                     losses: list[float], epoch_time: float) -> dict[str, Any]:
+        train_loss, train_acc = metrics_from_sums(train_sums)
+        val_loss, val_acc = metrics_from_sums(val_sums)
+        return {"event": "epoch", "epoch": epoch, "train_loss": train_loss, "train_acc": train_acc,
+                "val_loss": val_loss, "val_acc": val_acc, "val_count": int(val_sums[2]),
+                "epoch_time": epoch_time, "lr": self.scheduler.get_last_lr()[0],
+                "phase_shares": self.timer.shares(epoch_time), "step_losses": losses}
+
+
+_SHORT = {"data": "data", "forward_backward": "fwd/bwd", "allreduce": "allreduce",
+          "optimizer": "opt", "validation": "val"}
+
+
+def format_epoch_line(rec: dict[str, Any], epochs: int) -> str:
+    shares = " ".join(f"{_SHORT.get(k, k)} {v:.0%}" for k, v in rec["phase_shares"].items())
+    return (f"epoch {rec['epoch'] + 1}/{epochs} | train loss {rec['train_loss']:.4f} acc "
+            f"{rec['train_acc']:.1%} | val loss {rec['val_loss']:.4f} acc {rec['val_acc']:.1%} | "
+            f"{rec['epoch_time']:.1f} s | {shares}")

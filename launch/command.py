@@ -1,0 +1,164 @@
+"""The mpirun command as data: one frozen `LaunchSpec` in, one argv list out.
+
+`build_command` is pure and the only place that knows mpirun syntax (Horovod `runner/mpi_run.py`
+style), so tests check the exact list and another MPI can be supported by replacing it. World
+ranks 0..N-1 run the host program (app context 0) and N..N+M-1 the DPU program (app context 1);
+`dpuoffload.common.roles` relies on that order.
+
+Per-side settings travel as an `env VAR=val ...` prefix inside each app context rather than as
+mpirun flags (`-x` / `-env`), because that works the same for every MPI and on remote nodes.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Optional
+
+from dpuoffload.common import env
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.launch.placement import Node, format_core_list
+
+FLAVORS = ("openmpi", "mpich")
+HOST_MODULE = "dpuoffload.host"
+DPU_MODULE = "dpuoffload.dpu"
+CGEXEC_NAME = "dpuoffload-cgexec"  # $0 of the cgroup-entering shell; shows up in `ps`
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchSpec:
+    """Everything `build_command` needs; resolved by the CLI, checked here.
+
+    Local emulation sets `host_cores`/`dpu_cores` (pinned with taskset); cluster mode sets
+    `host_nodes`/`dpu_nodes` (ranks per node, as placed by `placement.fill`) and `node_map`
+    (DPU hostname -> host node). `cgroup`, when set, is a prepared cgroup directory the DPU ranks
+    enter before exec (CPU throttling, local mode only).
+    """
+
+    mpirun: str
+    flavor: str = "openmpi"
+    host_ranks: int = 1
+    dpu_ranks: int = 1
+    host_python: str
+    dpu_python: str
+    training_args: tuple[str, ...] = ()
+    host_threads: int = 1
+    dpu_threads: int = 1
+    host_cores: Optional[tuple[int, ...]] = None
+    dpu_cores: Optional[tuple[int, ...]] = None
+    host_nodes: tuple[Node, ...] = ()
+    dpu_nodes: tuple[Node, ...] = ()
+    node_map: tuple[tuple[str, str], ...] = ()
+    oversubscribe: bool = False
+    extra_args: tuple[str, ...] = ()
+    cgroup: Optional[str] = None
+    run_as_root: bool = False
+
+    def __post_init__(self) -> None:
+        if self.flavor not in FLAVORS:
+            raise ConfigError(f"flavor {self.flavor!r} is not one of {', '.join(FLAVORS)}")
+        if self.host_ranks < 1 or self.dpu_ranks < 0:
+            raise ConfigError(f"host_ranks must be >= 1 and dpu_ranks >= 0, got "
+                              f"{self.host_ranks} and {self.dpu_ranks}")
+        if self.host_threads < 1 or self.dpu_threads < 1:
+            raise ConfigError("host_threads and dpu_threads must be >= 1")
+        if self.local == bool(self.host_nodes):
+            raise ConfigError("give host_cores (local emulation) or host_nodes (cluster), not both")
+        if self.cgroup and not self.local:
+            raise ConfigError("cgroup throttling is for local emulation only (real DPUs are real)")
+        self._check_counts()
+
+    def _check_counts(self) -> None:
+        for side, ranks, nodes in (("host", self.host_ranks, self.host_nodes),
+                                   ("dpu", self.dpu_ranks, self.dpu_nodes)):
+            if nodes and sum(n.slots for n in nodes) != ranks:
+                raise ConfigError(f"{side}_nodes place {sum(n.slots for n in nodes)} ranks, "
+                                  f"expected {side}_ranks={ranks}")
+        if self.local and self.dpu_ranks and not self.dpu_cores:
+            raise ConfigError("local emulation with DPU ranks needs dpu_cores")
+
+    @property
+    def local(self) -> bool:
+        """True for one-box emulation, False for a real cluster."""
+        return self.host_cores is not None
+
+
+def build_command(spec: LaunchSpec) -> list[str]:
+    """Return the argv of ONE MPMD mpirun: host program first, DPU program second."""
+    if spec.flavor == "mpich":
+        return _mpich_command(spec)
+    return _openmpi_command(spec)
+
+
+def _openmpi_command(spec: LaunchSpec) -> list[str]:
+    cmd = [spec.mpirun]
+    if spec.run_as_root:
+        cmd.append("--allow-run-as-root")
+    if spec.oversubscribe:
+        cmd.append("--oversubscribe")
+    # Each rank runs multi-threaded torch: binding it to one core (Open MPI's default) would
+    # serialize its threads; locally, taskset does the pinning instead.
+    cmd += ["--bind-to", "none"]
+    if spec.local:
+        # Count logical CPUs as slots, like os.sched_getaffinity that dpurun checked the
+        # placement against; the default (physical cores) rejects valid hyperthread placements.
+        cmd.append("--use-hwthread-cpus")
+    cmd += spec.extra_args
+    cmd += ["-np", str(spec.host_ranks), *_host_list("--host", spec.host_nodes), *_host_argv(spec)]
+    if spec.dpu_ranks:
+        cmd += [":", "-np", str(spec.dpu_ranks), *_host_list("--host", spec.dpu_nodes), *_dpu_argv(spec)]
+    return cmd
+
+
+def _mpich_command(spec: LaunchSpec) -> list[str]:
+    # Hydra accepts -hosts/-f only once, as a GLOBAL option (a second one fails with "duplicate
+    # host file or host list setting", pmodels/mpich#1134; mpiexec/options.c lists it under
+    # "Other global options"), so per-app-context host lists are impossible. Instead one list
+    # gives host nodes first, then DPU nodes, each with exactly the ranks placed there; hydra
+    # fills it in order, so world ranks 0..N-1 land on host nodes. Not verified on a real MPICH
+    # here (none installed): the fill order and whether hydra merges a name listed twice.
+    # Hydra does not bind by default and has no run-as-root or oversubscribe guard, so no flags.
+    cmd = [spec.mpirun, *spec.extra_args, *_host_list("-hosts", spec.host_nodes + spec.dpu_nodes)]
+    cmd += ["-n", str(spec.host_ranks), *_host_argv(spec)]
+    if spec.dpu_ranks:
+        cmd += [":", "-n", str(spec.dpu_ranks), *_dpu_argv(spec)]
+    return cmd
+
+
+def _host_list(flag: str, nodes: tuple[Node, ...]) -> list[str]:
+    return [flag, ",".join(f"{n.name}:{n.slots}" for n in nodes)] if nodes else []
+
+
+def _host_argv(spec: LaunchSpec) -> list[str]:
+    return [*_env_prefix(spec, spec.host_threads), *_pin(spec.host_cores),
+            spec.host_python, "-m", HOST_MODULE, *spec.training_args]
+
+
+def _dpu_argv(spec: LaunchSpec) -> list[str]:
+    extra = {env.CGROUP: spec.cgroup} if spec.cgroup else {}
+    return [*_env_prefix(spec, spec.dpu_threads, extra), *_pin(spec.dpu_cores),
+            *cgexec_prefix(spec.cgroup), spec.dpu_python, "-m", DPU_MODULE, *spec.training_args]
+
+
+def _env_prefix(spec: LaunchSpec, threads: int, extra: Optional[dict[str, str]] = None) -> list[str]:
+    values = {"OMP_NUM_THREADS": str(threads), env.THREADS: str(threads)}
+    if spec.node_map:
+        values[env.NODE_MAP] = env.format_node_map(dict(spec.node_map))
+    values.update(extra or {})
+    return ["env", *(f"{k}={v}" for k, v in values.items())]
+
+
+def _pin(cores: Optional[tuple[int, ...]]) -> list[str]:
+    return ["taskset", "-c", format_core_list(cores)] if cores else []
+
+
+def cgexec_prefix(cgroup: Optional[str]) -> list[str]:
+    """A shell that moves itself into `cgroup` and then execs the real command (`"$@"`).
+
+    The rank inherits the cgroup across exec, so every DPU rank is throttled without a helper
+    binary (cgexec from libcgroup is rarely installed) and the step is visible in --dry-run.
+    """
+    if not cgroup:
+        return []
+    procs = shlex.quote(f"{cgroup}/cgroup.procs")
+    return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', CGEXEC_NAME]

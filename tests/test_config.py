@@ -1,0 +1,57 @@
+"""Training flags -> RunConfig: presets, validation messages, hash stability."""
+
+import pytest
+
+from dpuoffload.common.config import RunConfig, parse_run_config
+from dpuoffload.common.errors import ConfigError, NotYetAvailableError
+from dpuoffload.common.handshake import Identity, find_mismatch
+from dpuoffload.common.roles import Role
+
+
+def test_preset_then_explicit_flags_override():
+    cfg = parse_run_config(["--preset", "debug", "--epochs", "7"])
+    assert cfg.epochs == 7 and cfg.train_subset == 512 and cfg.model == "resnet20"
+
+
+def test_defaults_without_preset():
+    assert parse_run_config([]) == RunConfig()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--epochs", "0"], "--epochs must be >= 1"),
+    (["--lr", "-1"], "--lr must be > 0"),
+    (["--momentum", "1.5"], "--momentum must be in [0, 1)"),
+    (["--train-subset", "0"], "--train-subset must be >= 1"),
+    (["--peer-timeout", "0"], "--peer-timeout must be > 0"),
+])
+def test_bad_values_name_the_flag(argv, message):
+    with pytest.raises(ConfigError) as e:
+        parse_run_config(argv)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("mode", ["naive", "da", "mv", "hybrid"])
+def test_other_modes_not_yet_available(mode):
+    cfg = parse_run_config(["--mode", mode])
+    with pytest.raises(NotYetAvailableError, match=f"--mode {mode} is not yet available"):
+        cfg.check_mode_available()
+
+
+def test_hash_is_stable_and_sensitive():
+    a, b = RunConfig(), RunConfig()
+    assert a.config_hash() == b.config_hash()
+    assert a.config_hash() != a.replace(seed=1).config_hash()
+
+
+def ident(rank, role, version="0.1.0", protocol=1, cfg=RunConfig()):
+    return Identity(rank, role, version, protocol, cfg.config_hash(), cfg.to_dict())
+
+
+def test_handshake_names_both_values():
+    assert find_mismatch([ident(0, Role.HOST), ident(1, Role.DPU)]) is None
+    msg = find_mismatch([ident(0, Role.HOST), ident(1, Role.DPU, version="0.2.0")])
+    assert "host program (world rank 0) runs dpuoffload 0.1.0" in msg and "DPU program (world rank 1) runs 0.2.0" in msg
+    msg = find_mismatch([ident(0, Role.HOST), ident(1, Role.DPU, protocol=2)])
+    assert "speaks protocol 1" in msg and "speaks 2" in msg
+    msg = find_mismatch([ident(0, Role.HOST), ident(1, Role.DPU, cfg=RunConfig(seed=5))])
+    assert "run config mismatch" in msg and "seed=0 vs 5" in msg

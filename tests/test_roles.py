@@ -1,0 +1,62 @@
+"""Pairing of host and DPU ranks (pure) and role checks from MPI.APPNUM."""
+
+import pytest
+
+from dpuoffload.common.env import parse_node_map
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.roles import RankInfo, Role, node_of, pair_ranks, role_from_appnum
+
+
+def ranks(layout):
+    """layout: list of (role, node) in world-rank order."""
+    return [RankInfo(i, role, node, node) for i, (role, node) in enumerate(layout)]
+
+
+H, D = Role.HOST, Role.DPU
+
+
+def test_one_to_one_single_node():
+    p = pair_ranks(ranks([(H, "n0"), (H, "n0"), (D, "n0"), (D, "n0")]))
+    assert p.host_to_dpus == {0: (2,), 1: (3,)}
+    assert p.dpu_to_hosts == {2: (0,), 3: (1,)}
+
+
+def test_fan_out_two_hosts_per_dpu():
+    p = pair_ranks(ranks([(H, "n0")] * 4 + [(D, "n0")] * 2))
+    assert p.host_to_dpus == {0: (4,), 1: (4,), 2: (5,), 3: (5,)}
+    assert p.dpu_to_hosts == {4: (0, 1), 5: (2, 3)}
+
+
+def test_more_dpus_than_hosts():
+    p = pair_ranks(ranks([(H, "n0"), (D, "n0"), (D, "n0"), (D, "n0")]))
+    assert p.host_to_dpus == {0: (1, 2, 3)}
+
+
+def test_pairing_stays_within_node():
+    layout = [(H, "a"), (H, "a"), (H, "b"), (H, "b"), (D, "a"), (D, "b"), (D, "b")]
+    p = pair_ranks(ranks(layout))
+    assert p.host_to_dpus == {0: (4,), 1: (4,), 2: (5,), 3: (6,)}
+    assert p.dpu_to_hosts == {4: (0, 1), 5: (2,), 6: (3,)}
+
+
+def test_node_without_dpus_leaves_hosts_unpaired():
+    p = pair_ranks(ranks([(H, "a"), (H, "b"), (D, "a")]))
+    assert p.host_to_dpus == {0: (2,), 1: ()}
+
+
+def test_node_map_puts_dpu_hostnames_on_their_host_node():
+    node_map = parse_node_map("node1-bf=node1,node2-bf.cluster=node2")
+    assert node_of("node1-bf", node_map) == "node1"
+    assert node_of("node2-bf", node_map) == "node2"
+    assert node_of("node1.cluster.local", node_map) == "node1"
+    with pytest.raises(ConfigError, match="expected dpu-hostname=host-node"):
+        parse_node_map("node1-bf")
+
+
+def test_role_from_appnum():
+    assert role_from_appnum(0, Role.HOST) is Role.HOST
+    assert role_from_appnum(None, Role.DPU) is Role.DPU
+    with pytest.raises(ConfigError, match="put the host program first"):
+        role_from_appnum(0, Role.DPU)
+    with pytest.raises(ConfigError, match="exactly two"):
+        role_from_appnum(2, Role.HOST)
