@@ -133,10 +133,15 @@ def _check_root(cfg: RunConfig) -> None:
     root = Path(cfg.data)
     if not root.is_dir():
         raise ConfigError(f"--data {cfg.data}: no such directory; {_fix_hint(name, cfg.data)}")
+    if name == "tinyimagenet" and (root / "val" / "val_annotations.txt").is_file():
+        raise ConfigError(f"--data {cfg.data}: val/ has the raw Tiny ImageNet layout (images/ + "
+                          "val_annotations.txt); move each val image into val/<wnid>/ as "
+                          "ImageFolder expects, like train/")
     missing = _missing_files(name, root)
     if missing:
-        raise ConfigError(f"--data {cfg.data} has no {name} data set (missing: {', '.join(missing)})"
-                          f"{_layout_hint(name, root)}; {_fix_hint(name, cfg.data)}")
+        listed = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        fix = _layout_hint(name, root) or _fix_hint(name, cfg.data)
+        raise ConfigError(f"--data {cfg.data} has no {name} data set (missing: {listed}); {fix}")
     if name == "tinyimagenet":
         _check_same_classes(root)
 
@@ -168,12 +173,9 @@ def _check_same_classes(root: Path) -> None:
 
 
 def _layout_hint(name: str, root: Path) -> str:
-    """Point at the two layouts people actually have: make-data's parent dir and raw Tiny ImageNet."""
-    if name == "tinyimagenet" and (root / "val" / "val_annotations.txt").is_file():
-        return (" -- this is the raw Tiny ImageNet val/ layout (images/ + val_annotations.txt); "
-                "move each val image into val/<wnid>/ as ImageFolder expects")
+    """`--data OUT` where `dpurun make-data OUT` wrote OUT/<name>: name the right directory."""
     if not _missing_files(name, root / name):
-        return f" -- did you mean --data {root / name}?"
+        return f"did you mean --data {root / name}?"
     return ""
 
 
@@ -208,8 +210,10 @@ def build_datasets(cfg: RunConfig) -> DatasetPair:
                        num_classes=pair.num_classes, input_size=pair.input_size)
 
 
-def _subset(ds: Dataset, n: Optional[int], flag: str) -> Dataset:
+def _subset(ds: "Dataset", n: Optional[int], flag: str) -> "Dataset":
     """The first `n` samples: the same ones on every rank, whatever the sampler does later."""
+    from torch.utils.data import Subset
+
     size = len(ds)
     if n is None or n == size:
         return ds
@@ -233,7 +237,9 @@ def _torchvision_error(cfg: RunConfig, err: Exception) -> ConfigError:
 
 
 def _build_cifar10(cfg: RunConfig) -> DatasetPair:
-    cls = BundledCIFAR10 if _is_bundled(cfg.data) else tvd.CIFAR10
+    from torchvision import datasets as tvd
+
+    cls = _bundled_classes()["BundledCIFAR10"] if _is_bundled(cfg.data) else tvd.CIFAR10
     try:
         train = cls(cfg.data, train=True, transform=_transform("cifar10", True), download=cfg.download)
         val = cls(cfg.data, train=False, transform=_transform("cifar10", False))
@@ -243,7 +249,9 @@ def _build_cifar10(cfg: RunConfig) -> DatasetPair:
 
 
 def _build_svhn(cfg: RunConfig) -> DatasetPair:
-    cls = BundledSVHN if _is_bundled(cfg.data) else tvd.SVHN
+    from torchvision import datasets as tvd
+
+    cls = _bundled_classes()["BundledSVHN"] if _is_bundled(cfg.data) else tvd.SVHN
     try:
         train = cls(cfg.data, split="train", transform=_transform("svhn", True), download=cfg.download)
         val = cls(cfg.data, split="test", transform=_transform("svhn", False), download=cfg.download)
@@ -253,6 +261,8 @@ def _build_svhn(cfg: RunConfig) -> DatasetPair:
 
 
 def _build_tinyimagenet(cfg: RunConfig) -> DatasetPair:
+    from torchvision import datasets as tvd
+
     root = Path(cfg.data)
     try:
         train = tvd.ImageFolder(str(root / "train"), transform=_transform("tinyimagenet", True))
@@ -264,6 +274,8 @@ def _build_tinyimagenet(cfg: RunConfig) -> DatasetPair:
 
 def _build_fake(cfg: RunConfig) -> DatasetPair:
     """FakeData at CIFAR shape: the subsets *are* the sizes, so no Subset wrapper is needed."""
+    from torchvision import datasets as tvd
+
     num_classes = cfg.num_classes or FAKE_NUM_CLASSES
     tf = _transform("fake", False)
     train = tvd.FakeData(size=cfg.train_subset or FAKE_TRAIN_SIZE, image_size=(3, 32, 32),
@@ -283,7 +295,7 @@ def _build_user(cfg: RunConfig) -> DatasetPair:
                        _input_size(cfg, train))
 
 
-def _checked_user_dataset(cfg: RunConfig, ds: object, split: str) -> Dataset:
+def _checked_user_dataset(cfg: RunConfig, ds: object, split: str) -> "Dataset":
     if not (hasattr(ds, "__getitem__") and hasattr(ds, "__len__")):
         raise ConfigError(f"--dataset {cfg.dataset} returned {type(ds).__name__} for the {split} "
                           "split; the factory must return a torch.utils.data.Dataset "
@@ -293,8 +305,11 @@ def _checked_user_dataset(cfg: RunConfig, ds: object, split: str) -> Dataset:
     return ds
 
 
-def _input_size(cfg: RunConfig, ds: Dataset) -> int:
+def _input_size(cfg: RunConfig, ds: "Dataset") -> int:
     """Image side of a user data set, from sample 0 (the model and the DPU buffers need it)."""
+    import torch
+    from PIL import Image
+
     sample = ds[0]
     image = sample[0] if isinstance(sample, (tuple, list)) and len(sample) == 2 else None
     if isinstance(image, torch.Tensor) and image.dim() >= 2:
@@ -325,8 +340,10 @@ _BUILDERS: dict[str, Callable[[RunConfig], DatasetPair]] = {
 
 
 # ----------------------------------------------------------------------------------- transforms
-def _transform(name: str, train: bool) -> T.Compose:
+def _transform(name: str, train: bool) -> "T.Compose":
     """The standard augmentation of each data set (train) or its plain normalisation (val)."""
+    from torchvision import transforms as T
+
     if name == "fake":
         return T.Compose([T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)])
     if name == "tinyimagenet":

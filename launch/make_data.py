@@ -70,7 +70,7 @@ class Result:
     path: Path
     written: bool        # False: an up-to-date copy was already there
     counts: dict[str, int]
-    bytes: int
+    nbytes: int
 
 
 # -------------------------------------------------------------------------------------- sources
@@ -107,8 +107,8 @@ def render(src: Sources, name: str, seed: int) -> Split:
 
 def _composite(src: Sources, i: int, size: int, rng: np.random.Generator) -> np.ndarray:
     """Digit `i`, upscaled to `size`, in a random bright colour over a dimmed random photo crop."""
-    alpha = Image.fromarray(np.round(src.digits[i] * 255).astype(np.uint8)).resize((size, size), Image.BICUBIC)
-    a = np.asarray(alpha, dtype=np.float64)[..., None] / 255.0
+    digit = Image.fromarray(np.round(src.digits[i] * 255).astype(np.uint8))
+    a = np.asarray(digit.resize((size, size), Image.BICUBIC), dtype=np.float64)[..., None] / 255.0
     photo = src.photos[rng.integers(len(src.photos))]
     side = int(rng.integers(size, min(4 * size, *photo.shape[:2]) + 1))
     y, x = (int(rng.integers(dim - side + 1)) for dim in photo.shape[:2])
@@ -227,8 +227,8 @@ _WRITERS: dict[str, Callable[[_FileSink, Split], None]] = {
 
 def _marker(name: str, seed: int, split: Split, files: dict[str, dict[str, object]]) -> dict:
     """No timestamps: the marker is as deterministic as the data it describes."""
-    return {"generator": __name__, "generator_version": GENERATOR_VERSION, "dataset": name,
-            "seed": seed, "source": "scikit-learn load_digits over crops of load_sample_images",
+    return {"generator": "dpuoffload.launch.make_data", "generator_version": GENERATOR_VERSION,
+            "dataset": name, "seed": seed, "source": "scikit-learn load_digits over crops of load_sample_images",
             "classes": list(DIGIT_NAMES), "image_size": IMAGE_SIZE[name],
             "counts": {"train": len(split.train_y), "val": len(split.val_y)},
             "files": dict(sorted(files.items()))}
@@ -291,6 +291,7 @@ def _make_one(out: Path, name: str, seed: int, force: bool,
                           "choose another OUT directory or move it away")
     split = render(sources(), name, seed)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=out))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the published data set is for every user
     try:
         sink = _FileSink(tmp)
         _WRITERS[name](sink, split)
@@ -310,7 +311,8 @@ def _total_bytes(marker: dict) -> int:
 def _check_names(datasets: Sequence[str]) -> list[str]:
     unknown = [d for d in datasets if d not in GENERATED]
     if unknown or not datasets:
-        raise ConfigError(f"--datasets {' '.join(unknown) or '(none)'}: choose from {', '.join(GENERATED)}")
+        raise ConfigError(f"--datasets {' '.join(unknown) or '(none)'}: "
+                          f"choose from {', '.join(GENERATED)}")
     return list(dict.fromkeys(datasets))  # keep order, drop repeats
 
 
@@ -379,7 +381,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for r in results:
         state = "wrote" if r.written else "up to date"
         print(f"{state} {r.path}: {r.counts['train']} train / {r.counts['val']} val samples, "
-              f"{r.bytes} bytes")
+              f"{r.nbytes} bytes")
     return 0
 
 

@@ -44,3 +44,11 @@ def test_caller_rng_state_is_untouched():
     random.seed(7)
     _ = ds[3]
     assert torch.equal(torch.rand(4), expected[0]) and random.random() == expected[1]
+
+
+def test_batch_fetch_equals_item_fetch():
+    ds = PerSampleSeeded(RandomCrops(), seed=1)
+    batch = ds.__getitems__([4, 1, 7])
+    for (a, pa), i in zip(batch, [4, 1, 7]):
+        b, pb = ds[i]
+        assert torch.equal(a, b) and pa == pb

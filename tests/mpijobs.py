@@ -1,0 +1,50 @@
+"""Helpers for tests that start real MPI jobs (host and DPU ranks, oversubscribed on 2 cores)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+DPURUN = str(BIN / "dpurun")
+MPIRUN = str(BIN / "mpirun")
+PY = sys.executable
+
+
+def job_env() -> dict[str, str]:
+    """Environment for MPI jobs: venv first on PATH, tests importable (user factories), root allowed."""
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    return env
+
+
+def run(cmd: Sequence[str], timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=job_env(), cwd=REPO)
+
+
+def dpurun(launcher: Sequence[str], training: Sequence[str], timeout: float = 240) -> subprocess.CompletedProcess:
+    return run([DPURUN, *launcher, "--", *training], timeout=timeout)
+
+
+def mpmd(n_host: int, host_argv: Sequence[str], n_dpu: int, dpu_argv: Sequence[str],
+         timeout: float = 120) -> subprocess.CompletedProcess:
+    """A hand-written MPMD mpirun line (what dpurun would build, but with free per-side argv)."""
+    return run([MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", str(n_host), *host_argv,
+                ":", "-np", str(n_dpu), *dpu_argv], timeout=timeout)
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

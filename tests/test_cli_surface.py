@@ -1,0 +1,87 @@
+"""Freeze the command-line surface: adding or removing a flag must be a deliberate edit here."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import types
+
+from dpuoffload.common.config import build_parser, parse_run_config
+from dpuoffload.launch import cli
+
+LAUNCHER_FLAGS = {
+    "-h", "--help",
+    "--host-ranks", "--dpu-ranks", "--dpu-cores", "--dpu-speed", "--host-threads", "--dpu-threads",
+    "--oversubscribe",
+    "--hosts", "--dpus", "--hostfile", "--dpu-hostfile",
+    "--mpi-flavor", "--mpirun", "--python", "--dpu-python", "--mpirun-arg", "--dry-run",
+}
+
+TRAINING_FLAGS = {
+    "-h", "--help",
+    "--preset", "--mode", "--model", "--dataset", "--data", "--download", "--num-classes",
+    "--epochs", "--batch-size", "--val-batch-size", "--drop-last", "--train-subset", "--val-subset",
+    "--lr", "--momentum", "--weight-decay", "--lr-schedule", "--seed", "--allreduce", "--log-dir",
+    "--no-progress", "--peer-timeout",
+}
+
+
+def option_strings(parser) -> set[str]:
+    return {s for action in parser._actions for s in action.option_strings}
+
+
+def test_launcher_flags_are_frozen():
+    assert option_strings(cli.build_launcher_parser()) == LAUNCHER_FLAGS
+
+
+def test_training_flags_are_frozen():
+    assert option_strings(build_parser()) == TRAINING_FLAGS
+
+
+def test_launcher_and_training_flags_do_not_overlap():
+    assert option_strings(cli.build_launcher_parser()) & TRAINING_FLAGS == {"-h", "--help"}
+
+
+def test_help_shows_a_default_for_every_flag(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    parser = cli.build_launcher_parser()
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            assert "(default:" in (action.help or ""), action.option_strings
+    assert "examples:" in out and "dpurun --hosts node1:8,node2:8" in out
+
+
+def test_training_help_via_separator(capsys):
+    assert cli.main(["--", "--help"]) == 0
+    assert "--peer-timeout" in capsys.readouterr().out
+
+
+def test_epilog_examples_parse():
+    lines = cli.EPILOG.replace("\\\n", " ").splitlines()
+    examples = [shlex.split(ln)[1:] for ln in lines if ln.strip().startswith("dpurun -")]
+    assert len(examples) == 3
+    for argv in examples:
+        launcher_argv, training_args = cli.split_argv(argv)
+        cli.parse_launcher_args(launcher_argv)
+        parse_run_config(training_args)
+
+
+def test_mpirun_arg_is_repeatable_and_shell_split(monkeypatch, capsys):
+    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {0, 1})
+    argv = ["--dry-run", "--mpirun", "/bin/true", "--mpi-flavor", "openmpi",
+            "--mpirun-arg=--mca btl tcp,self", "--mpirun-arg=--report-bindings",
+            "--", "--dataset", "fake"]
+    assert cli.main(argv) == 0
+    cmd = shlex.split(capsys.readouterr().out)
+    i = cmd.index("--mca")
+    assert cmd[i:i + 4] == ["--mca", "btl", "tcp,self", "--report-bindings"]
+
+
+def test_make_data_subcommand_dispatches(monkeypatch):
+    seen = []
+    fake = types.ModuleType("dpuoffload.launch.make_data")
+    fake.main = lambda argv: seen.append(argv) or 0
+    monkeypatch.setitem(sys.modules, "dpuoffload.launch.make_data", fake)
+    assert cli.main(["make-data", "/tmp/out", "--force"]) == 0
+    assert seen == [["/tmp/out", "--force"]]

