@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from dpuoffload.common.config import RunConfig, parse_run_config
 from dpuoffload.common.errors import ConfigError
@@ -224,7 +224,8 @@ def _note(message: str, kind: str = "note") -> None:
     print(f"{PROG}: {kind}: {message}", file=sys.stderr, flush=True)
 
 
-def resolve_spec(args: argparse.Namespace, training_args: Sequence[str]) -> tuple[LaunchSpec, Optional[throttle.CgroupPlan]]:
+def resolve_spec(args: argparse.Namespace,
+                 training_args: Sequence[str]) -> tuple[LaunchSpec, Optional[throttle.CgroupPlan]]:
     """Turn checked flags into a `LaunchSpec` (plus the throttling cgroup to create, if any)."""
     mpirun = resolve_mpirun(args.mpirun)
     python = args.python or sys.executable
@@ -242,7 +243,8 @@ def _cluster_mode(args: argparse.Namespace) -> bool:
     return any((args.hosts, args.hostfile, args.dpus, args.dpu_hostfile))
 
 
-def _side_nodes(args: argparse.Namespace, lst: str, file: str, what: str) -> tuple[placement.Node, ...]:
+def _side_nodes(args: argparse.Namespace, lst: str, file: str,
+                what: str) -> tuple[placement.Node, ...]:
     text, path = getattr(args, lst), getattr(args, file)
     flags = f"--{lst.replace('_', '-')} and --{file.replace('_', '-')}"
     if text and path:
@@ -254,7 +256,7 @@ def _side_nodes(args: argparse.Namespace, lst: str, file: str, what: str) -> tup
     return ()
 
 
-def _cluster_spec(args: argparse.Namespace, base: dict) -> LaunchSpec:
+def _cluster_spec(args: argparse.Namespace, base: dict[str, Any]) -> LaunchSpec:
     hosts = _side_nodes(args, "hosts", "hostfile", "host nodes")
     dpus = _side_nodes(args, "dpus", "dpu_hostfile", "DPUs")
     if not hosts:
@@ -280,16 +282,19 @@ def _cluster_threads(nodes: Sequence[placement.Node], placed: Sequence[placement
     return min((placement.default_threads(slots[p.name], p.slots) for p in placed), default=1)
 
 
-def _local_spec(args: argparse.Namespace, base: dict) -> tuple[LaunchSpec, Optional[throttle.CgroupPlan]]:
+def _local_spec(args: argparse.Namespace,
+                base: dict[str, Any]) -> tuple[LaunchSpec, Optional[throttle.CgroupPlan]]:
     chosen = placement.parse_core_list(args.dpu_cores) if args.dpu_cores else None
     plan = placement.plan_local(args.host_ranks, args.dpu_ranks, sorted(os.sched_getaffinity(0)),
                                 chosen, args.oversubscribe)
     if plan.oversubscribed:
         _note(placement.oversubscribe_note(plan, args.host_ranks, args.dpu_ranks))
     cgroup = _plan_throttle(args, len(plan.dpu_cores))
+    host_threads = placement.default_threads(len(plan.host_cores), args.host_ranks)
+    dpu_threads = placement.default_threads(len(plan.dpu_cores), args.dpu_ranks)
     spec = LaunchSpec(**base, host_cores=plan.host_cores, dpu_cores=plan.dpu_cores or None,
-                      host_threads=args.host_threads or placement.default_threads(len(plan.host_cores), args.host_ranks),
-                      dpu_threads=args.dpu_threads or placement.default_threads(len(plan.dpu_cores), args.dpu_ranks),
+                      host_threads=args.host_threads or host_threads,
+                      dpu_threads=args.dpu_threads or dpu_threads,
                       cgroup=cgroup.path if cgroup else None)
     return spec, cgroup
 

@@ -106,7 +106,8 @@ def _openmpi_command(spec: LaunchSpec) -> list[str]:
     cmd += spec.extra_args
     cmd += ["-np", str(spec.host_ranks), *_host_list("--host", spec.host_nodes), *_host_argv(spec)]
     if spec.dpu_ranks:
-        cmd += [":", "-np", str(spec.dpu_ranks), *_host_list("--host", spec.dpu_nodes), *_dpu_argv(spec)]
+        cmd += [":", "-np", str(spec.dpu_ranks), *_host_list("--host", spec.dpu_nodes),
+                *_dpu_argv(spec)]
     return cmd
 
 

@@ -62,7 +62,8 @@ def parse_node_list(text: str, flag: str) -> tuple[Node, ...]:
     for item in (part.strip() for part in text.split(",")):
         match = _NODE_ITEM.match(item)
         if not match:
-            raise ConfigError(f"{flag}: bad entry {item!r}; expected name:slots, e.g. {flag} node1:8,node2:8")
+            raise ConfigError(f"{flag}: bad entry {item!r}; expected name:slots, "
+                              f"e.g. {flag} node1:8,node2:8")
         nodes.append(Node(match["name"], _positive_slots(match["slots"] or "1", flag, item)))
     return _check_unique(tuple(nodes), flag)
 
@@ -179,7 +180,8 @@ def plan_local(host_ranks: int, dpu_ranks: int, available: Sequence[int],
     return _checked(host_set, dpu_set, host_ranks, dpu_ranks, oversubscribe)
 
 
-def _split_explicit(cores: tuple[int, ...], dpu_cores: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _split_explicit(cores: tuple[int, ...],
+                    dpu_cores: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     dpu_set = tuple(sorted(set(dpu_cores)))
     outside = [c for c in dpu_set if c not in cores]
     if not dpu_set or outside:
@@ -195,8 +197,8 @@ def _split_explicit(cores: tuple[int, ...], dpu_cores: Sequence[int]) -> tuple[t
 
 def _checked(host_set: tuple[int, ...], dpu_set: tuple[int, ...], host_ranks: int,
              dpu_ranks: int, oversubscribe: bool) -> LocalPlacement:
-    over = [(side, n, s) for side, n, s in (("host", host_ranks, host_set), ("DPU", dpu_ranks, dpu_set))
-            if n > len(s)]
+    sides = (("host", host_ranks, host_set), ("DPU", dpu_ranks, dpu_set))
+    over = [(side, n, s) for side, n, s in sides if n > len(s)]
     shared = bool(dpu_set) and host_set == dpu_set
     if over and not oversubscribe:
         side, n, s = over[0]
@@ -272,7 +274,8 @@ def _check_fit(side: str, ranks: int, nodes: Sequence[Node], oversubscribe: bool
     return ranks > slots
 
 
-def _check_pairs(hosts: Sequence[Node], dpus: Sequence[Node], node_map: Sequence[tuple[str, str]]) -> None:
+def _check_pairs(hosts: Sequence[Node], dpus: Sequence[Node],
+                 node_map: Sequence[tuple[str, str]]) -> None:
     with_hosts = {n.name for n in hosts}
     with_dpus = {dict(node_map)[n.name] for n in dpus}
     for node in sorted(with_hosts ^ with_dpus):

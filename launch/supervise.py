@@ -36,7 +36,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import IO, Iterator, Optional, Sequence
+from typing import IO, Optional, Sequence
 
 from dpuoffload.common.roles import Role
 
@@ -74,7 +74,8 @@ def describe_rank(world_rank: int, host_ranks: int) -> str:
 
 def format_failure(failure: RankFailure, host_ranks: int) -> str:
     where = f" on node {failure.node}" if failure.node else ""
-    return f"{PREFIX} {describe_rank(failure.world_rank, host_ranks)}{where} {failure.verb}: {failure.cause}"
+    who = describe_rank(failure.world_rank, host_ranks)
+    return f"{PREFIX} {who}{where} {failure.verb}: {failure.cause}"
 
 
 class FailureScanner:
@@ -146,26 +147,31 @@ def run(cmd: Sequence[str], host_ranks: int, grace: float = 30.0) -> int:
     Returns:
         mpirun's exit code (128 + N if mpirun itself died of signal N).
     """
-    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            bufsize=0, start_new_session=True)
     scanners = (FailureScanner(), FailureScanner())
     seen = threading.Event()
-    pumps = [threading.Thread(target=_pump, args=(src, dst, sc, seen), daemon=True)
-             for src, dst, sc in ((proc.stdout, sys.stdout, scanners[0]),
-                                  (proc.stderr, sys.stderr, scanners[1]))]
-
-    for t in pumps:
-        t.start()
-    interrupted: list[int] = []
-    with _forward_signals(proc, interrupted):
+    with _SignalForwarder() as forwarder:  # installed first: no window to lose a Ctrl-C
+        proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                bufsize=0, start_new_session=True)
+        forwarder.attach(proc)
+        pumps = _start_pumps(proc, scanners, seen)
         rc = _wait(proc, seen, grace)
     for t in pumps:
         t.join(timeout=5)
     code = 128 - rc if rc < 0 else rc
     if scanners[1].mid_line:
         print(file=sys.stderr)
-    _report(scanners[1].failures + scanners[0].failures, host_ranks, code, bool(interrupted))
+    _report(scanners[1].failures + scanners[0].failures, host_ranks, code, bool(forwarder.received))
     return code
+
+
+def _start_pumps(proc: "subprocess.Popen[bytes]", scanners: tuple[FailureScanner, FailureScanner],
+                 seen: threading.Event) -> list[threading.Thread]:
+    pumps = [threading.Thread(target=_pump, args=(src, dst, sc, seen), daemon=True)
+             for src, dst, sc in ((proc.stdout, sys.stdout, scanners[0]),
+                                  (proc.stderr, sys.stderr, scanners[1]))]
+    for t in pumps:
+        t.start()
+    return pumps
 
 
 def _pump(src: IO[bytes], dst: IO[str], scanner: FailureScanner, seen: threading.Event) -> None:
@@ -209,28 +215,47 @@ def _stop(proc: "subprocess.Popen[bytes]", timeout: float = 10.0) -> int:
         return proc.wait()
 
 
-@contextlib.contextmanager
-def _forward_signals(proc: "subprocess.Popen[bytes]", received: list[int]) -> Iterator[None]:
-    """Forward SIGINT/SIGTERM/SIGHUP to mpirun while it runs (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class _SignalForwarder:
+    """Forward SIGINT/SIGTERM/SIGHUP to mpirun while it runs (handlers only in the main thread).
 
-    def forward(signum: int, _frame: object) -> None:
-        received.append(signum)
-        if signum == signal.SIGINT and received.count(signum) == 1:
+    Installed before mpirun starts; a signal that arrives before `attach` is delivered then.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._pending: list[int] = []
+        self._proc: Optional["subprocess.Popen[bytes]"] = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "_SignalForwarder":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)  # type: ignore[arg-type]
+
+    def attach(self, proc: "subprocess.Popen[bytes]") -> None:
+        self._proc = proc
+        while self._pending:
+            self._send(self._pending.pop(0))
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.received.append(signum)
+        if signum == signal.SIGINT and self.received.count(signum) == 1:
             print(f"\n{PREFIX} interrupted; stopping the job (Ctrl-C again to force)",
                   file=sys.stderr, flush=True)
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
+        if self._proc is None:
+            self._pending.append(signum)
+        else:
+            self._send(signum)
 
-    signums = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {s: signal.signal(s, forward) for s in signums}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    def _send(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.send_signal(signum)  # type: ignore[union-attr]
 
 
 def _report(failures: list[RankFailure], host_ranks: int, code: int, interrupted: bool) -> None:

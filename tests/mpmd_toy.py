@@ -1,11 +1,11 @@
 """A tiny MPMD rank for launcher tests (not a test module): prints its app context and cores.
 
     python mpmd_toy.py [ROLE] [--kill WORLD_RANK] [--exit WORLD_RANK:CODE] [--abort WORLD_RANK]
-                            [--sleep SECONDS]
+                       [--sleep SECONDS] [--busy SECONDS]
 
 After a barrier, the chosen world rank SIGKILLs itself (--kill), leaves without MPI_Finalize
-(--exit, os._exit) or calls MPI_Abort(7) (--abort); the others sleep, and mpirun should kill them. --busy spins and prints the CPU share
-(to check --dpu-speed throttling).
+(--exit, os._exit) or calls MPI_Abort(7) (--abort); the others sleep, and mpirun should kill
+them. --busy spins and prints the CPU share (to check --dpu-speed throttling).
 """
 
 import argparse

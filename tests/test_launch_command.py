@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -247,7 +248,6 @@ def four_cores(monkeypatch):
 
 def dry_run(capsys, *argv: str) -> list[str]:
     assert cli.main(["--dry-run", "--mpirun", "/bin/true", "--python", PY, *argv]) == 0
-    import shlex
     return shlex.split(capsys.readouterr().out)
 
 
@@ -267,7 +267,6 @@ def test_cli_threads_from_core_share_and_flags(four_cores, capsys):
 
 
 def test_cli_oversubscribe_prints_note(four_cores, capsys):
-    import shlex
     assert cli.main(["--dry-run", "--mpirun", "/bin/true", "--mpi-flavor", "openmpi",
                      "--host-ranks", "4", "--oversubscribe", "--", *TRAIN]) == 0
     out = capsys.readouterr()

@@ -130,8 +130,8 @@ def test_output_passes_through_and_exit_code_returns(tmp_path, capfd):
 
 
 def test_stuck_mpirun_is_stopped_after_grace(tmp_path, capfd):
-    msg = OMPI5_SIGNAL.replace("\n", "\\n")
-    cmd = fake_mpirun(tmp_path, f"printf '{msg}' >&2\nexec sleep 60\n")
+    (tmp_path / "msg").write_text(OMPI5_SIGNAL)
+    cmd = fake_mpirun(tmp_path, f"cat {tmp_path / 'msg'} >&2\nexec sleep 60\n")
     start = time.monotonic()
     code = supervise.run(cmd, host_ranks=2, grace=0.5)
     assert time.monotonic() - start < 10
@@ -191,7 +191,8 @@ def test_real_job_runs_pinned_in_app_context_order(capfd):
     host_cores = list(spec.host_cores)
     assert lines[0] == f"toy world_rank=0 size=3 appnum=0 role=host cores={host_cores} threads=1"
     for rank, line in zip((1, 2), lines[1:]):
-        assert line == f"toy world_rank={rank} size=3 appnum=1 role=dpu cores={list(spec.dpu_cores)} threads=1"
+        assert line == (f"toy world_rank={rank} size=3 appnum=1 role=dpu "
+                        f"cores={list(spec.dpu_cores)} threads=1")
 
 
 @pytest.mark.mpi
