@@ -104,7 +104,7 @@ def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
 # --------------------------------------------------------------------------------------- presets
 def debug_preset() -> dict[str, Any]:
     """A tiny run (seconds per epoch on one core) that the demo and the tests reuse."""
-    return dict(model="resnet20", dataset="cifar10", epochs=3, batch_size=32, val_batch_size=128,
+    return dict(model="resnet20", dataset="cifar10", epochs=3, batch_size=16, val_batch_size=128,
                 train_subset=512, val_subset=256, lr=0.05)
 
 

@@ -99,11 +99,12 @@ class DatasetPair:
 
 
 # ------------------------------------------------------------------------------------- checking
-def check_dataset(cfg: RunConfig) -> None:
+def check_dataset(cfg: RunConfig, files: bool = True) -> None:
     """Fail fast, before any data is read, on a data set the run cannot load.
 
     Cheap enough for every rank and for the launcher: it only imports a user factory module and looks
-    at file names.
+    at file names. `files=False` skips the look at `--data`: on a cluster the launcher's machine
+    may not mount the compute nodes' data directory, so only the ranks check it there.
 
     Raises:
         ConfigError: unknown name, bad `module:function`, missing `--data` directory or files,
@@ -119,7 +120,7 @@ def check_dataset(cfg: RunConfig) -> None:
     if name == "svhn" and importlib.util.find_spec("scipy") is None:
         raise ConfigError("--dataset svhn reads .mat files with scipy, which is not installed; "
                           "pip install scipy")
-    if name != "fake":
+    if name != "fake" and (files or cfg.data is None):
         _check_root(cfg)
 
 

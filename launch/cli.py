@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib
 import io
 import os
 import shlex
@@ -19,10 +18,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from dpuoffload.common.config import RunConfig, parse_run_config
+from dpuoffload.common.datasets import check_dataset
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.models import check_model
 from dpuoffload.launch import placement, supervise, throttle
 from dpuoffload.launch.command import FLAVORS, LaunchSpec, build_command
 
@@ -151,16 +152,13 @@ def validate_training(training_args: Sequence[str], dpu_ranks: int) -> RunConfig
     return cfg
 
 
-def check_model_and_data(cfg: RunConfig) -> None:
-    """Run the model and data set checks of `dpuoffload.common` where those modules exist.
+def check_model_and_data(cfg: RunConfig, local: bool) -> None:
+    """The ranks' own model and data set checks, run here first so mistakes fail in a second.
 
-    Last among the checks because importing the model zoo imports torch (seconds), and a typo in
-    a launcher flag should not wait for that.
+    In cluster mode the `--data` directory is on the compute nodes, so only names are checked here.
     """
-    for module, check in (("models", "check_model"), ("datasets", "check_dataset")):
-        checker = _optional_check(module, check)
-        if checker is not None:
-            checker(cfg)
+    check_model(cfg)
+    check_dataset(cfg, files=local)
 
 
 def _parse_training(training_args: Sequence[str]) -> RunConfig:
@@ -174,18 +172,6 @@ def _parse_training(training_args: Sequence[str]) -> RunConfig:
         lines = [ln for ln in captured.getvalue().splitlines() if ": error: " in ln]
         reason = lines[-1].split(": error: ", 1)[1] if lines else "invalid training flags"
         raise ConfigError(f"training flags: {reason} (see '{PROG} -- --help')") from None
-
-
-def _optional_check(module: str, name: str) -> Optional[Callable[[RunConfig], None]]:
-    """`dpuoffload.common.<module>.<name>`, or None while that module is not written yet."""
-    full = f"dpuoffload.common.{module}"
-    try:
-        mod = importlib.import_module(full)
-    except ModuleNotFoundError as e:
-        if e.name == full:
-            return None
-        raise
-    return getattr(mod, name, None)
 
 
 # --------------------------------------------------------------------------------- resolution
@@ -358,7 +344,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parse_launcher_args(launcher_argv)
         cfg = validate_training(training_args, args.dpu_ranks)
         spec, cgroup = resolve_spec(args, training_args)
-        check_model_and_data(cfg)
+        check_model_and_data(cfg, local=not _cluster_mode(args))
         if args.dry_run:
             print(shlex.join(build_command(spec)))
             return 0

@@ -14,8 +14,9 @@ from tests.mpijobs import dpurun, read_jsonl
 pytestmark = pytest.mark.mpi
 
 # Debug preset: resnet20, 512 bundled CIFAR-format training images, 3 epochs, 256 validation images.
-# Measured: 1 host rank reaches ~55 % validation accuracy (10 classes, chance = 10 %).
-MIN_VAL_ACC = 0.35
+# Measured: 68 % (1 host rank) and 43 % (2 host ranks, half the steps) validation accuracy after
+# 3 epochs (10 classes, chance = 10 %); runs are deterministic, so the margin covers CPU differences.
+MIN_VAL_ACC = 0.30
 # Horovod and gloo both sum then scale by 1/N; with 2 ranks the sums are bit-identical, and any
 # backend difference would have to stay within float32 rounding of the loss.
 BACKEND_RTOL = 1e-5
