@@ -15,6 +15,7 @@ from dpuoffload.common.errors import ConfigError
 THREADS = "DPUOFFLOAD_THREADS"          # torch intra-op threads of this rank (also OMP_NUM_THREADS)
 NODE_MAP = "DPUOFFLOAD_NODE_MAP"        # "dpu-host=host-node,..." : which node a DPU hostname belongs to
 CGROUP = "DPUOFFLOAD_CGROUP"            # informational: cgroup the DPU ranks were put in (throttling)
+PROGRESS_TTY = "DPUOFFLOAD_PROGRESS_TTY"  # "1": the user watches a terminal; draw progress bars
 
 
 def format_node_map(dpu_to_node: Mapping[str, str]) -> str:
@@ -50,3 +51,9 @@ def threads_from_env(environ: Mapping[str, str] = os.environ) -> Optional[int]:
     if n < 1:
         raise ConfigError(f"{THREADS} must be >= 1, got {n}")
     return n
+
+
+def progress_wanted(environ: Mapping[str, str] = os.environ) -> bool:
+    """Progress bars only for a human at a terminal: under mpirun the ranks' own stdout is a pipe,
+    so dpurun says whether *its* stdout is a terminal. Logs and CI get the epoch lines only."""
+    return environ.get(PROGRESS_TTY) == "1"

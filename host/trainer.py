@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
+from dpuoffload.common import env
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.datasets import DatasetPair
 from dpuoffload.common.evaluation import evaluate_sums, metrics_from_sums, shard_range
@@ -120,8 +121,9 @@ class Trainer:
         sums = np.zeros(3, dtype=np.float64)
         losses: list[float] = []
         bar = tqdm(total=len(self.loader), desc=f"epoch {epoch + 1}/{self.cfg.epochs}", unit="step",
-                   leave=False, file=sys.stderr, mininterval=1.0,
-                   disable=not (self.cfg.progress and self.is_leader))
+                   leave=False, file=sys.stdout, mininterval=1.0, ncols=100, nrows=100,  # mpirun
+                   # hides the terminal size from ranks and tqdm would hide a bar it thinks off-screen
+                   disable=not (self.cfg.progress and self.is_leader and env.progress_wanted()))
         batches = iter(self.loader)
         for _ in range(len(self.loader)):
             with self.timer.phase("data"):

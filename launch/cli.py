@@ -219,6 +219,7 @@ def resolve_spec(args: argparse.Namespace,
                 host_ranks=args.host_ranks, dpu_ranks=args.dpu_ranks, host_python=python,
                 dpu_python=args.dpu_python or python, training_args=tuple(training_args),
                 oversubscribe=args.oversubscribe, run_as_root=os.geteuid() == 0,
+                progress_tty=sys.stdout.isatty(),
                 extra_args=tuple(a for value in args.mpirun_arg for a in shlex.split(value)))
     if _cluster_mode(args):
         return _cluster_spec(args, base), None

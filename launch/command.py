@@ -53,6 +53,7 @@ class LaunchSpec:
     extra_args: tuple[str, ...] = ()
     cgroup: Optional[str] = None
     run_as_root: bool = False
+    progress_tty: bool = False  # dpurun's stdout is a terminal: host rank 0 may draw a progress bar
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
@@ -131,7 +132,8 @@ def _host_list(flag: str, nodes: tuple[Node, ...]) -> list[str]:
 
 
 def _host_argv(spec: LaunchSpec) -> list[str]:
-    return [*_env_prefix(spec, spec.host_threads), *_pin(spec.host_cores),
+    extra = {env.PROGRESS_TTY: "1"} if spec.progress_tty else {}
+    return [*_env_prefix(spec, spec.host_threads, extra), *_pin(spec.host_cores),
             spec.host_python, "-m", HOST_MODULE, *spec.training_args]
 
 
