@@ -123,7 +123,8 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
                                 description="Training flags (identical for host and DPU programs).")
     S = argparse.SUPPRESS  # unset flags fall back to the preset, then to the dataclass default
     p.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                   help="start from a named preset; explicit flags override it (default: default)")
+                   help="start from a named preset; explicit flags override it. debug = resnet20 on "
+                        "cifar10, 3 epochs, batch 16, first 512 train / 256 val samples (default: default)")
     p.add_argument("--mode", choices=MODES, default=S,
                    help="offload mode (default: none; only 'none' is implemented in this version)")
     p.add_argument("--model", default=S, help="resnet20 | resnet56 | shufflenet_v2 | resnet50 | "

@@ -42,13 +42,14 @@ class PhaseTimer:
 
 
 class JsonlLog:
-    """Append-only JSON lines file; a no-op when `log_dir` is None."""
+    """JSON lines file owned by one rank, started afresh by each run; a no-op when `log_dir` is None."""
 
     def __init__(self, log_dir: Optional[str], name: str) -> None:
         self.path: Optional[Path] = None
         if log_dir:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             self.path = Path(log_dir) / name
+            self.path.unlink(missing_ok=True)  # a re-run into the same --log-dir replaces, not mixes
 
     def write(self, record: Mapping[str, Any]) -> None:
         if self.path is None:
