@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 from dpuoffload.common.errors import ConfigError, NotYetAvailableError
 
 MODES = ("none", "naive", "da", "mv", "hybrid")
-IMPLEMENTED_MODES = ("none",)
+IMPLEMENTED_MODES = ("none", "da")
 ALLREDUCE_BACKENDS = ("auto", "horovod", "torch")
 LR_SCHEDULES = ("cosine", "step", "constant")
 
@@ -49,6 +49,8 @@ class RunConfig:
     seed: int = 0
     allreduce: str = "auto"
     log_dir: Optional[str] = None
+    digest_batches: bool = False
+    da_buffers: int = 4
     progress: bool = True
     peer_timeout: float = 600.0
 
@@ -56,7 +58,7 @@ class RunConfig:
         _check_choice("mode", self.mode, MODES)
         _check_choice("allreduce", self.allreduce, ALLREDUCE_BACKENDS)
         _check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
-        for name in ("epochs", "batch_size", "val_batch_size"):
+        for name in ("epochs", "batch_size", "val_batch_size", "da_buffers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
         for name in ("train_subset", "val_subset", "num_classes"):
@@ -156,6 +158,12 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
                         "horovod when it imports (default: auto)")
     p.add_argument("--log-dir", default=S, metavar="DIR",
                    help="write metrics.jsonl and per-rank phase timers (phases-rank<R>.jsonl) here")
+    p.add_argument("--digest-batches", action="store_true", default=S,
+                   help="log a sha256 of every epoch's training batches per host rank (to check that "
+                        "offloaded batches equal locally built ones)")
+    p.add_argument("--da-buffers", type=int, default=S, metavar="K",
+                   help="--mode da: batch buffers per DPU rank, used as a circular send queue; "
+                        "memory stays bounded by K batches (default: 4)")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=S,
                    help="no progress bar on host rank 0")
     p.add_argument("--peer-timeout", type=float, default=S, metavar="SECONDS",

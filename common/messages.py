@@ -18,8 +18,7 @@ class Tag(IntEnum):
     """MPI tags on `COMM_WORLD` for host<->DPU traffic. Never reuse a number for another meaning."""
 
     CONTROL = 10       # control header (shutdown, epoch boundaries)
-    BATCH_HEADER = 20  # reserved: data-augmentation batches (--mode da)
-    BATCH_DATA = 21
+    BATCH = 20         # augmented batches, DPU -> host (--mode da); layout in `common.batches`
     WEIGHTS = 30       # reserved: model state for validation / checkpoints / clones
     SHARD = 40
 

@@ -156,3 +156,16 @@ def build_topology(expected: Role, world: Optional["MPI.Comm"] = None) -> Topolo
                   for i, (r, h) in enumerate(gathered))
     side = world.Split(color=int(role), key=world.Get_rank())
     return Topology(world=world, side_comm=side, role=role, ranks=ranks, pairing=pair_ranks(ranks))
+
+
+def feeders(pairing: Pairing) -> dict[int, int]:
+    """The one DPU rank that feeds each paired host rank: its first paired DPU rank.
+
+    Extra DPU ranks of a host (more DPU ranks than host ranks on a node) feed nobody.
+    """
+    return {h: dpus[0] for h, dpus in pairing.host_to_dpus.items() if dpus}
+
+
+def fed_hosts(pairing: Pairing, dpu: int) -> tuple[int, ...]:
+    """Host ranks (world ranks, ascending) that DPU rank `dpu` feeds."""
+    return tuple(sorted(h for h, d in feeders(pairing).items() if d == dpu))

@@ -14,13 +14,12 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
 from mpi4py import MPI
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from dpuoffload.common import env
@@ -29,8 +28,8 @@ from dpuoffload.common.datasets import DatasetPair
 from dpuoffload.common.evaluation import evaluate_sums, metrics_from_sums, shard_range
 from dpuoffload.common.metrics import JsonlLog, PhaseTimer
 from dpuoffload.common.roles import Topology
-from dpuoffload.common.sampling import PerSampleSeeded
 from dpuoffload.host.allreduce import GradientSync
+from dpuoffload.host.feed import Batch, Feed
 
 
 @dataclass
@@ -39,6 +38,7 @@ class HostJob:
 
     data: DatasetPair
     model: nn.Module
+    feed: Feed
 
 
 def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.SGD:
@@ -72,12 +72,8 @@ class Trainer:
         self.model, self.val_set = job.model, job.data.val
         self.criterion = nn.CrossEntropyLoss()
         self.optimizer = build_optimizer(cfg, self.model)
-        self.train_set = PerSampleSeeded(job.data.train, cfg.seed)
-        self.sampler = DistributedSampler(self.train_set, num_replicas=self.size, rank=self.rank,
-                                          shuffle=True, seed=cfg.seed)
-        self.loader = DataLoader(self.train_set, batch_size=cfg.batch_size, sampler=self.sampler,
-                                 num_workers=0, drop_last=cfg.drop_last)
-        self.total_steps = cfg.epochs * len(self.loader)
+        self.feed = job.feed
+        self.total_steps = cfg.epochs * self.feed.steps()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(cfg.lr_schedule, s, self.total_steps))
         self.timer = PhaseTimer()
@@ -89,7 +85,7 @@ class Trainer:
         return self.rank == 0
 
     def fit(self) -> list[dict[str, Any]]:
-        if len(self.loader) == 0:
+        if self.feed.steps() == 0:
             raise ValueError("an epoch has no batches: the training set is smaller than one batch per "
                              "host rank with --drop-last; lower --batch-size or drop --drop-last")
         self.sync.broadcast_parameters_(self.model)
@@ -102,38 +98,48 @@ class Trainer:
     def run_epoch(self, epoch: int) -> dict[str, Any]:
         self.timer.reset()
         t0 = time.perf_counter()
-        train_sums, losses = self.train_epoch(epoch)
+        train_sums, losses, batch_digest = self.train_epoch(epoch)
         with self.timer.phase("validation"):
             val_sums = self.validate()
         epoch_time = time.perf_counter() - t0
         record = self.epoch_record(epoch, train_sums, val_sums, losses, epoch_time)
         self.phase_log.write({"epoch": epoch, "world_rank": self.topo.world_rank, "role": "host",
-                              "epoch_time": epoch_time, "phases": dict(self.timer.totals)})
+                              "epoch_time": epoch_time, "steps": self.feed.steps(),
+                              "phases": dict(self.timer.totals), "batch_digest": batch_digest})
         if self.is_leader:
             self.metrics_log.write(record)
             print(format_epoch_line(record, self.cfg.epochs), flush=True)
         return record
 
-    def train_epoch(self, epoch: int) -> tuple[np.ndarray, list[float]]:
+    def train_epoch(self, epoch: int) -> tuple[np.ndarray, list[float], Optional[str]]:
+        """Train one epoch; return summed [loss, correct, count], step losses, batch digest."""
         self.model.train()
-        self.sampler.set_epoch(epoch)
-        self.train_set.set_epoch(epoch)
         sums = np.zeros(3, dtype=np.float64)
         losses: list[float] = []
-        bar = tqdm(total=len(self.loader), desc=f"epoch {epoch + 1}/{self.cfg.epochs}", unit="step",
+        digest = hashlib.sha256() if self.cfg.digest_batches else None
+        bar = tqdm(total=self.feed.steps(), desc=f"epoch {epoch + 1}/{self.cfg.epochs}", unit="step",
                    leave=False, file=sys.stdout, mininterval=1.0, ncols=100, nrows=100,  # mpirun
                    # hides the terminal size from ranks and tqdm would hide a bar it thinks off-screen
                    disable=not (self.cfg.progress and self.is_leader and env.progress_wanted()))
-        batches = iter(self.loader)
-        for _ in range(len(self.loader)):
-            with self.timer.phase("data"):
-                x, y = next(batches)
+        for x, y in self.timed(self.feed.epoch(epoch)):
+            if digest is not None:
+                digest.update(x.numpy().tobytes())
+                digest.update(y.numpy().tobytes())
             loss, correct = self.step(x, y)
             losses.append(loss)
             sums += (loss * len(y), correct, len(y))
             bar.update(1)
         bar.close()
-        return self.allreduce_sums(sums), losses
+        return self.allreduce_sums(sums), losses, digest.hexdigest() if digest is not None else None
+
+    def timed(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        """Yield from `batches`, timing every fetch (the last one too: the feed's epoch epilogue)."""
+        while True:
+            with self.timer.phase("data"):
+                batch = next(batches, None)
+            if batch is None:
+                return
+            yield batch
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
         with self.timer.phase("forward_backward"):

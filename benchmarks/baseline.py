@@ -1,0 +1,82 @@
+"""Baseline benchmark (--mode none): what an idle DPU rank costs, and Horovod vs torch.distributed.
+
+Runs the variants below interleaved (rep 1 of every variant, then rep 2, ...) on this machine so
+that machine noise hits all of them alike, and prints medians and ratios measured in this run.
+
+    python benchmarks/baseline.py [--reps 3] [--epochs 3] [--quick] [--out benchmarks/results/baseline.json]
+
+Epoch time is the median over epochs 2.. of every rep (epoch 1 pays one-off warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+VARIANTS = {
+    "1 host, no DPU rank": ["--host-ranks", "1", "--dpu-ranks", "0", "--host-threads", "1"],
+    "1 host + 1 idle DPU rank": ["--host-ranks", "1", "--dpu-ranks", "1", "--host-threads", "1"],
+    "2 hosts, horovod": ["--host-ranks", "2", "--dpu-ranks", "0", "--host-threads", "1", "@horovod"],
+    "2 hosts, torch (gloo)": ["--host-ranks", "2", "--dpu-ranks", "0", "--host-threads", "1", "@torch"],
+}
+RATIOS = [("1 host + 1 idle DPU rank", "1 host, no DPU rank"), ("2 hosts, torch (gloo)", "2 hosts, horovod")]
+
+
+def run_variant(launcher: list[str], data: Path, epochs: int) -> list[dict]:
+    allreduce = next((a[1:] for a in launcher if a.startswith("@")), "auto")
+    launcher = [a for a in launcher if not a.startswith("@")]
+    with tempfile.TemporaryDirectory() as log:
+        cmd = [str(BIN / "dpurun"), *launcher, "--", "--preset", "debug", "--data", str(data / "cifar10"),
+               "--epochs", str(epochs), "--allreduce", allreduce, "--log-dir", log, "--no-progress"]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            sys.exit(f"benchmark run failed: {' '.join(cmd)}\n{res.stderr[-2000:]}")
+        lines = (Path(log) / "metrics.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r["event"] == "epoch"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="1 rep of 2 epochs (keeps the command working)")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "baseline.json")
+    args = p.parse_args()
+    reps, epochs = (1, 2) if args.quick else (args.reps, args.epochs)
+    data = ROOT / ".cache" / "data"
+    subprocess.run([str(BIN / "dpurun"), "make-data", str(data), "--datasets", "cifar10"], check=True,
+                   stdout=subprocess.DEVNULL)
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    allreduce: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for rep in range(reps):
+        for name, launcher in VARIANTS.items():
+            epochs_rec = run_variant(launcher, data, epochs)[1:]
+            times[name] += [e["epoch_time"] for e in epochs_rec]
+            allreduce[name] += [e["phase_shares"].get("allreduce", 0.0) * e["epoch_time"] for e in epochs_rec]
+            print(f"rep {rep + 1}/{reps} {name}: {statistics.median(times[name][-len(epochs_rec):]):.2f} s/epoch",
+                  file=sys.stderr, flush=True)
+    report = {v: {"epoch_s_median": statistics.median(t), "epoch_s_min": min(t), "epoch_s_max": max(t),
+                  "allreduce_s_median": statistics.median(allreduce[v]), "samples": len(t)}
+              for v, t in times.items()}
+    ratios = {f"{a} / {b}": report[a]["epoch_s_median"] / report[b]["epoch_s_median"] for a, b in RATIOS}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"reps": reps, "epochs": epochs, "variants": report, "ratios": ratios}, indent=2))
+    print("| variant | epoch s (median) | min–max | allreduce s/epoch |\n|---|---|---|---|")
+    for v, r in report.items():
+        print(f"| {v} | {r['epoch_s_median']:.2f} | {r['epoch_s_min']:.2f}–{r['epoch_s_max']:.2f} | "
+              f"{r['allreduce_s_median']:.3f} |")
+    for k, v in ratios.items():
+        print(f"\nratio {k}: {v:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

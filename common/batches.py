@@ -1,0 +1,121 @@
+"""The batch message (`--mode da`): one raw buffer per batch, header + labels + samples, no pickling.
+
+    offset 0                 BATCH_HEADER: int64 fields below
+    offset HEADER_BYTES      labels: int64[max_batch]          (first `count` valid)
+    offset + 8*max_batch     samples: dtype[max_batch, *shape] (first `count` valid)
+
+One message per batch keeps MPI's ordering trivial (the host posts a single `Irecv` of the maximum
+size per buffer) and lets the host use the received memory in place (`unpack` returns views).
+Both sides derive the same `BatchLayout` from the data set, and every header repeats dtype and
+shape so a mismatch is caught, not silently misread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from dpuoffload.common.errors import PeerError
+from dpuoffload.common.messages import HeaderLayout, Tag
+
+MAX_DIMS = 4
+BATCH_HEADER = HeaderLayout("batch", Tag.BATCH, ("kind", "epoch", "step", "count", "dtype", "ndim",
+                                                  *(f"dim{i}" for i in range(MAX_DIMS))))
+HEADER_BYTES = 8 * len(BATCH_HEADER.fields)
+
+
+class BatchKind(IntEnum):
+    BATCH = 1
+    EPOCH_END = 2  # no payload: the sender has sent every batch of `epoch` to this host rank
+
+
+_DTYPES = {1: np.float32, 2: np.float16, 3: np.uint8, 4: np.float64, 5: np.int64}
+_CODES = {np.dtype(v): k for k, v in _DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """Sizes of the batch message for one run: per-sample shape and dtype, and the largest batch."""
+
+    sample_shape: tuple[int, ...]
+    dtype: np.dtype
+    max_batch: int
+
+    def __post_init__(self) -> None:
+        if len(self.sample_shape) > MAX_DIMS:
+            raise ValueError(f"samples with {len(self.sample_shape)} dims; the batch header holds {MAX_DIMS}")
+        if np.dtype(self.dtype) not in _CODES:
+            raise ValueError(f"sample dtype {self.dtype} cannot be sent; supported: "
+                             f"{', '.join(str(np.dtype(d)) for d in _DTYPES.values())}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch.from_numpy(np.empty(0, self.dtype)).dtype
+
+    @property
+    def sample_items(self) -> int:
+        return int(np.prod(self.sample_shape, dtype=np.int64))
+
+    @property
+    def labels_offset(self) -> int:
+        return HEADER_BYTES
+
+    @property
+    def samples_offset(self) -> int:
+        return HEADER_BYTES + 8 * self.max_batch
+
+    def nbytes(self, count: int) -> int:
+        return self.samples_offset + count * self.sample_items * np.dtype(self.dtype).itemsize
+
+    def empty(self) -> np.ndarray:
+        """A buffer for the largest batch (what receivers post and senders fill)."""
+        return np.zeros(self.nbytes(self.max_batch), dtype=np.uint8)
+
+    def header(self, kind: BatchKind, epoch: int, step: int, count: int) -> np.ndarray:
+        dims = {f"dim{i}": d for i, d in enumerate(self.sample_shape)}
+        return BATCH_HEADER.pack(kind=kind, epoch=epoch, step=step, count=count,
+                                 dtype=_CODES[np.dtype(self.dtype)], ndim=len(self.sample_shape), **dims)
+
+    def pack(self, buf: np.ndarray, epoch: int, step: int, samples: torch.Tensor, labels: torch.Tensor) -> int:
+        """Copy one collated batch into `buf`; return the number of bytes to send."""
+        count = samples.shape[0]
+        if tuple(samples.shape[1:]) != self.sample_shape or samples.dtype != self.torch_dtype:
+            raise ValueError(f"batch of shape {tuple(samples.shape)} {samples.dtype}; every batch must be "
+                             f"[n, {', '.join(map(str, self.sample_shape))}] {np.dtype(self.dtype)}")
+        if count > self.max_batch:
+            raise ValueError(f"batch of {count} samples exceeds the layout's {self.max_batch}")
+        buf[:HEADER_BYTES].view(np.int64)[:] = self.header(BatchKind.BATCH, epoch, step, count)
+        buf[self.labels_offset: self.labels_offset + 8 * count].view(np.int64)[:] = labels.numpy()
+        end = self.nbytes(count)
+        buf[self.samples_offset: end].view(self.dtype)[:] = samples.numpy().reshape(-1)
+        return end
+
+    def pack_end(self, buf: np.ndarray, epoch: int) -> int:
+        buf[:HEADER_BYTES].view(np.int64)[:] = self.header(BatchKind.EPOCH_END, epoch, -1, 0)
+        return HEADER_BYTES
+
+    def unpack_header(self, buf: np.ndarray) -> Mapping[str, int]:
+        head = BATCH_HEADER.unpack(buf[:HEADER_BYTES].view(np.int64))
+        expected = self.header(BatchKind(head["kind"]), head["epoch"], head["step"], head["count"])
+        if head["kind"] == BatchKind.BATCH and not np.array_equal(buf[:HEADER_BYTES].view(np.int64), expected):
+            raise PeerError(f"batch header {dict(head)} does not match this run's layout "
+                            f"({self.sample_shape} {np.dtype(self.dtype)}); host and DPU disagree on the data")
+        return head
+
+    def unpack(self, buf: np.ndarray, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views (no copy) of the samples and labels of a received batch of `count` samples."""
+        labels = buf[self.labels_offset: self.labels_offset + 8 * count].view(np.int64)
+        samples = buf[self.samples_offset: self.nbytes(count)].view(self.dtype).reshape(count, *self.sample_shape)
+        return torch.from_numpy(samples), torch.from_numpy(labels)
+
+
+def layout_for(sample: torch.Tensor, max_batch: int) -> BatchLayout:
+    """The layout for samples like `sample` (one transformed training sample)."""
+    if not isinstance(sample, torch.Tensor):
+        raise TypeError(f"the training transform returns {type(sample).__name__}; --mode da sends tensors, "
+                        "so the transform must end in a tensor (e.g. ToTensor())")
+    return BatchLayout(tuple(sample.shape), np.dtype(torch.empty(0, dtype=sample.dtype).numpy().dtype), max_batch)

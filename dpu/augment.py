@@ -1,0 +1,124 @@
+"""`--mode da`: a DPU rank loads and augments the batches of the host ranks it feeds and sends them.
+
+For every host rank it feeds, the DPU rank builds that host's own loader (`RankLoader`: the same
+sampler, per-sample seeds and collate the host would use), so each batch is bit-identical to the
+one the host would have built. Batches go out with `Isend` from `--da-buffers` pre-allocated
+buffers used as a circular queue: a buffer is refilled only once its previous send completed, so
+memory stays bounded however far the DPU runs ahead. With several host ranks (fan-out), batches
+are produced round-robin, step by step, so no host waits for another host's whole epoch.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+
+from dpuoffload.common.batches import BatchLayout
+from dpuoffload.common.config import RunConfig
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.loaders import RankLoader
+from dpuoffload.common.messages import Tag
+from dpuoffload.common.metrics import PhaseTimer
+from dpuoffload.common.roles import Topology
+from dpuoffload.common.sampling import PerSampleSeeded
+from dpuoffload.common.waits import wait
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+
+class SendRing:
+    """K send buffers used in turn; `acquire` waits (sleeping) until the next one is free."""
+
+    def __init__(self, world: "MPI.Comm", layout: BatchLayout, k: int, timeout: float) -> None:
+        self.world, self.timeout = world, timeout
+        self.buffers = [layout.empty() for _ in range(k)]
+        self.pending: list[Optional["MPI.Request"]] = [None] * k
+        self.dests: list[int] = [-1] * k
+        self.next = 0
+
+    def acquire(self) -> tuple[int, np.ndarray]:
+        slot = self.next
+        self.next = (self.next + 1) % len(self.buffers)
+        self._complete(slot)
+        return slot, self.buffers[slot]
+
+    def send(self, slot: int, nbytes: int, dest: int) -> None:
+        self.pending[slot] = self.world.Isend(self.buffers[slot][:nbytes], dest=dest, tag=Tag.BATCH)
+        self.dests[slot] = dest
+
+    def drain(self) -> None:
+        for slot in range(len(self.buffers)):
+            self._complete(slot)
+
+    def _complete(self, slot: int) -> None:
+        req = self.pending[slot]
+        if req is not None:
+            wait(req, self.timeout, f"host world rank {self.dests[slot]} to receive a batch")
+            self.pending[slot] = None
+
+
+def transform_name(dataset: Any) -> str:
+    """The user's transform, for error messages (looks through Subset wrappers)."""
+    while not hasattr(dataset, "transform") and hasattr(dataset, "dataset"):
+        dataset = dataset.dataset
+    return repr(getattr(dataset, "transform", None)).replace("\n", " ")
+
+
+class Augmenter:
+    """Produces and sends every batch of every epoch for the host ranks this DPU rank feeds."""
+
+    def __init__(self, cfg: RunConfig, topo: Topology, train: PerSampleSeeded, layout: BatchLayout,
+                 hosts: tuple[int, ...]) -> None:
+        self.cfg, self.topo, self.layout, self.hosts = cfg, topo, layout, hosts
+        self.loaders = {h: RankLoader(cfg, train, len(topo.host_ranks), topo.host_ranks.index(h)) for h in hosts}
+        self.ring = SendRing(topo.world, layout, cfg.da_buffers, cfg.peer_timeout)
+        self.timer = PhaseTimer()
+        self.transform = transform_name(train.dataset)
+
+    def run(self) -> list[dict[str, Any]]:
+        return [self.run_epoch(epoch) for epoch in range(self.cfg.epochs)]
+
+    def run_epoch(self, epoch: int) -> dict[str, Any]:
+        self.timer.reset()
+        t0 = time.perf_counter()
+        iters = {}
+        for h, loader in self.loaders.items():
+            loader.set_epoch(epoch)
+            iters[h] = iter(loader)
+        steps = len(next(iter(self.loaders.values())))
+        for step in range(steps):
+            for h in self.hosts:
+                self.produce(h, iters[h], epoch, step)
+        for h in self.hosts:
+            slot, buf = self.ring.acquire()
+            self.ring.send(slot, self.layout.pack_end(buf, epoch), h)
+        return {"epoch": epoch, "epoch_time": time.perf_counter() - t0, "batches": steps * len(self.hosts),
+                "phases": dict(self.timer.totals)}
+
+    def produce(self, host: int, batches: Any, epoch: int, step: int) -> None:
+        with self.timer.phase("augment"):
+            try:
+                samples, labels = next(batches)
+            except RuntimeError as e:
+                if "stack expects each tensor to be equal size" in str(e):
+                    raise self.shape_error(str(e)) from None
+                raise
+        with self.timer.phase("buffer_wait"):
+            slot, buf = self.ring.acquire()
+        with self.timer.phase("send"):
+            try:
+                nbytes = self.layout.pack(buf, epoch, step, samples, labels)
+            except ValueError as e:
+                raise self.shape_error(str(e)) from None
+            self.ring.send(slot, nbytes, host)
+
+    def shape_error(self, detail: str) -> ConfigError:
+        return ConfigError(f"--mode da needs every training sample to have the same shape and dtype, but "
+                           f"the training transform {self.transform} does not ({detail}); end it with a "
+                           "fixed-size step such as RandomResizedCrop(size) or Resize(size) + CenterCrop(size)")
+
+    def close(self) -> None:
+        self.ring.drain()

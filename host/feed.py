@@ -1,0 +1,90 @@
+"""Where a host rank's training batches come from: its own loader, or a DPU rank (`--mode da`).
+
+Both feeds yield `(samples, labels)` for `steps` steps of an epoch; the trainer times the wait for
+each batch as the "data" phase (in `--mode da` that is the host's stall on the DPU).
+`RemoteFeed` double-buffers: the receive for batch i+1 is posted as batch i is handed to the
+trainer, i.e. before its forward pass, and waited for at the start of step i+1.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator, Protocol
+
+import numpy as np
+import torch
+
+from dpuoffload.common.batches import BatchKind, BatchLayout
+from dpuoffload.common.errors import PeerError
+from dpuoffload.common.loaders import RankLoader
+from dpuoffload.common.messages import Tag
+from dpuoffload.common.waits import wait
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+BATCH_POLL_MAX_SLEEP = 0.001  # a batch is on the critical path: poll at least every millisecond
+
+
+class Feed(Protocol):
+    def steps(self) -> int:
+        """Batches per epoch (the same on every host rank)."""
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        """Yield this epoch's batches in order."""
+
+
+class LocalFeed:
+    """`--mode none`: the host rank loads and augments its own batches."""
+
+    def __init__(self, loader: RankLoader) -> None:
+        self.loader = loader
+
+    def steps(self) -> int:
+        return len(self.loader)
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        self.loader.set_epoch(epoch)
+        yield from self.loader
+
+
+class RemoteFeed:
+    """`--mode da`: batches arrive from DPU rank `source` into two alternating receive buffers.
+
+    A yielded batch is a view of a receive buffer and stays valid until the next batch is
+    requested (the trainer finishes step i before asking for batch i+1).
+    """
+
+    def __init__(self, world: "MPI.Comm", source: int, source_label: str, layout: BatchLayout,
+                 steps: int, timeout: float) -> None:
+        self.world, self.source, self.source_label = world, source, source_label
+        self.layout, self._steps, self.timeout = layout, steps, timeout
+        self.buffers = [layout.empty(), layout.empty()]
+
+    def steps(self) -> int:
+        return self._steps
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        req = self._post(0)
+        for step in range(self._steps):
+            buf = self._wait(req, epoch, step)
+            head = self.layout.unpack_header(buf)
+            self._check(head, BatchKind.BATCH, epoch, step)
+            req = self._post((step + 1) % 2)  # batch step+1 (or the epoch end) lands while we compute
+            yield self.layout.unpack(buf, head["count"])
+        end = self.layout.unpack_header(self._wait(req, epoch, self._steps))
+        self._check(end, BatchKind.EPOCH_END, epoch, -1)
+
+    def _post(self, slot: int) -> "MPI.Request":
+        return self.world.Irecv(self.buffers[slot], source=self.source, tag=Tag.BATCH)
+
+    def _wait(self, req: "MPI.Request", epoch: int, step: int) -> np.ndarray:
+        wait(req, self.timeout, f"batch {step} of epoch {epoch} from {self.source_label}",
+             max_sleep=BATCH_POLL_MAX_SLEEP)
+        return self.buffers[step % 2]
+
+    def _check(self, head: dict, kind: BatchKind, epoch: int, step: int) -> None:
+        if head["kind"] != kind or head["epoch"] != epoch or head["step"] != step:
+            raise PeerError(f"expected {kind.name} epoch {epoch} step {step} from {self.source_label}, got "
+                            f"{BatchKind(head['kind']).name} epoch {head['epoch']} step {head['step']}: "
+                            "host and DPU programs disagree on the epoch's batches")
