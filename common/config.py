@@ -12,12 +12,12 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 from dpuoffload.common.errors import ConfigError, NotYetAvailableError
 
 MODES = ("none", "naive", "da", "mv", "hybrid")
-IMPLEMENTED_MODES = ("none", "da")
+IMPLEMENTED_MODES = ("none", "da", "mv")
 ALLREDUCE_BACKENDS = ("auto", "horovod", "torch")
 LR_SCHEDULES = ("cosine", "step", "constant")
 
@@ -51,6 +51,10 @@ class RunConfig:
     log_dir: Optional[str] = None
     digest_batches: bool = False
     da_buffers: int = 4
+    mv_dpu_fraction: Union[float, str] = 1.0
+    dpu_da_ranks: Optional[int] = None
+    dpu_mv_ranks: Optional[int] = None
+    da_fanout: Optional[int] = None
     progress: bool = True
     peer_timeout: float = 600.0
 
@@ -71,6 +75,15 @@ class RunConfig:
             raise ConfigError(f"--momentum must be in [0, 1), got {self.momentum}")
         if self.weight_decay < 0:
             raise ConfigError(f"--weight-decay must be >= 0, got {self.weight_decay}")
+        if self.mv_dpu_fraction != "auto" and not (
+                isinstance(self.mv_dpu_fraction, (int, float)) and 0 <= self.mv_dpu_fraction <= 1):
+            raise ConfigError(f"--mv-dpu-fraction must be a number in [0, 1] or 'auto', got {self.mv_dpu_fraction!r}")
+        for name in ("dpu_da_ranks", "dpu_mv_ranks", "da_fanout"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"--{_flag(name)} must be >= 1, got {value}")
+            if value is not None and self.mode != "hybrid":
+                raise ConfigError(f"--{_flag(name)} only applies to --mode hybrid (got --mode {self.mode})")
         if self.peer_timeout <= 0:
             raise ConfigError(f"--peer-timeout must be > 0 seconds, got {self.peer_timeout}")
 
@@ -164,11 +177,31 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
     p.add_argument("--da-buffers", type=int, default=S, metavar="K",
                    help="--mode da: batch buffers per DPU rank, used as a circular send queue; "
                         "memory stays bounded by K batches (default: 4)")
+    p.add_argument("--mv-dpu-fraction", type=_fraction_or_auto, default=S, metavar="F|auto",
+                   help="--mode mv/hybrid: fraction of the validation set the DPU ranks evaluate; the "
+                        "host ranks evaluate the rest at epoch end; 'auto' picks it from measured "
+                        "evaluation speeds (default: 1)")
+    p.add_argument("--dpu-da-ranks", type=int, default=S, metavar="A",
+                   help="--mode hybrid: DPU ranks doing data augmentation (default: host ranks / "
+                        "--da-fanout, else half the DPU ranks)")
+    p.add_argument("--dpu-mv-ranks", type=int, default=S, metavar="B",
+                   help="--mode hybrid: DPU ranks doing validation (default: the other DPU ranks)")
+    p.add_argument("--da-fanout", type=int, default=S, metavar="F",
+                   help="--mode hybrid: host ranks fed by each augmentation rank (published layout: 2)")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=S,
                    help="no progress bar on host rank 0")
     p.add_argument("--peer-timeout", type=float, default=S, metavar="SECONDS",
                    help="abort the job when a peer does not answer within this time (default: 600)")
     return p
+
+
+def _fraction_or_auto(text: str) -> Union[float, str]:
+    if text == "auto":
+        return "auto"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1] or 'auto', got {text!r}") from None
 
 
 def parse_run_config(argv: Optional[Sequence[str]] = None, prog: str = "dpuoffload") -> RunConfig:

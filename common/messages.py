@@ -19,8 +19,8 @@ class Tag(IntEnum):
 
     CONTROL = 10       # control header (shutdown, epoch boundaries)
     BATCH = 20         # augmented batches, DPU -> host (--mode da); layout in `common.batches`
-    WEIGHTS = 30       # reserved: model state for validation / checkpoints / clones
-    SHARD = 40
+    STATE = 30         # model state slices, host -> DPU (--mode mv); packing in `common.sharding`
+    METRICS = 31       # validation sums of one epoch, DPU validation rank 0 -> host rank 0
 
 
 class ControlKind(IntEnum):
@@ -52,3 +52,11 @@ class HeaderLayout:
 
 
 CONTROL = HeaderLayout("control", Tag.CONTROL, ("kind", "epoch", "step", "value"))
+
+# The STATE message: this header (int64) followed by the sender's packed slices (bytes), in one buffer.
+# `dpu_share_ppm` is the fraction of the validation set the DPU ranks evaluate, in parts per million.
+STATE_HEADER = HeaderLayout("state", Tag.STATE, ("epoch", "sender", "nbytes", "dpu_share_ppm"))
+STATE_HEADER_BYTES = 8 * len(STATE_HEADER.fields)
+
+# The METRICS message: float64 [epoch, loss sum, correct, count] over the DPU ranks' validation part.
+METRICS_FIELDS = ("epoch", "loss_sum", "correct", "count")

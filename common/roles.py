@@ -165,7 +165,3 @@ def feeders(pairing: Pairing) -> dict[int, int]:
     """
     return {h: dpus[0] for h, dpus in pairing.host_to_dpus.items() if dpus}
 
-
-def fed_hosts(pairing: Pairing, dpu: int) -> tuple[int, ...]:
-    """Host ranks (world ranks, ascending) that DPU rank `dpu` feeds."""
-    return tuple(sorted(h for h, d in feeders(pairing).items() if d == dpu))

@@ -1,41 +1,59 @@
-"""DPU program entry: start-up checks, then the work of the chosen mode, then clean exit."""
+"""DPU program entry: start-up checks, then this rank's offloaded work, then clean exit."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.datasets import build_datasets
 from dpuoffload.common.failure import run_program
 from dpuoffload.common.loaders import probe_layout
 from dpuoffload.common.metrics import JsonlLog
-from dpuoffload.common.roles import Role, Topology, fed_hosts
+from dpuoffload.common.models import build_model
+from dpuoffload.common.offload import DA, IDLE, MV, plan_offload
+from dpuoffload.common.roles import Role, Topology
 from dpuoffload.common.sampling import PerSampleSeeded
 from dpuoffload.common.startup import start_program
 from dpuoffload.dpu.augment import Augmenter
 from dpuoffload.dpu.idle import idle_until_shutdown
+from dpuoffload.dpu.validate import Validator
+
+WORK_COLORS = {IDLE: 0, DA: 1, MV: 2}
 
 
-def prepare(cfg: RunConfig, topo: Topology) -> Optional[Augmenter]:
-    """Build what this rank's role needs before any host<->DPU traffic (failures stay collective)."""
-    hosts = fed_hosts(topo.pairing, topo.world_rank) if cfg.mode == "da" else ()
-    if not hosts:
-        return None  # --mode none, or a DPU rank no host needs: it idles until shutdown
-    train = PerSampleSeeded(build_datasets(cfg).train, cfg.seed)
-    return Augmenter(cfg, topo, train, probe_layout(train, cfg), hosts)
+class Work(Protocol):
+    def run(self) -> list[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+def prepare(cfg: RunConfig, topo: Topology) -> tuple[str, Optional[Work]]:
+    """Build this rank's work (augmentation, validation, or none) before any host<->DPU traffic."""
+    me = topo.world_rank
+    plan = plan_offload(topo.ranks, cfg)
+    work = plan.work.get(me, IDLE)
+    # DPU-only collective first, before anything that could fail on one rank and not the others
+    work_comm = topo.side_comm.Split(color=WORK_COLORS[work], key=me)
+    if work == DA and plan.fed_by(me):
+        train = PerSampleSeeded(build_datasets(cfg).train, cfg.seed)
+        return work, Augmenter(cfg, topo, train, probe_layout(train, cfg), plan.fed_by(me))
+    if work == MV:
+        data = build_datasets(cfg)
+        return work, Validator(cfg, topo, work_comm, build_model(cfg, data.num_classes), data.val, plan.states_to(me))
+    return IDLE, None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    cfg, topo, augmenter = start_program(Role.DPU, argv, prepare)
+    cfg, topo, (work, runner) = start_program(Role.DPU, argv, prepare)
     if not topo.host_ranks:
         return 0
     log = JsonlLog(cfg.log_dir, f"phases-rank{topo.world_rank}.jsonl")
-    if augmenter is not None:
-        for record in augmenter.run():
-            log.write({"world_rank": topo.world_rank, "role": "dpu", "work": "da", **record})
-        augmenter.close()
+    if runner is not None:
+        for record in runner.run():
+            log.write({"world_rank": topo.world_rank, "role": "dpu", "work": work, **record})
+        runner.close()
     stats: dict[str, Any] = idle_until_shutdown(topo)
-    log.write({"event": "end", "world_rank": topo.world_rank, "role": "dpu", "mode": cfg.mode, **stats})
+    log.write({"event": "end", "world_rank": topo.world_rank, "role": "dpu", "work": work, "mode": cfg.mode, **stats})
     return 0
 
 

@@ -23,11 +23,20 @@ if TYPE_CHECKING:
 
 class GradientSync(Protocol):
     """Call order on every host rank: `broadcast_parameters_` once, `allreduce_gradients_` after
-    each backward, `shutdown` at the end. All calls are collective over the host ranks."""
+    each backward, `broadcast_buffers_` at each epoch end, `shutdown` at the end. All calls are
+    collective over the host ranks."""
 
     name: str
 
     def broadcast_parameters_(self, model: nn.Module) -> None: ...
+
+    def broadcast_buffers_(self, model: nn.Module) -> None:
+        """Make buffers (BatchNorm running statistics) equal to host rank 0's.
+
+        The allreduce keeps parameters identical, but each rank updates its running statistics from
+        its own batches; the model state that is validated, handed to DPU ranks or checkpointed
+        must be one well-defined state, so it is host rank 0's (DDP's broadcast_buffers, once per epoch).
+        """
 
     def allreduce_gradients_(self, grads: Sequence[torch.Tensor]) -> None: ...
 
@@ -60,6 +69,11 @@ class HorovodSync:
     def broadcast_parameters_(self, model: nn.Module) -> None:
         self._hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
+    def broadcast_buffers_(self, model: nn.Module) -> None:
+        buffers = dict(model.named_buffers())
+        if buffers:
+            self._hvd.broadcast_parameters(buffers, root_rank=0)
+
     def allreduce_gradients_(self, grads: Sequence[torch.Tensor]) -> None:
         if grads:
             self._hvd.grouped_allreduce_(list(grads), op=self._hvd.Average, name="grads")
@@ -90,6 +104,10 @@ class TorchSync:
 
     def broadcast_parameters_(self, model: nn.Module) -> None:
         for tensor in model.state_dict().values():
+            self._dist.broadcast(tensor, src=0)
+
+    def broadcast_buffers_(self, model: nn.Module) -> None:
+        for tensor in model.buffers():
             self._dist.broadcast(tensor, src=0)
 
     def allreduce_gradients_(self, grads: Sequence[torch.Tensor]) -> None:

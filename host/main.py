@@ -6,38 +6,48 @@ from typing import Optional, Sequence
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.datasets import DatasetPair, build_datasets
-from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.loaders import RankLoader, probe_layout
 from dpuoffload.common.failure import run_program
 from dpuoffload.common.models import build_model
-from dpuoffload.common.roles import Role, Topology, feeders
+from dpuoffload.common.offload import OffloadPlan, plan_offload, require_feeder
+from dpuoffload.common.roles import Role, Topology
 from dpuoffload.common.sampling import PerSampleSeeded
 from dpuoffload.common.startup import start_program
 from dpuoffload.host.allreduce import build_sync, resolve_backend
 from dpuoffload.host.control import shutdown_dpus
 from dpuoffload.host.feed import Feed, LocalFeed, RemoteFeed
 from dpuoffload.host.trainer import HostJob, Trainer
+from dpuoffload.host.validation import LocalValidation, OffloadedValidation, SharePolicy, Validation, fixed_share
 
 
 def prepare(cfg: RunConfig, topo: Topology) -> HostJob:
     """Everything that can fail on bad input, before any host-only communication starts."""
     resolve_backend(cfg.allreduce)
     data = build_datasets(cfg)
-    return HostJob(data=data, model=build_model(cfg, data.num_classes), feed=build_feed(cfg, topo, data))
+    plan = plan_offload(topo.ranks, cfg)
+    return HostJob(data=data, model=build_model(cfg, data.num_classes), feed=build_feed(cfg, topo, data, plan),
+                   plan=plan)
 
 
-def build_feed(cfg: RunConfig, topo: Topology, data: DatasetPair) -> Feed:
-    """This host rank's own loader (`none`), or a receiver of the batches its DPU rank sends (`da`)."""
+def build_feed(cfg: RunConfig, topo: Topology, data: DatasetPair, plan: OffloadPlan) -> Feed:
+    """This host rank's own loader, or a receiver of the batches its augmentation DPU rank sends."""
     train = PerSampleSeeded(data.train, cfg.seed)
     loader = RankLoader(cfg, train, len(topo.host_ranks), topo.side_rank)
-    if cfg.mode == "none":
+    if cfg.mode not in ("da", "hybrid"):
         return LocalFeed(loader)
-    feeder = feeders(topo.pairing).get(topo.world_rank)
-    if feeder is None:
-        raise ConfigError(f"--mode {cfg.mode}: {topo.describe()} has no DPU rank on its node to feed it; "
-                          "start at least one DPU rank per node that has host ranks")
+    feeder = require_feeder(plan, topo.world_rank, topo.describe())
     return RemoteFeed(topo.world, feeder, topo.describe(feeder), probe_layout(train, cfg), len(loader),
                       cfg.peer_timeout)
+
+
+def build_validation(cfg: RunConfig, topo: Topology, job: HostJob) -> tuple[Validation, Optional[SharePolicy]]:
+    """Validation on the host ranks, or handed to the DPU validation ranks (mv, hybrid)."""
+    val, bs = job.data.val, cfg.val_batch_size
+    if not job.plan.mv_ranks:
+        return LocalValidation(job.model, val, bs, topo.side_comm), None
+    validation = OffloadedValidation(job.model, val, bs, topo, job.plan.mv_target[topo.world_rank],
+                                     job.plan.mv_ranks[0], cfg.peer_timeout)
+    return validation, fixed_share(float(cfg.mv_dpu_fraction))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -47,7 +57,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"[dpuoffload] mode {cfg.mode}: {len(topo.host_ranks)} host rank(s), "
               f"{len(topo.dpu_ranks)} DPU rank(s), model {cfg.model}, dataset {cfg.dataset} "
               f"({len(job.data.train)} train / {len(job.data.val)} val), allreduce {sync.name}", flush=True)
-    Trainer(cfg, topo, job, sync).fit()
+    validation, share = build_validation(cfg, topo, job)
+    Trainer(cfg, topo, job, sync, validation, share).fit()
     shutdown_dpus(topo, cfg.peer_timeout)
     sync.shutdown()
     return 0

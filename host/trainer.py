@@ -18,18 +18,20 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
-from mpi4py import MPI
 from torch import nn
 from tqdm import tqdm
 
 from dpuoffload.common import env
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.datasets import DatasetPair
-from dpuoffload.common.evaluation import evaluate_sums, metrics_from_sums, shard_range
+from dpuoffload.common.evaluation import metrics_from_sums
 from dpuoffload.common.metrics import JsonlLog, PhaseTimer
+from dpuoffload.common.offload import OffloadPlan
+from dpuoffload.common.sharding import state_digest
 from dpuoffload.common.roles import Topology
 from dpuoffload.host.allreduce import GradientSync
 from dpuoffload.host.feed import Batch, Feed
+from dpuoffload.host.validation import SharePolicy, Validation, allreduce_sums
 
 
 @dataclass
@@ -39,6 +41,7 @@ class HostJob:
     data: DatasetPair
     model: nn.Module
     feed: Feed
+    plan: OffloadPlan
 
 
 def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.SGD:
@@ -55,21 +58,15 @@ def lr_factor(schedule: str, step: int, total: int) -> float:
     return 1.0
 
 
-def state_digest(model: nn.Module) -> str:
-    """sha256 over every parameter and buffer, in state_dict order: 'same weights, to the bit'."""
-    h = hashlib.sha256()
-    for name, t in model.state_dict().items():
-        h.update(name.encode())
-        h.update(t.detach().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 class Trainer:
-    def __init__(self, cfg: RunConfig, topo: Topology, job: HostJob, sync: GradientSync) -> None:
+    def __init__(self, cfg: RunConfig, topo: Topology, job: HostJob, sync: GradientSync,
+                 validation: Validation, share_policy: Optional[SharePolicy] = None) -> None:
         self.cfg, self.topo, self.sync = cfg, topo, sync
         self.comm = topo.side_comm
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self.model, self.val_set = job.model, job.data.val
+        self.model = job.model
+        self.validation, self.share_policy = validation, share_policy
+        self.partial: dict[int, dict[str, Any]] = {}
         self.criterion = nn.CrossEntropyLoss()
         self.optimizer = build_optimizer(cfg, self.model)
         self.feed = job.feed
@@ -89,23 +86,42 @@ class Trainer:
             raise ValueError("an epoch has no batches: the training set is smaller than one batch per "
                              "host rank with --drop-last; lower --batch-size or drop --drop-last")
         self.sync.broadcast_parameters_(self.model)
-        records = [self.run_epoch(epoch) for epoch in range(self.cfg.epochs)]
+        records: list[dict[str, Any]] = []
+        for epoch in range(self.cfg.epochs):
+            self.run_epoch(epoch)
+            records += [self.complete(e, sums) for e, sums in self.validation.ready()]
+        records += [self.complete(e, sums) for e, sums in self.validation.finish()]
         final = {"event": "end", "weights_sha256": state_digest(self.model),
                  "allreduce": self.sync.name, "host_ranks": self.size}
         self.metrics_log.write(final)
         return records
 
-    def run_epoch(self, epoch: int) -> dict[str, Any]:
+    def run_epoch(self, epoch: int) -> None:
+        """Train, hand validation off (or do it), and keep the epoch's record until its metrics come."""
         self.timer.reset()
         t0 = time.perf_counter()
         train_sums, losses, batch_digest = self.train_epoch(epoch)
+        train_time = time.perf_counter() - t0
+        share = self.dpu_share(train_time)
         with self.timer.phase("validation"):
-            val_sums = self.validate()
+            self.sync.broadcast_buffers_(self.model)
+            self.validation.epoch_end(epoch, share)
         epoch_time = time.perf_counter() - t0
-        record = self.epoch_record(epoch, train_sums, val_sums, losses, epoch_time)
         self.phase_log.write({"epoch": epoch, "world_rank": self.topo.world_rank, "role": "host",
                               "epoch_time": epoch_time, "steps": self.feed.steps(),
                               "phases": dict(self.timer.totals), "batch_digest": batch_digest})
+        self.partial[epoch] = self.train_record(epoch, train_sums, losses, epoch_time, share)
+
+    def dpu_share(self, train_time: float) -> float:
+        """Fraction of the validation set the DPU ranks evaluate this epoch (0 without mv)."""
+        return self.share_policy(train_time) if self.share_policy is not None else 0.0
+
+    def complete(self, epoch: int, val_sums: np.ndarray) -> dict[str, Any]:
+        """Merge validation results into the epoch's record; host rank 0 logs and prints it."""
+        record = self.partial.pop(epoch)
+        val_loss, val_acc = metrics_from_sums(val_sums)
+        record.update(val_loss=val_loss, val_acc=val_acc, val_loss_sum=float(val_sums[0]),
+                      val_correct=int(val_sums[1]), val_count=int(val_sums[2]))
         if self.is_leader:
             self.metrics_log.write(record)
             print(format_epoch_line(record, self.cfg.epochs), flush=True)
@@ -130,7 +146,7 @@ class Trainer:
             sums += (loss * len(y), correct, len(y))
             bar.update(1)
         bar.close()
-        return self.allreduce_sums(sums), losses, digest.hexdigest() if digest is not None else None
+        return allreduce_sums(self.comm, sums), losses, digest.hexdigest() if digest is not None else None
 
     def timed(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         """Yield from `batches`, timing every fetch (the last one too: the feed's epoch epilogue)."""
@@ -154,23 +170,13 @@ class Trainer:
             self.scheduler.step()
         return float(loss.detach()), int((out.detach().argmax(1) == y).sum())
 
-    def validate(self) -> np.ndarray:
-        indices = shard_range(len(self.val_set), self.rank, self.size)
-        return self.allreduce_sums(evaluate_sums(self.model, self.val_set, indices, self.cfg.val_batch_size))
-
-    def allreduce_sums(self, sums: np.ndarray) -> np.ndarray:
-        out = np.empty_like(sums)
-        self.comm.Allreduce(sums, out, op=MPI.SUM)
-        return out
-
-    def epoch_record(self, epoch: int, train_sums: np.ndarray, val_sums: np.ndarray,
-                     losses: list[float], epoch_time: float) -> dict[str, Any]:
+    def train_record(self, epoch: int, train_sums: np.ndarray, losses: list[float], epoch_time: float,
+                     share: float) -> dict[str, Any]:
         train_loss, train_acc = metrics_from_sums(train_sums)
-        val_loss, val_acc = metrics_from_sums(val_sums)
         return {"event": "epoch", "epoch": epoch, "train_loss": train_loss, "train_acc": train_acc,
-                "val_loss": val_loss, "val_acc": val_acc, "val_count": int(val_sums[2]),
-                "epoch_time": epoch_time, "lr": self.scheduler.get_last_lr()[0],
-                "phase_shares": self.timer.shares(epoch_time), "step_losses": losses}
+                "epoch_time": epoch_time, "lr": self.scheduler.get_last_lr()[0], "val_dpu_share": share,
+                "phase_shares": self.timer.shares(epoch_time), "step_losses": losses,
+                "weights_sha256": state_digest(self.model)}
 
 
 _SHORT = {"data": "data", "forward_backward": "fwd/bwd", "allreduce": "allreduce",

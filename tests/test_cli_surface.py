@@ -22,7 +22,8 @@ TRAINING_FLAGS = {
     "--preset", "--mode", "--model", "--dataset", "--data", "--download", "--num-classes",
     "--epochs", "--batch-size", "--val-batch-size", "--drop-last", "--train-subset", "--val-subset",
     "--lr", "--momentum", "--weight-decay", "--lr-schedule", "--seed", "--allreduce", "--log-dir",
-    "--no-progress", "--peer-timeout",
+    "--no-progress", "--peer-timeout", "--digest-batches", "--da-buffers", "--mv-dpu-fraction",
+    "--dpu-da-ranks", "--dpu-mv-ranks", "--da-fanout",
 }
 
 

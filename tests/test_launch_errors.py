@@ -202,6 +202,6 @@ def test_console_script():
         script = shutil.which("dpurun")
     if not script:
         pytest.skip("the dpurun console script is not installed (pip install -e .)")
-    proc = run_cli([str(script), "--", "--mode", "da"])
+    proc = run_cli([str(script), "--", "--mode", "naive"])
     assert proc.returncode == 2
-    assert "dpurun: error: --mode da is not yet available" in proc.stderr
+    assert "dpurun: error: --mode naive is not yet available" in proc.stderr

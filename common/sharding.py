@@ -1,0 +1,109 @@
+"""Sharded transfer of model state: which host rank sends which slice of which tensor (pure), and
+packing those slices into one contiguous buffer and back.
+
+After the allreduce every host rank holds the same weights, so the cheapest hand-off to DPU ranks
+(DeepClone, Alg. 1; DeepFreeze) is for each of N host ranks to send 1/N: every tensor with at least
+`threshold` elements is cut into N contiguous slices (flat offsets, slice k from host rank k);
+smaller tensors go whole, each from one rank, assigned greedily by size so the ranks' loads stay
+balanced. The receivers all-gather the pieces and reassemble the full state. Used by `--mode mv`
+now, and by checkpoints and clones later: one mechanism, several consumers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from dpuoffload.common.evaluation import shard_range
+
+DEFAULT_THRESHOLD = 4096  # elements; below this a slice costs more in bookkeeping than it saves
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Elements [start, stop) of the flattened tensor number `tensor` (state_dict order)."""
+
+    tensor: int
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """For every sender rank, the pieces it sends, in the order they are packed."""
+
+    numels: tuple[int, ...]
+    pieces: tuple[tuple[Piece, ...], ...]
+
+    def rank_pieces(self, rank: int) -> tuple[Piece, ...]:
+        return self.pieces[rank]
+
+
+def plan_shards(numels: Sequence[int], n_ranks: int, threshold: int = DEFAULT_THRESHOLD) -> ShardPlan:
+    """Assign every element of every tensor to exactly one of `n_ranks` senders (deterministic)."""
+    if n_ranks < 1:
+        raise ValueError(f"n_ranks must be >= 1, got {n_ranks}")
+    per_rank: list[list[Piece]] = [[] for _ in range(n_ranks)]
+    load = [0] * n_ranks
+    small = []
+    for t, n in enumerate(numels):
+        if n >= threshold:
+            for r in range(n_ranks):
+                span = shard_range(n, r, n_ranks)
+                if len(span):
+                    per_rank[r].append(Piece(t, span.start, span.stop))
+                    load[r] += len(span)
+        elif n > 0:
+            small.append(t)
+    for t in sorted(small, key=lambda t: (-numels[t], t)):
+        r = min(range(n_ranks), key=lambda r: (load[r], r))
+        per_rank[r].append(Piece(t, 0, numels[t]))
+        load[r] += numels[t]
+    return ShardPlan(tuple(numels), tuple(tuple(sorted(p, key=lambda x: (x.tensor, x.start))) for p in per_rank))
+
+
+def state_tensors(state: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The state's tensors in order; they must be contiguous so flat slices are views, not copies."""
+    tensors = [t.detach() for t in state.values()]
+    for name, t in zip(state, tensors):
+        if not t.is_contiguous():
+            raise ValueError(f"state tensor {name!r} is not contiguous; cannot be sent in slices")
+    return tensors
+
+
+def state_digest(model: torch.nn.Module) -> str:
+    """sha256 over every parameter and buffer, in state_dict order: 'same weights, to the bit'."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def packed_nbytes(tensors: Sequence[torch.Tensor], pieces: Sequence[Piece]) -> int:
+    return sum((p.stop - p.start) * tensors[p.tensor].element_size() for p in pieces)
+
+
+def pack_pieces(tensors: Sequence[torch.Tensor], pieces: Sequence[Piece], out: np.ndarray) -> int:
+    """Copy `pieces` of `tensors` into the uint8 buffer `out` (the staging copy); return bytes used."""
+    offset = 0
+    for p in pieces:
+        src = tensors[p.tensor].reshape(-1)[p.start: p.stop].numpy().view(np.uint8)
+        out[offset: offset + src.nbytes] = src
+        offset += src.nbytes
+    return offset
+
+
+def unpack_pieces(buf: np.ndarray, pieces: Sequence[Piece], tensors: Sequence[torch.Tensor]) -> int:
+    """Copy packed `pieces` from `buf` into `tensors` (in place); return bytes consumed."""
+    offset = 0
+    for p in pieces:
+        dst = tensors[p.tensor].reshape(-1)[p.start: p.stop]
+        n = dst.numel() * dst.element_size()
+        dst.copy_(torch.from_numpy(buf[offset: offset + n].view(dst.numpy().dtype)))
+        offset += n
+    return offset

@@ -1,0 +1,129 @@
+"""Epoch-end validation on the host side: all on the host ranks, or handed to DPU ranks (`--mode mv`).
+
+`LocalValidation` evaluates the whole validation set on the host ranks before the next epoch.
+`OffloadedValidation` follows the published O-MV design: at the end of epoch i each host rank
+stages its 1/N slice of the model state (parameters and buffers, `common.sharding`) and sends it
+to its DPU validation rank, evaluates the host's part of the validation set (the `1 - f` tail,
+split over host ranks; f = `--mv-dpu-fraction`), and starts epoch i+1. Host rank 0 collects the
+DPU ranks' sums for epoch i when they arrive and merges them with the host part. The host only
+blocks for the staging copy; the buffer is reused only after its previous send completed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
+
+import numpy as np
+from torch import nn
+from torch.utils.data import Dataset
+
+from dpuoffload.common.evaluation import evaluate_sums, shard_range
+from dpuoffload.common.messages import METRICS_FIELDS, STATE_HEADER, STATE_HEADER_BYTES, Tag
+from dpuoffload.common.roles import Topology
+from dpuoffload.common.sharding import pack_pieces, packed_nbytes, plan_shards, state_tensors
+from dpuoffload.common.waits import wait
+from dpuoffload.common.validation_split import dpu_count
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+Sums = np.ndarray  # float64 [loss sum, correct, count]
+SharePolicy = Callable[[float], float]  # this epoch's training seconds -> DPU share of validation
+
+
+def fixed_share(f: float) -> SharePolicy:
+    return lambda train_seconds: f
+
+
+class Validation(Protocol):
+    """Per epoch: `epoch_end(epoch, share)` on every host rank, then `ready()`; `finish()` at the end.
+    `ready`/`finish` return (epoch, summed validation metrics) on host rank 0, in epoch order."""
+
+    def epoch_end(self, epoch: int, dpu_share: float) -> None: ...
+
+    def ready(self) -> list[tuple[int, Sums]]: ...
+
+    def finish(self) -> list[tuple[int, Sums]]: ...
+
+
+class LocalValidation:
+    def __init__(self, model: nn.Module, val_set: Dataset, batch_size: int, host_comm: "MPI.Comm") -> None:
+        self.model, self.val_set, self.batch_size, self.comm = model, val_set, batch_size, host_comm
+        self.done: list[tuple[int, Sums]] = []
+
+    def epoch_end(self, epoch: int, dpu_share: float = 0.0) -> None:
+        indices = shard_range(len(self.val_set), self.comm.Get_rank(), self.comm.Get_size())
+        self.done.append((epoch, allreduce_sums(self.comm, evaluate_sums(self.model, self.val_set, indices,
+                                                                         self.batch_size))))
+
+    def ready(self) -> list[tuple[int, Sums]]:
+        out, self.done = self.done, []
+        return out
+
+    def finish(self) -> list[tuple[int, Sums]]:
+        return self.ready()
+
+
+class OffloadedValidation:
+    def __init__(self, model: nn.Module, val_set: Dataset, batch_size: int, topo: Topology,
+                 dpu: int, dpu_leader: int, timeout: float) -> None:
+        self.model, self.val_set, self.batch_size, self.topo = model, val_set, batch_size, topo
+        self.comm, self.dpu, self.dpu_leader, self.timeout = topo.side_comm, dpu, dpu_leader, timeout
+        tensors = state_tensors(model.state_dict())
+        self.plan = plan_shards([t.numel() for t in tensors], self.comm.Get_size())
+        self.pieces = self.plan.rank_pieces(self.comm.Get_rank())
+        self.staging = np.zeros(STATE_HEADER_BYTES + packed_nbytes(tensors, self.pieces), dtype=np.uint8)
+        self.send_req: Optional["MPI.Request"] = None
+        self.pending: deque[tuple[int, Sums, np.ndarray, "MPI.Request"]] = deque()
+
+    def epoch_end(self, epoch: int, dpu_share: float) -> None:
+        self.send_state(epoch, dpu_share)
+        n = len(self.val_set)
+        tail = range(dpu_count(n, dpu_share), n)
+        mine = shard_range(len(tail), self.comm.Get_rank(), self.comm.Get_size())
+        indices = tail[mine.start: mine.stop]
+        host_sums = allreduce_sums(self.comm, evaluate_sums(self.model, self.val_set, indices, self.batch_size))
+        if self.comm.Get_rank() == 0:
+            buf = np.zeros(len(METRICS_FIELDS), dtype=np.float64)
+            req = self.topo.world.Irecv(buf, source=self.dpu_leader, tag=Tag.METRICS)
+            self.pending.append((epoch, host_sums, buf, req))
+
+    def send_state(self, epoch: int, dpu_share: float) -> None:
+        """Stage this rank's slices (the only blocking part) and send them without waiting."""
+        if self.send_req is not None:
+            wait(self.send_req, self.timeout, f"{self.topo.describe(self.dpu)} to receive the model state")
+        nbytes = pack_pieces(state_tensors(self.model.state_dict()), self.pieces, self.staging[STATE_HEADER_BYTES:])
+        self.staging[:STATE_HEADER_BYTES].view(np.int64)[:] = STATE_HEADER.pack(
+            epoch=epoch, sender=self.comm.Get_rank(), nbytes=nbytes, dpu_share_ppm=round(dpu_share * 1e6))
+        self.send_req = self.topo.world.Isend(self.staging, dest=self.dpu, tag=Tag.STATE)
+
+    def ready(self) -> list[tuple[int, Sums]]:
+        out = []
+        while self.pending and self.pending[0][3].Test():
+            out.append(self._merge(self.pending.popleft()))
+        return out
+
+    def finish(self) -> list[tuple[int, Sums]]:
+        out = []
+        while self.pending:
+            epoch, _, _, req = self.pending[0]
+            wait(req, self.timeout, f"epoch {epoch + 1} validation results from the DPU validation ranks")
+            out.append(self._merge(self.pending.popleft()))
+        if self.send_req is not None:
+            wait(self.send_req, self.timeout, f"{self.topo.describe(self.dpu)} to receive the model state")
+        return out
+
+    def _merge(self, item: tuple[int, Sums, np.ndarray, "MPI.Request"]) -> tuple[int, Sums]:
+        epoch, host_sums, buf, _ = item
+        if int(buf[0]) != epoch:
+            raise RuntimeError(f"DPU validation results for epoch {int(buf[0])} arrived, expected {epoch}")
+        return epoch, host_sums + buf[1:]
+
+
+def allreduce_sums(comm: "MPI.Comm", sums: Sums) -> Sums:
+    from mpi4py import MPI
+
+    out = np.empty_like(sums)
+    comm.Allreduce(sums, out, op=MPI.SUM)
+    return out
