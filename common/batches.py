@@ -100,6 +100,9 @@ class BatchLayout:
 
     def unpack_header(self, buf: np.ndarray) -> Mapping[str, int]:
         head = BATCH_HEADER.unpack(buf[:HEADER_BYTES].view(np.int64))
+        if head["kind"] not in set(BatchKind):
+            raise PeerError(f"batch message of unknown kind {head['kind']}: host and DPU programs disagree "
+                            "on the protocol")
         expected = self.header(BatchKind(head["kind"]), head["epoch"], head["step"], head["count"])
         if head["kind"] == BatchKind.BATCH and not np.array_equal(buf[:HEADER_BYTES].view(np.int64), expected):
             raise PeerError(f"batch header {dict(head)} does not match this run's layout "
@@ -118,4 +121,9 @@ def layout_for(sample: torch.Tensor, max_batch: int) -> BatchLayout:
     if not isinstance(sample, torch.Tensor):
         raise TypeError(f"the training transform returns {type(sample).__name__}; --mode da sends tensors, "
                         "so the transform must end in a tensor (e.g. ToTensor())")
-    return BatchLayout(tuple(sample.shape), np.dtype(torch.empty(0, dtype=sample.dtype).numpy().dtype), max_batch)
+    try:
+        dtype = np.dtype(torch.empty(0, dtype=sample.dtype).numpy().dtype)
+    except TypeError:  # e.g. bfloat16 has no numpy dtype
+        raise ValueError(f"sample dtype {sample.dtype} cannot be sent; supported: "
+                         f"{', '.join(str(np.dtype(d)) for d in _DTYPES.values())}") from None
+    return BatchLayout(tuple(sample.shape), dtype, max_batch)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 from dpuoffload.common.errors import ConfigError, NotYetAvailableError
 
 MODES = ("none", "naive", "da", "mv", "hybrid")
-IMPLEMENTED_MODES = ("none", "da", "mv")
+IMPLEMENTED_MODES = ("none", "da", "mv", "hybrid")
 ALLREDUCE_BACKENDS = ("auto", "horovod", "torch")
 LR_SCHEDULES = ("cosine", "step", "constant")
 

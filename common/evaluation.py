@@ -6,6 +6,7 @@ summing the per-rank sums gives the metrics of the whole set no matter how it wa
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
@@ -33,6 +34,16 @@ def evaluate_sums(model: nn.Module, dataset: Dataset, indices: Sequence[int], ba
         sums[1] += int((out.argmax(1) == y).sum())
         sums[2] += len(y)
     return sums
+
+
+def eval_seconds_per_sample(model: nn.Module, dataset: Dataset, batch_size: int, batches: int = 2) -> float:
+    """Measured evaluation cost on this rank: one warm-up batch, then `batches` timed batches."""
+    n = len(dataset)  # type: ignore[arg-type]
+    evaluate_sums(model, dataset, range(min(batch_size, n)), batch_size)
+    timed = range(min(batches * batch_size, n))
+    t0 = time.perf_counter()
+    evaluate_sums(model, dataset, timed, batch_size)
+    return (time.perf_counter() - t0) / max(len(timed), 1)
 
 
 def metrics_from_sums(sums: np.ndarray) -> tuple[float, float]:

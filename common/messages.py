@@ -21,6 +21,7 @@ class Tag(IntEnum):
     BATCH = 20         # augmented batches, DPU -> host (--mode da); layout in `common.batches`
     STATE = 30         # model state slices, host -> DPU (--mode mv); packing in `common.sharding`
     METRICS = 31       # validation sums of one epoch, DPU validation rank 0 -> host rank 0
+    PROFILE = 32       # float64 [seconds per sample]: measured DPU evaluation cost (--mv-dpu-fraction auto)
 
 
 class ControlKind(IntEnum):

@@ -53,7 +53,7 @@ def split_counts(cfg: RunConfig, n_host: int, n_dpu: int) -> tuple[int, int]:
                           f"{da * cfg.da_fanout} of {n_host} host ranks; raise --dpu-da-ranks or --da-fanout")
     if da < 1 or mv < 1 or da + mv > n_dpu:
         raise ConfigError(f"--mode hybrid needs at least one augmentation and one validation DPU rank within "
-                          f"the {n_dpu} DPU rank(s); got {da} + {mv} (set --dpu-da-ranks / --dpu-mv-ranks, "
+                          f"the {n_dpu} DPU rank(s); got {da} + {max(mv, 0)} (set --dpu-da-ranks / --dpu-mv-ranks, "
                           "or start more DPU ranks with dpurun --dpu-ranks)")
     return da, mv
 
@@ -62,30 +62,55 @@ def plan_offload(ranks: Sequence[RankInfo], cfg: RunConfig) -> OffloadPlan:
     hosts = [r for r in ranks if r.role is Role.HOST]
     dpus = [r for r in ranks if r.role is Role.DPU]
     n_da, n_mv = split_counts(cfg, len(hosts), len(dpus))
-    work = _assign(dpus, n_da, n_mv)
+    work = _assign(dpus, n_da, n_mv, {h.node for h in hosts})
     da_pairs = _pairing(hosts, dpus, work, DA)
     mv_pairs = _pairing(hosts, dpus, work, MV)
     mv_ranks = sorted(r for r, w in work.items() if w == MV)
     mv_target = feeders(mv_pairs)
-    for i, h in enumerate(sorted(r.world_rank for r in hosts)):
-        if mv_ranks and h not in mv_target:
-            mv_target[h] = mv_ranks[i % len(mv_ranks)]
+    unpaired = sorted(r.world_rank for r in hosts if r.world_rank not in mv_target)
+    for i, h in enumerate(unpaired if mv_ranks else []):
+        mv_target[h] = mv_ranks[i % len(mv_ranks)]
     return OffloadPlan(work=work, feeder=feeders(da_pairs), mv_target=mv_target)
 
 
-def _assign(dpus: Sequence[RankInfo], n_da: int, n_mv: int) -> dict[int, str]:
-    """Per node, the first DPU ranks augment and the next ones validate, proportionally to the totals."""
+def _assign(dpus: Sequence[RankInfo], n_da: int, n_mv: int, host_nodes: set[str]) -> dict[int, str]:
+    """Per node, the first DPU ranks augment and the next ones validate.
+
+    The totals are honoured exactly (largest-remainder apportionment over the nodes' DPU ranks);
+    every node with host ranks gets an augmentation rank first when there are enough to go round,
+    since batches must come from the host's own node.
+    """
     work = {d.world_rank: IDLE for d in dpus}
-    total = len(dpus)
-    for node in sorted({d.node for d in dpus}):
-        local = sorted(d.world_rank for d in dpus if d.node == node)
-        k_da = min(len(local), round(len(local) * n_da / total)) if total else 0
-        k_mv = min(len(local) - k_da, round(len(local) * n_mv / total)) if total else 0
-        for r in local[:k_da]:
+    nodes = sorted({d.node for d in dpus})
+    local = {n: sorted(d.world_rank for d in dpus if d.node == n) for n in nodes}
+    size = [len(local[n]) for n in nodes]
+    needy = [1 if n in host_nodes else 0 for n in nodes]
+    da = _apportion(size, n_da, needy if n_da >= sum(needy) else [0] * len(nodes))
+    mv = _apportion([c - d for c, d in zip(size, da)], n_mv, [0] * len(nodes))
+    for n, k_da, k_mv in zip(nodes, da, mv):
+        for r in local[n][:k_da]:
             work[r] = DA
-        for r in local[k_da: k_da + k_mv]:
+        for r in local[n][k_da: k_da + k_mv]:
             work[r] = MV
     return work
+
+
+def _apportion(capacity: Sequence[int], total: int, minimum: Sequence[int]) -> list[int]:
+    """Split `total` over bins of `capacity`: `minimum` first, the rest proportionally to the free
+    capacity (largest remainder, ties to the lower index); never more than a bin holds."""
+    got = [min(m, c) for m, c in zip(minimum, capacity)]
+    rest = min(total, sum(capacity)) - sum(got)
+    free = [c - g for c, g in zip(capacity, got)]
+    if rest <= 0 or sum(free) == 0:
+        return got
+    quotas = [rest * f / sum(free) for f in free]
+    add = [min(int(q), f) for q, f in zip(quotas, free)]
+    order = sorted(range(len(free)), key=lambda i: (-(quotas[i] - int(quotas[i])), i))
+    while sum(add) < rest:
+        for i in order:
+            if sum(add) < rest and add[i] < free[i]:
+                add[i] += 1
+    return [g + a for g, a in zip(got, add)]
 
 
 def _pairing(hosts: Sequence[RankInfo], dpus: Sequence[RankInfo], work: Mapping[int, str], kind: str) -> Pairing:

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.evaluation import evaluate_sums, shard_range
+from dpuoffload.common.evaluation import eval_seconds_per_sample, evaluate_sums, shard_range
 from dpuoffload.common.errors import PeerError
 from dpuoffload.common.messages import STATE_HEADER, STATE_HEADER_BYTES, Tag
 from dpuoffload.common.metrics import PhaseTimer
@@ -45,7 +45,15 @@ class Validator:
         self.timer = PhaseTimer()
 
     def run(self) -> list[dict[str, Any]]:
+        if self.cfg.mv_dpu_fraction == "auto" and self.comm.Get_rank() == 0:
+            self.send_profile()
         return [self.run_epoch(epoch) for epoch in range(self.cfg.epochs)]
+
+    def send_profile(self) -> None:
+        """Tell host rank 0 what a validation sample costs here (it picks the DPU share from it)."""
+        cost = eval_seconds_per_sample(self.model, self.val_set, self.cfg.val_batch_size)
+        req = self.topo.world.Isend(np.array([cost], dtype=np.float64), dest=self.topo.host_ranks[0], tag=Tag.PROFILE)
+        wait(req, self.cfg.peer_timeout, "host rank 0 to receive the DPU evaluation profile")
 
     def run_epoch(self, epoch: int) -> dict[str, Any]:
         self.timer.reset()

@@ -17,7 +17,7 @@ from dpuoffload.host.allreduce import build_sync, resolve_backend
 from dpuoffload.host.control import shutdown_dpus
 from dpuoffload.host.feed import Feed, LocalFeed, RemoteFeed
 from dpuoffload.host.trainer import HostJob, Trainer
-from dpuoffload.host.validation import LocalValidation, OffloadedValidation, SharePolicy, Validation, fixed_share
+from dpuoffload.host.validation import AutoShare, LocalValidation, OffloadedValidation, SharePolicy, Validation, fixed_share
 
 
 def prepare(cfg: RunConfig, topo: Topology) -> HostJob:
@@ -45,8 +45,11 @@ def build_validation(cfg: RunConfig, topo: Topology, job: HostJob) -> tuple[Vali
     val, bs = job.data.val, cfg.val_batch_size
     if not job.plan.mv_ranks:
         return LocalValidation(job.model, val, bs, topo.side_comm), None
-    validation = OffloadedValidation(job.model, val, bs, topo, job.plan.mv_target[topo.world_rank],
-                                     job.plan.mv_ranks[0], cfg.peer_timeout)
+    leader = job.plan.mv_ranks[0]
+    validation = OffloadedValidation(job.model, val, bs, topo, job.plan.mv_target[topo.world_rank], leader,
+                                     cfg.peer_timeout)
+    if cfg.mv_dpu_fraction == "auto":
+        return validation, AutoShare(topo, job.model, val, bs, leader, len(job.plan.mv_ranks), cfg.peer_timeout)
     return validation, fixed_share(float(cfg.mv_dpu_fraction))
 
 

@@ -18,12 +18,12 @@ import numpy as np
 from torch import nn
 from torch.utils.data import Dataset
 
-from dpuoffload.common.evaluation import evaluate_sums, shard_range
+from dpuoffload.common.evaluation import eval_seconds_per_sample, evaluate_sums, shard_range
 from dpuoffload.common.messages import METRICS_FIELDS, STATE_HEADER, STATE_HEADER_BYTES, Tag
 from dpuoffload.common.roles import Topology
 from dpuoffload.common.sharding import pack_pieces, packed_nbytes, plan_shards, state_tensors
 from dpuoffload.common.waits import wait
-from dpuoffload.common.validation_split import dpu_count
+from dpuoffload.common.validation_split import auto_share, dpu_count
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -34,6 +34,33 @@ SharePolicy = Callable[[float], float]  # this epoch's training seconds -> DPU s
 
 def fixed_share(f: float) -> SharePolicy:
     return lambda train_seconds: f
+
+
+class AutoShare:
+    """`--mv-dpu-fraction auto`: each epoch, the largest DPU share that the DPU validation ranks can
+    finish within the next host epoch (`validation_split.auto_share`), from evaluation costs measured
+    on host rank 0 and on DPU validation rank 0 and host rank 0's training time of this epoch.
+    Collective over the host ranks (host rank 0 decides and broadcasts), so they all split alike."""
+
+    def __init__(self, topo: Topology, model: nn.Module, val_set: Dataset, batch_size: int,
+                 dpu_leader: int, mv_ranks: int, timeout: float) -> None:
+        self.comm, self.n, self.mv_ranks = topo.side_comm, len(val_set), mv_ranks
+        self.host_cost = self.dpu_cost = 0.0
+        if self.comm.Get_rank() == 0:
+            self.host_cost = eval_seconds_per_sample(model, val_set, batch_size)
+            buf = np.zeros(1, dtype=np.float64)
+            req = topo.world.Irecv(buf, source=dpu_leader, tag=Tag.PROFILE)
+            wait(req, timeout, "the evaluation profile of DPU validation rank 0")
+            self.dpu_cost = float(buf[0])
+            print(f"[dpuoffload] mv auto: evaluation costs {self.host_cost * 1e3:.2f} ms/sample on a host "
+                  f"rank, {self.dpu_cost * 1e3:.2f} ms/sample on a DPU rank", flush=True)
+
+    def __call__(self, train_seconds: float) -> float:
+        share = None
+        if self.comm.Get_rank() == 0:
+            share = auto_share(train_seconds, self.n, self.dpu_cost, self.mv_ranks, self.host_cost,
+                               self.comm.Get_size())
+        return float(self.comm.bcast(share, root=0))
 
 
 class Validation(Protocol):

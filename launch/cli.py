@@ -24,6 +24,7 @@ from dpuoffload.common.config import RunConfig, parse_run_config
 from dpuoffload.common.datasets import check_dataset
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.models import check_model
+from dpuoffload.common.offload import split_counts
 from dpuoffload.launch import placement, supervise, throttle
 from dpuoffload.launch.command import FLAVORS, LaunchSpec, build_command
 
@@ -136,7 +137,7 @@ def parse_launcher_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------- training validation
-def validate_training(training_args: Sequence[str], dpu_ranks: int) -> RunConfig:
+def validate_training(training_args: Sequence[str], dpu_ranks: int, host_ranks: int = 1) -> RunConfig:
     """Resolve and check the training flags exactly as the ranks will, before starting MPI.
 
     Only the cheap checks; `check_model_and_data` follows once the launcher flags are known good.
@@ -149,6 +150,7 @@ def validate_training(training_args: Sequence[str], dpu_ranks: int) -> RunConfig
         raise ConfigError(f"--mode {cfg.mode} offloads work to DPU ranks, but --dpu-ranks is 0; "
                           "use --dpu-ranks 1 or more (or --mode none)")
     cfg.check_mode_available()
+    split_counts(cfg, host_ranks, dpu_ranks)  # hybrid: enough DPU ranks for both kinds of work?
     return cfg
 
 
@@ -343,7 +345,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _make_data(argv[1:])
         launcher_argv, training_args = split_argv(argv)
         args = parse_launcher_args(launcher_argv)
-        cfg = validate_training(training_args, args.dpu_ranks)
+        cfg = validate_training(training_args, args.dpu_ranks, args.host_ranks)
         spec, cgroup = resolve_spec(args, training_args)
         check_model_and_data(cfg, local=not _cluster_mode(args))
         if args.dry_run:

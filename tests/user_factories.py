@@ -67,3 +67,29 @@ class _FailsOnHostRank1(torch.nn.Module):
 
 def failing_model(num_classes):
     return _FailsOnHostRank1(num_classes)
+
+
+class RandomSizeCrop:
+    """A transform whose output size varies from sample to sample (not batchable in --mode da)."""
+
+    def __call__(self, img):
+        size = int(torch.randint(8, 16, (1,)))
+        return img[:, :size, :size]
+
+    def __repr__(self):
+        return "RandomSizeCrop(8..16)"
+
+
+class _Varying(Dataset):
+    classes = ["a", "b"]
+    transform = RandomSizeCrop()
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return self.transform(torch.zeros(3, 16, 16)), i % 2
+
+
+def varying_shapes(root, train, download):
+    return _Varying()

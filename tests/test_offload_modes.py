@@ -1,0 +1,164 @@
+"""The offload modes as real MPMD jobs: results provably the same as a plain (--mode none) run.
+
+- da: every batch a host rank trains on is bit-identical to the one it builds itself in --mode none
+  (sha256 of each epoch's batches), so losses and final weights are identical to the bit.
+- mv: the validation metrics the DPU ranks compute equal the host's for the same weights.
+- hybrid: both at once. Plus uneven data, tiny epochs, odd rank counts, faults and bad input.
+Each distinct run starts once per module (oversubscribed on 2 cores) and is shared by the tests.
+"""
+
+import os
+import subprocess
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.mpijobs import DPURUN, REPO, dpurun, job_env, read_jsonl
+
+pytestmark = pytest.mark.mpi
+EPOCHS = "2"
+
+
+@pytest.fixture(scope="module")
+def run(bundled_data, tmp_path_factory):
+    @lru_cache(maxsize=None)
+    def _run(mode: str, hosts: int, dpus: int, *extra: str) -> dict:
+        log = tmp_path_factory.mktemp(f"{mode}-{hosts}h{dpus}d")
+        res = dpurun(["--host-ranks", str(hosts), "--dpu-ranks", str(dpus), "--oversubscribe"],
+                     ["--preset", "debug", "--data", str(bundled_data / "cifar10"), "--epochs", EPOCHS,
+                      "--mode", mode, "--digest-batches", "--log-dir", str(log), "--no-progress", *extra])
+        assert res.returncode == 0, res.stdout + res.stderr
+        metrics = read_jsonl(log / "metrics.jsonl")
+        phases = {int(p.stem.split("rank")[1]): read_jsonl(p) for p in log.glob("phases-rank*.jsonl")}
+        return {"epochs": [m for m in metrics if m["event"] == "epoch"],
+                "end": next(m for m in metrics if m["event"] == "end"), "phases": phases, "stdout": res.stdout}
+    return _run
+
+
+def batch_digests(r: dict, hosts: int) -> list[list[str]]:
+    return [[e["batch_digest"] for e in r["phases"][h]] for h in range(hosts)]
+
+
+def assert_same_training(a: dict, b: dict, hosts: int) -> None:
+    assert batch_digests(a, hosts) == batch_digests(b, hosts)
+    assert [e["step_losses"] for e in a["epochs"]] == [e["step_losses"] for e in b["epochs"]]
+    assert a["end"]["weights_sha256"] == b["end"]["weights_sha256"]
+
+
+def val_sums(r: dict) -> list[tuple]:
+    return [(e["val_loss_sum"], e["val_correct"], e["val_count"]) for e in r["epochs"]]
+
+
+# ------------------------------------------------------------------------------------------- da
+def test_da_batches_losses_and_weights_equal_none(run):
+    none, da = run("none", 2, 2), run("da", 2, 2)
+    assert_same_training(da, none, hosts=2)
+    assert all(d is not None for d in batch_digests(da, 2)[0])
+    assert len(da["epochs"]) == int(EPOCHS)
+
+
+def test_da_fan_out_two_hosts_per_dpu(run):
+    none, da = run("none", 2, 2), run("da", 2, 1)
+    assert_same_training(da, none, hosts=2)
+    dpu = [r for r in da["phases"][2] if r.get("work") == "da" and "epoch" in r]
+    assert [r["batches"] for r in dpu] == [2 * 16] * int(EPOCHS)  # 512 samples / 2 hosts / batch 16
+
+
+def test_da_host_stall_is_logged_per_epoch(run):
+    da = run("da", 2, 2)
+    for h in (0, 1):
+        assert all("data" in e["phases"] and e["steps"] == 16 for e in da["phases"][h])
+
+
+# ------------------------------------------------------------------------------------------- mv
+def test_mv_dpu_metrics_equal_host_metrics_for_same_weights(run):
+    none, mv = run("none", 2, 2), run("mv", 2, 2)
+    assert_same_training(mv, none, hosts=2)
+    assert val_sums(mv) == val_sums(none)  # same shards, same batches: bit-identical sums
+    assert [e["val_dpu_share"] for e in mv["epochs"]] == [1.0] * int(EPOCHS)
+    for rank in (2, 3):  # the DPU validation ranks rebuilt exactly the host's weights, every epoch
+        dpu = [r for r in mv["phases"][rank] if r.get("work") == "mv" and "epoch" in r]
+        assert [r["weights_sha256"] for r in dpu] == [e["weights_sha256"] for e in none["epochs"]]
+
+
+def test_mv_split_fraction_gives_same_metrics(run):
+    none, mv = run("none", 2, 2), run("mv", 2, 2, "--mv-dpu-fraction", "0.5")
+    for (l1, c1, n1), (l2, c2, n2) in zip(val_sums(mv), val_sums(none)):
+        assert (c1, n1) == (c2, n2)
+        # other batch boundaries than the host's: float32 per-batch sums may differ in the last bits
+        assert l1 == pytest.approx(l2, rel=1e-6)
+    dpu_samples = sum(r["val_samples"] for rank in (2, 3) for r in mv["phases"][rank]
+                      if r.get("work") == "mv" and "epoch" in r)
+    assert dpu_samples == 128 * int(EPOCHS)  # half of 256 validation samples per epoch
+
+
+def test_mv_auto_fraction_picks_a_share_and_reports_every_epoch(run):
+    mv = run("mv", 2, 2, "--mv-dpu-fraction", "auto")
+    shares = [e["val_dpu_share"] for e in mv["epochs"]]
+    assert len(shares) == int(EPOCHS) and all(0.0 <= s <= 1.0 for s in shares)
+    assert "[dpuoffload] mv auto: evaluation costs" in mv["stdout"]
+    assert all(e["val_count"] == 256 for e in mv["epochs"])
+
+
+# --------------------------------------------------------------------------------------- hybrid
+def test_hybrid_both_properties_at_once(run):
+    none, hy = run("none", 2, 2), run("hybrid", 2, 2)
+    assert_same_training(hy, none, hosts=2)
+    assert val_sums(hy) == val_sums(none)
+    work = {rank: next(r["work"] for r in hy["phases"][rank] if "work" in r) for rank in (2, 3)}
+    assert work == {2: "da", 3: "mv"}
+
+
+# ------------------------------------------------------------------------------ no deadlock
+def test_uneven_tiny_epochs_more_hosts_than_dpus(run):
+    """50 samples over 3 host ranks (17 each, padded), batch 16: 2 batches, the last of 1 sample,
+    fewer batches per epoch than --da-buffers; one DPU rank feeds all three host ranks."""
+    tiny = ("--train-subset", "50", "--da-buffers", "4")
+    none, da = run("none", 3, 1, *tiny), run("da", 3, 1, *tiny)
+    assert_same_training(da, none, hosts=3)
+    assert all(e["steps"] == 2 for e in da["phases"][0])
+
+
+def test_drop_last_and_more_dpu_ranks_than_needed(run):
+    opts = ("--train-subset", "50", "--drop-last")
+    none, da = run("none", 1, 3, *opts), run("da", 1, 3, *opts)
+    assert_same_training(da, none, hosts=1)
+    assert all(e["steps"] == 3 for e in da["phases"][0])  # 50 // 16
+    idle = [r for rank in (2, 3) for r in da["phases"][rank] if r.get("event") == "end"]
+    assert [r["work"] for r in idle] == ["idle", "idle"]
+
+
+# ------------------------------------------------------------------------------ faults, input
+def test_transform_with_varying_shapes_is_named(run):
+    res = dpurun(["--host-ranks", "1", "--dpu-ranks", "1"],
+                 ["--mode", "da", "--dataset", "tests.user_factories:varying_shapes", "--epochs", "1",
+                  "--batch-size", "8", "--no-progress"], timeout=120)
+    assert res.returncode != 0
+    assert "--mode da needs every training sample to have the same shape" in res.stderr
+    assert "RandomSizeCrop(8..16)" in res.stderr
+
+
+def test_killed_dpu_rank_mid_epoch_in_da_mode_ends_job_within_30s(tmp_path, bundled_data):
+    proc = subprocess.Popen([DPURUN, "--host-ranks", "1", "--dpu-ranks", "1", "--", "--mode", "da",
+                             "--data", str(bundled_data / "cifar10"), "--epochs", "50", "--no-progress",
+                             "--log-dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job_env(), cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "phases-rank0.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)  # epoch 1 done: the DPU rank is mid-way through feeding epoch 2
+        victim = next(p for p in psutil.Process(proc.pid).children(recursive=True)
+                      if "dpuoffload.dpu" in p.cmdline() and "python" in os.path.basename(p.cmdline()[0]))
+        victim.kill()
+        killed_at = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "DPU rank 0 (DPU program)" in err and "killed by signal 9" in err, err
+    assert elapsed < 30
