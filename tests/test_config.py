@@ -30,7 +30,7 @@ def test_bad_values_name_the_flag(argv, message):
     assert message in str(e.value)
 
 
-@pytest.mark.parametrize("mode", ["naive", "hybrid"])
+@pytest.mark.parametrize("mode", ["naive"])
 def test_other_modes_not_yet_available(mode):
     cfg = parse_run_config(["--mode", mode])
     with pytest.raises(NotYetAvailableError, match=f"--mode {mode} is not yet available"):

@@ -143,7 +143,7 @@ def test_dpu_ranks_zero_with_a_dpu_mode(capsys):
 
 
 def test_mode_not_yet_available(capsys):
-    fails(capsys, ["--", "--mode", "hybrid"], "--mode hybrid is not yet available", "--mode none")
+    fails(capsys, ["--", "--mode", "naive"], "--mode naive is not yet available", "--mode none")
 
 
 def test_unknown_training_flag(capsys):
