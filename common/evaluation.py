@@ -7,12 +7,19 @@ summing the per-rank sums gives the metrics of the whole set no matter how it wa
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+
+Sums = np.ndarray  # float64 [loss sum, correct, count]
+SharePolicy = Callable[[float], float]  # this epoch's training seconds -> DPU share of validation
 
 
 def shard_range(n: int, rank: int, size: int) -> range:
@@ -50,3 +57,40 @@ def metrics_from_sums(sums: np.ndarray) -> tuple[float, float]:
     """(mean loss, accuracy) from summed [loss, correct, count]."""
     count = max(sums[2], 1.0)
     return float(sums[0] / count), float(sums[1] / count)
+
+
+def allreduce_sums(comm: "MPI.Comm", sums: Sums) -> Sums:
+    from mpi4py import MPI
+
+    out = np.empty_like(sums)
+    comm.Allreduce(sums, out, op=MPI.SUM)
+    return out
+
+
+class Validation(Protocol):
+    """Per epoch: `epoch_end(epoch, share)` on every host rank, then `ready()`; `finish()` at the end.
+    `ready`/`finish` return (epoch, summed validation metrics) on host rank 0, in epoch order."""
+
+    def epoch_end(self, epoch: int, dpu_share: float) -> None: ...
+
+    def ready(self) -> list[tuple[int, Sums]]: ...
+
+    def finish(self) -> list[tuple[int, Sums]]: ...
+
+
+class LocalValidation:
+    def __init__(self, model: nn.Module, val_set: Dataset, batch_size: int, host_comm: "MPI.Comm") -> None:
+        self.model, self.val_set, self.batch_size, self.comm = model, val_set, batch_size, host_comm
+        self.done: list[tuple[int, Sums]] = []
+
+    def epoch_end(self, epoch: int, dpu_share: float = 0.0) -> None:
+        indices = shard_range(len(self.val_set), self.comm.Get_rank(), self.comm.Get_size())
+        self.done.append((epoch, allreduce_sums(self.comm, evaluate_sums(self.model, self.val_set, indices,
+                                                                         self.batch_size))))
+
+    def ready(self) -> list[tuple[int, Sums]]:
+        out, self.done = self.done, []
+        return out
+
+    def finish(self) -> list[tuple[int, Sums]]:
+        return self.ready()

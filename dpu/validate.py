@@ -18,12 +18,22 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.evaluation import eval_seconds_per_sample, evaluate_sums, shard_range
 from dpuoffload.common.errors import PeerError
+from dpuoffload.common.evaluation import (
+    eval_seconds_per_sample,
+    evaluate_sums,
+    shard_range,
+)
 from dpuoffload.common.messages import STATE_HEADER, STATE_HEADER_BYTES, Tag
 from dpuoffload.common.metrics import PhaseTimer
 from dpuoffload.common.roles import Topology
-from dpuoffload.common.sharding import packed_nbytes, state_digest, plan_shards, state_tensors, unpack_pieces
+from dpuoffload.common.sharding import (
+    packed_nbytes,
+    plan_shards,
+    state_digest,
+    state_tensors,
+    unpack_pieces,
+)
 from dpuoffload.common.validation_split import dpu_count
 from dpuoffload.common.waits import wait
 

@@ -1,51 +1,26 @@
-"""Where a host rank's training batches come from: its own loader, or a DPU rank (`--mode da`).
+"""`--mode da` on the host side: training batches that arrive from a DPU rank.
 
-Both feeds yield `(samples, labels)` for `steps` steps of an epoch; the trainer times the wait for
-each batch as the "data" phase (in `--mode da` that is the host's stall on the DPU).
-`RemoteFeed` double-buffers: the receive for batch i+1 is posted as batch i is handed to the
+`RemoteFeed` is a `common.feeds.Feed`; the trainer times the wait for each batch as the "data"
+phase, which in this mode is the host's stall on the DPU. It double-buffers: the receive for batch i+1 is posted as batch i is handed to the
 trainer, i.e. before its forward pass, and waited for at the start of step i+1.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import numpy as np
-import torch
 
 from dpuoffload.common.batches import BatchKind, BatchLayout
 from dpuoffload.common.errors import PeerError
-from dpuoffload.common.loaders import RankLoader
+from dpuoffload.common.feeds import Batch
 from dpuoffload.common.messages import Tag
 from dpuoffload.common.waits import wait
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-Batch = tuple[torch.Tensor, torch.Tensor]
 BATCH_POLL_MAX_SLEEP = 0.001  # a batch is on the critical path: poll at least every millisecond
-
-
-class Feed(Protocol):
-    def steps(self) -> int:
-        """Batches per epoch (the same on every host rank)."""
-
-    def epoch(self, epoch: int) -> Iterator[Batch]:
-        """Yield this epoch's batches in order."""
-
-
-class LocalFeed:
-    """`--mode none`: the host rank loads and augments its own batches."""
-
-    def __init__(self, loader: RankLoader) -> None:
-        self.loader = loader
-
-    def steps(self) -> int:
-        return len(self.loader)
-
-    def epoch(self, epoch: int) -> Iterator[Batch]:
-        self.loader.set_epoch(epoch)
-        yield from self.loader
 
 
 class RemoteFeed:
@@ -63,6 +38,9 @@ class RemoteFeed:
 
     def steps(self) -> int:
         return self._steps
+
+    def global_samples(self, step: int) -> Optional[int]:
+        return None
 
     def epoch(self, epoch: int) -> Iterator[Batch]:
         req = self._post(0)

@@ -4,28 +4,30 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from dpuoffload.common.allreduce import build_sync, resolve_backend
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.datasets import DatasetPair, build_datasets
-from dpuoffload.common.loaders import RankLoader, probe_layout
+from dpuoffload.common.evaluation import LocalValidation, SharePolicy, Validation
 from dpuoffload.common.failure import run_program
+from dpuoffload.common.feeds import Feed, LocalFeed
+from dpuoffload.common.loaders import RankLoader, probe_layout
 from dpuoffload.common.models import build_model
 from dpuoffload.common.offload import OffloadPlan, plan_offload, require_feeder
 from dpuoffload.common.roles import Role, Topology
 from dpuoffload.common.sampling import PerSampleSeeded
 from dpuoffload.common.startup import start_program
-from dpuoffload.host.allreduce import build_sync, resolve_backend
+from dpuoffload.common.training import TrainJob, Trainer
 from dpuoffload.host.control import shutdown_dpus
-from dpuoffload.host.feed import Feed, LocalFeed, RemoteFeed
-from dpuoffload.host.trainer import HostJob, Trainer
-from dpuoffload.host.validation import AutoShare, LocalValidation, OffloadedValidation, SharePolicy, Validation, fixed_share
+from dpuoffload.host.feed import RemoteFeed
+from dpuoffload.host.validation import AutoShare, OffloadedValidation, fixed_share
 
 
-def prepare(cfg: RunConfig, topo: Topology) -> HostJob:
+def prepare(cfg: RunConfig, topo: Topology) -> TrainJob:
     """Everything that can fail on bad input, before any host-only communication starts."""
     resolve_backend(cfg.allreduce)
     data = build_datasets(cfg)
     plan = plan_offload(topo.ranks, cfg)
-    return HostJob(data=data, model=build_model(cfg, data.num_classes), feed=build_feed(cfg, topo, data, plan),
+    return TrainJob(data=data, model=build_model(cfg, data.num_classes), feed=build_feed(cfg, topo, data, plan),
                    plan=plan)
 
 
@@ -40,7 +42,7 @@ def build_feed(cfg: RunConfig, topo: Topology, data: DatasetPair, plan: OffloadP
                       cfg.peer_timeout)
 
 
-def build_validation(cfg: RunConfig, topo: Topology, job: HostJob) -> tuple[Validation, Optional[SharePolicy]]:
+def build_validation(cfg: RunConfig, topo: Topology, job: TrainJob) -> tuple[Validation, Optional[SharePolicy]]:
     """Validation on the host ranks, or handed to the DPU validation ranks (mv, hybrid)."""
     val, bs = job.data.val, cfg.val_batch_size
     if not job.plan.mv_ranks:

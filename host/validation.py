@@ -12,24 +12,39 @@ blocks for the staging copy; the buffer is reused only after its previous send c
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 from torch import nn
 from torch.utils.data import Dataset
 
-from dpuoffload.common.evaluation import eval_seconds_per_sample, evaluate_sums, shard_range
-from dpuoffload.common.messages import METRICS_FIELDS, STATE_HEADER, STATE_HEADER_BYTES, Tag
+from dpuoffload.common.evaluation import (
+    SharePolicy,
+    Sums,
+    allreduce_sums,
+    eval_seconds_per_sample,
+    evaluate_sums,
+    shard_range,
+)
+from dpuoffload.common.messages import (
+    METRICS_FIELDS,
+    STATE_HEADER,
+    STATE_HEADER_BYTES,
+    Tag,
+)
 from dpuoffload.common.roles import Topology
-from dpuoffload.common.sharding import pack_pieces, packed_nbytes, plan_shards, state_tensors
-from dpuoffload.common.waits import wait
+from dpuoffload.common.sharding import (
+    pack_pieces,
+    packed_nbytes,
+    plan_shards,
+    state_tensors,
+)
 from dpuoffload.common.validation_split import auto_share, dpu_count
+from dpuoffload.common.waits import wait
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-Sums = np.ndarray  # float64 [loss sum, correct, count]
-SharePolicy = Callable[[float], float]  # this epoch's training seconds -> DPU share of validation
 
 
 def fixed_share(f: float) -> SharePolicy:
@@ -61,35 +76,6 @@ class AutoShare:
             share = auto_share(train_seconds, self.n, self.dpu_cost, self.mv_ranks, self.host_cost,
                                self.comm.Get_size())
         return float(self.comm.bcast(share, root=0))
-
-
-class Validation(Protocol):
-    """Per epoch: `epoch_end(epoch, share)` on every host rank, then `ready()`; `finish()` at the end.
-    `ready`/`finish` return (epoch, summed validation metrics) on host rank 0, in epoch order."""
-
-    def epoch_end(self, epoch: int, dpu_share: float) -> None: ...
-
-    def ready(self) -> list[tuple[int, Sums]]: ...
-
-    def finish(self) -> list[tuple[int, Sums]]: ...
-
-
-class LocalValidation:
-    def __init__(self, model: nn.Module, val_set: Dataset, batch_size: int, host_comm: "MPI.Comm") -> None:
-        self.model, self.val_set, self.batch_size, self.comm = model, val_set, batch_size, host_comm
-        self.done: list[tuple[int, Sums]] = []
-
-    def epoch_end(self, epoch: int, dpu_share: float = 0.0) -> None:
-        indices = shard_range(len(self.val_set), self.comm.Get_rank(), self.comm.Get_size())
-        self.done.append((epoch, allreduce_sums(self.comm, evaluate_sums(self.model, self.val_set, indices,
-                                                                         self.batch_size))))
-
-    def ready(self) -> list[tuple[int, Sums]]:
-        out, self.done = self.done, []
-        return out
-
-    def finish(self) -> list[tuple[int, Sums]]:
-        return self.ready()
 
 
 class OffloadedValidation:
@@ -146,11 +132,3 @@ class OffloadedValidation:
         if int(buf[0]) != epoch:
             raise RuntimeError(f"DPU validation results for epoch {int(buf[0])} arrived, expected {epoch}")
         return epoch, host_sums + buf[1:]
-
-
-def allreduce_sums(comm: "MPI.Comm", sums: Sums) -> Sums:
-    from mpi4py import MPI
-
-    out = np.empty_like(sums)
-    comm.Allreduce(sums, out, op=MPI.SUM)
-    return out

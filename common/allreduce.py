@@ -1,9 +1,10 @@
-"""Gradient averaging among host ranks: Horovod (on the host communicator only) or torch.distributed.
+"""Gradient averaging among training replicas: Horovod (on the replicas' communicator only) or
+torch.distributed. The replicas are the host ranks, or host and DPU ranks in `--mode naive`.
 
-Both backends sum every gradient across host ranks and scale by 1/N, over one flat view of all
+Both backends sum every gradient across the replicas and scale by 1/N, over one flat view of all
 gradients, so with the same inputs they give the same averaged gradient up to float summation
-order (bit-identical in our 2-rank tests). DPU ranks never join these groups: they talk to hosts
-over mpi4py point-to-point on COMM_WORLD.
+order (bit-identical in our 2-rank tests). Outside naive mode DPU ranks never join these groups:
+they talk to hosts over mpi4py point-to-point on COMM_WORLD.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class GradientSync(Protocol):
         must be one well-defined state, so it is host rank 0's (DDP's broadcast_buffers, once per epoch).
         """
 
-    def allreduce_gradients_(self, grads: Sequence[torch.Tensor]) -> None: ...
+    def allreduce_gradients_(self, grads: Sequence[torch.Tensor], average: bool = True) -> None:
+        """Sum `grads` over the group in place; divide by the group size when `average`."""
 
     def shutdown(self) -> None: ...
 
@@ -60,10 +62,10 @@ def resolve_backend(requested: str) -> str:
 class HorovodSync:
     name = "horovod"
 
-    def __init__(self, host_comm: "MPI.Comm") -> None:
+    def __init__(self, group: "MPI.Comm") -> None:
         import horovod.torch as hvd
 
-        hvd.init(comm=host_comm)
+        hvd.init(comm=group)
         self._hvd = hvd
 
     def broadcast_parameters_(self, model: nn.Module) -> None:
@@ -74,9 +76,10 @@ class HorovodSync:
         if buffers:
             self._hvd.broadcast_parameters(buffers, root_rank=0)
 
-    def allreduce_gradients_(self, grads: Sequence[torch.Tensor]) -> None:
+    def allreduce_gradients_(self, grads: Sequence[torch.Tensor], average: bool = True) -> None:
         if grads:
-            self._hvd.grouped_allreduce_(list(grads), op=self._hvd.Average, name="grads")
+            op = self._hvd.Average if average else self._hvd.Sum
+            self._hvd.grouped_allreduce_(list(grads), op=op, name="grads")
 
     def shutdown(self) -> None:
         self._hvd.shutdown()
@@ -87,17 +90,17 @@ class TorchSync:
 
     name = "torch"
 
-    def __init__(self, host_comm: "MPI.Comm", timeout: float) -> None:
+    def __init__(self, group: "MPI.Comm", timeout: float) -> None:
         import torch.distributed as dist
 
-        rank, size = host_comm.Get_rank(), host_comm.Get_size()
-        addr = _rendezvous_address(host_comm)
+        rank, size = group.Get_rank(), group.Get_size()
+        addr = _rendezvous_address(group)
         delta = datetime.timedelta(seconds=timeout)
         if rank == 0:
             store = dist.TCPStore(addr, 0, size, is_master=True, timeout=delta, wait_for_workers=False)
-            port = host_comm.bcast(store.port, root=0)
+            port = group.bcast(store.port, root=0)
         else:
-            port = host_comm.bcast(None, root=0)
+            port = group.bcast(None, root=0)
             store = dist.TCPStore(addr, port, size, is_master=False, timeout=delta)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=delta)
         self._dist, self._size = dist, size
@@ -110,12 +113,13 @@ class TorchSync:
         for tensor in model.buffers():
             self._dist.broadcast(tensor, src=0)
 
-    def allreduce_gradients_(self, grads: Sequence[torch.Tensor]) -> None:
+    def allreduce_gradients_(self, grads: Sequence[torch.Tensor], average: bool = True) -> None:
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
         self._dist.all_reduce(flat)
-        flat.div_(self._size)
+        if average:
+            flat.div_(self._size)
         offset = 0
         for g in grads:
             g.copy_(flat[offset: offset + g.numel()].view_as(g))
@@ -125,14 +129,14 @@ class TorchSync:
         self._dist.destroy_process_group()
 
 
-def _rendezvous_address(host_comm: "MPI.Comm") -> str:
-    """Loopback when all host ranks share a machine, else host rank 0's hostname."""
+def _rendezvous_address(group: "MPI.Comm") -> str:
+    """Loopback when all replicas share a machine, else the hostname of the group's rank 0."""
     from mpi4py import MPI
 
-    names = host_comm.allgather(MPI.Get_processor_name())
+    names = group.allgather(MPI.Get_processor_name())
     return "127.0.0.1" if len(set(names)) == 1 else names[0]
 
 
-def build_sync(requested: str, host_comm: "MPI.Comm", timeout: float) -> GradientSync:
+def build_sync(requested: str, group: "MPI.Comm", timeout: float) -> GradientSync:
     backend = resolve_backend(requested)
-    return HorovodSync(host_comm) if backend == "horovod" else TorchSync(host_comm, timeout)
+    return HorovodSync(group) if backend == "horovod" else TorchSync(group, timeout)

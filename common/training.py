@@ -1,7 +1,10 @@
-"""The host training loop (`--mode none`): data-parallel SGD over the host ranks.
+"""The data-parallel training loop of one replica: host ranks in every mode, DPU ranks too in naive.
 
 One step = next batch (data) -> forward/backward -> gradient allreduce -> optimizer step, each
-timed as a phase; each epoch ends with validation on the host ranks and one log record.
+timed as a phase; each epoch ends with BatchNorm buffers synced from world rank 0 (host rank 0),
+validation (on the host ranks, or handed to DPU ranks) and one log record. The replicas are the
+host ranks (`group` = host_comm), or host and DPU ranks in `--mode naive` (`group` = world), where
+batches differ in size and gradients are weighted by each replica's sample count.
 Determinism: weights from the seed, `DistributedSampler(seed)`, per-sample augmentation seeds
 (`PerSampleSeeded`), deterministic algorithms and a fixed allreduce order, so the same seed and
 rank count give the same loss sequence to the bit.
@@ -14,29 +17,36 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
 
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
 from dpuoffload.common import env
+from dpuoffload.common.allreduce import GradientSync
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.datasets import DatasetPair
-from dpuoffload.common.evaluation import metrics_from_sums
+from dpuoffload.common.evaluation import (
+    SharePolicy,
+    Validation,
+    allreduce_sums,
+    metrics_from_sums,
+)
+from dpuoffload.common.feeds import Batch, Feed
 from dpuoffload.common.metrics import JsonlLog, PhaseTimer
 from dpuoffload.common.offload import OffloadPlan
-from dpuoffload.common.sharding import state_digest
 from dpuoffload.common.roles import Topology
-from dpuoffload.host.allreduce import GradientSync
-from dpuoffload.host.feed import Batch, Feed
-from dpuoffload.host.validation import SharePolicy, Validation, allreduce_sums
+from dpuoffload.common.sharding import state_digest
 
 
 @dataclass
-class HostJob:
-    """What host set-up builds before any communication (so failures are collective and clean)."""
+class TrainJob:
+    """What set-up builds before any communication (so failures are collective and clean)."""
 
     data: DatasetPair
     model: nn.Module
@@ -59,11 +69,12 @@ def lr_factor(schedule: str, step: int, total: int) -> float:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, topo: Topology, job: HostJob, sync: GradientSync,
-                 validation: Validation, share_policy: Optional[SharePolicy] = None) -> None:
+    def __init__(self, cfg: RunConfig, topo: Topology, job: TrainJob, sync: GradientSync,
+                 validation: Validation, share_policy: Optional[SharePolicy] = None,
+                 group: Optional["MPI.Comm"] = None) -> None:
         self.cfg, self.topo, self.sync = cfg, topo, sync
-        self.comm = topo.side_comm
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.comm = topo.side_comm if group is None else group  # all training replicas
+        self.size = self.comm.Get_size()
         self.model = job.model
         self.validation, self.share_policy = validation, share_policy
         self.partial: dict[int, dict[str, Any]] = {}
@@ -75,11 +86,12 @@ class Trainer:
             self.optimizer, lambda s: lr_factor(cfg.lr_schedule, s, self.total_steps))
         self.timer = PhaseTimer()
         self.phase_log = JsonlLog(cfg.log_dir, f"phases-rank{topo.world_rank}.jsonl")
-        self.metrics_log = JsonlLog(cfg.log_dir if self.rank == 0 else None, "metrics.jsonl")
+        self.metrics_log = JsonlLog(cfg.log_dir if self.is_leader else None, "metrics.jsonl")
 
     @property
     def is_leader(self) -> bool:
-        return self.rank == 0
+        """Host rank 0 (world rank 0) prints and writes the run's metrics."""
+        return self.topo.world_rank == self.topo.host_ranks[0]
 
     def fit(self) -> list[dict[str, Any]]:
         if self.feed.steps() == 0:
@@ -92,7 +104,7 @@ class Trainer:
             records += [self.complete(e, sums) for e, sums in self.validation.ready()]
         records += [self.complete(e, sums) for e, sums in self.validation.finish()]
         final = {"event": "end", "weights_sha256": state_digest(self.model),
-                 "allreduce": self.sync.name, "host_ranks": self.size}
+                 "allreduce": self.sync.name, "host_ranks": len(self.topo.host_ranks), "replicas": self.size}
         self.metrics_log.write(final)
         return records
 
@@ -107,7 +119,7 @@ class Trainer:
             self.sync.broadcast_buffers_(self.model)
             self.validation.epoch_end(epoch, share)
         epoch_time = time.perf_counter() - t0
-        self.phase_log.write({"epoch": epoch, "world_rank": self.topo.world_rank, "role": "host",
+        self.phase_log.write({"epoch": epoch, "world_rank": self.topo.world_rank, "role": self.topo.role.name.lower(),
                               "epoch_time": epoch_time, "steps": self.feed.steps(),
                               "phases": dict(self.timer.totals), "batch_digest": batch_digest})
         self.partial[epoch] = self.train_record(epoch, train_sums, losses, epoch_time, share)
@@ -137,11 +149,11 @@ class Trainer:
                    leave=False, file=sys.stdout, mininterval=1.0, ncols=100, nrows=100,  # mpirun
                    # hides the terminal size from ranks and tqdm would hide a bar it thinks off-screen
                    disable=not (self.cfg.progress and self.is_leader and env.progress_wanted()))
-        for x, y in self.timed(self.feed.epoch(epoch)):
+        for i, (x, y) in enumerate(self.timed(self.feed.epoch(epoch))):
             if digest is not None:
                 digest.update(x.numpy().tobytes())
                 digest.update(y.numpy().tobytes())
-            loss, correct = self.step(x, y)
+            loss, correct = self.step(x, y, self.feed.global_samples(i))
             losses.append(loss)
             sums += (loss * len(y), correct, len(y))
             bar.update(1)
@@ -157,18 +169,30 @@ class Trainer:
                 return
             yield batch
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
+    def step(self, x: torch.Tensor, y: torch.Tensor, total: Optional[int]) -> tuple[float, int]:
+        """One SGD step. `total` None: every replica has an equal batch, gradients are averaged.
+        Otherwise the loss is scaled by n_i / total and gradients summed: the sample-weighted mean."""
+        loss, correct = 0.0, 0
         with self.timer.phase("forward_backward"):
-            out = self.model(x)
-            loss = self.criterion(out, y)
             self.optimizer.zero_grad(set_to_none=False)
-            loss.backward()
+            if len(y):
+                out = self.model(x)
+                mean = self.criterion(out, y)
+                (mean if total is None else mean * (len(y) / total)).backward()
+                loss, correct = float(mean.detach()), int((out.detach().argmax(1) == y).sum())
         with self.timer.phase("allreduce"):
-            self.sync.allreduce_gradients_([p.grad for p in self.model.parameters() if p.grad is not None])
+            self.sync.allreduce_gradients_(self.gradients(), average=total is None)
         with self.timer.phase("optimizer"):
             self.optimizer.step()
             self.scheduler.step()
-        return float(loss.detach()), int((out.detach().argmax(1) == y).sum())
+        return loss, correct
+
+    def gradients(self) -> list[torch.Tensor]:
+        """Every parameter's gradient; zeros where this replica had no samples (it still takes part)."""
+        for p in self.model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        return [p.grad for p in self.model.parameters()]
 
     def train_record(self, epoch: int, train_sums: np.ndarray, losses: list[float], epoch_time: float,
                      share: float) -> dict[str, Any]:
