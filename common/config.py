@@ -14,10 +14,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
-from dpuoffload.common.errors import ConfigError, NotYetAvailableError
+from dpuoffload.common.errors import ConfigError
 
 MODES = ("none", "naive", "da", "mv", "hybrid")
-IMPLEMENTED_MODES = ("none", "da", "mv", "hybrid")
 ALLREDUCE_BACKENDS = ("auto", "horovod", "torch")
 LR_SCHEDULES = ("cosine", "step", "constant")
 
@@ -50,11 +49,13 @@ class RunConfig:
     allreduce: str = "auto"
     log_dir: Optional[str] = None
     digest_batches: bool = False
+    save_weights: Optional[str] = None
     da_buffers: int = 4
     mv_dpu_fraction: Union[float, str] = 1.0
     dpu_da_ranks: Optional[int] = None
     dpu_mv_ranks: Optional[int] = None
     da_fanout: Optional[int] = None
+    dpu_batch_size: Union[int, str, None] = None
     progress: bool = True
     peer_timeout: float = 600.0
 
@@ -84,16 +85,13 @@ class RunConfig:
                 raise ConfigError(f"--{_flag(name)} must be >= 1, got {value}")
             if value is not None and self.mode != "hybrid":
                 raise ConfigError(f"--{_flag(name)} only applies to --mode hybrid (got --mode {self.mode})")
+        if self.dpu_batch_size is not None:
+            if self.mode != "naive":
+                raise ConfigError(f"--dpu-batch-size only applies to --mode naive (got --mode {self.mode})")
+            if self.dpu_batch_size != "auto" and not (isinstance(self.dpu_batch_size, int) and self.dpu_batch_size >= 1):
+                raise ConfigError(f"--dpu-batch-size must be an integer >= 1 or 'auto', got {self.dpu_batch_size!r}")
         if self.peer_timeout <= 0:
             raise ConfigError(f"--peer-timeout must be > 0 seconds, got {self.peer_timeout}")
-
-    def check_mode_available(self) -> None:
-        """Raise `NotYetAvailableError` for modes that are documented but not implemented yet."""
-        if self.mode not in IMPLEMENTED_MODES:
-            raise NotYetAvailableError(
-                f"--mode {self.mode} is not yet available in this version (implemented: "
-                f"{', '.join(IMPLEMENTED_MODES)}); run with --mode none"
-            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -141,7 +139,9 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
                    help="start from a named preset; explicit flags override it. debug = resnet20 on "
                         "cifar10, 3 epochs, batch 16, first 512 train / 256 val samples (default: default)")
     p.add_argument("--mode", choices=MODES, default=S,
-                   help="offload mode (default: none; only 'none' is implemented in this version)")
+                   help="none: host ranks do everything; da: DPU ranks load and augment batches; mv: DPU "
+                        "ranks validate epoch i during epoch i+1; hybrid: both; naive: DPU ranks train "
+                        "as extra replicas (default: none)")
     p.add_argument("--model", default=S, help="resnet20 | resnet56 | shufflenet_v2 | resnet50 | "
                    "module:function (a factory taking num_classes) (default: resnet20)")
     p.add_argument("--dataset", default=S, help="cifar10 | svhn | tinyimagenet | fake | "
@@ -174,6 +174,9 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
     p.add_argument("--digest-batches", action="store_true", default=S,
                    help="log a sha256 of every epoch's training batches per host rank (to check that "
                         "offloaded batches equal locally built ones)")
+    p.add_argument("--save-weights", default=S, metavar="PATH",
+                   help="host rank 0 writes the final model state_dict here (torch.save; load with "
+                        "torch.load(PATH, weights_only=True))")
     p.add_argument("--da-buffers", type=int, default=S, metavar="K",
                    help="--mode da: batch buffers per DPU rank, used as a circular send queue; "
                         "memory stays bounded by K batches (default: 4)")
@@ -188,11 +191,24 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
                    help="--mode hybrid: DPU ranks doing validation (default: the other DPU ranks)")
     p.add_argument("--da-fanout", type=int, default=S, metavar="F",
                    help="--mode hybrid: host ranks fed by each augmentation rank (published layout: 2)")
+    p.add_argument("--dpu-batch-size", type=_int_or_auto, default=S, metavar="b|auto",
+                   help="--mode naive: batch size of each DPU replica; 'auto' measures a few steps on "
+                        "both sides and balances step times (the published balance was 2 vs 16) "
+                        "(default: auto)")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=S,
                    help="no progress bar on host rank 0")
     p.add_argument("--peer-timeout", type=float, default=S, metavar="SECONDS",
                    help="abort the job when a peer does not answer within this time (default: 600)")
     return p
+
+
+def _int_or_auto(text: str) -> Union[int, str]:
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
 def _fraction_or_auto(text: str) -> Union[float, str]:

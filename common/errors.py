@@ -9,10 +9,6 @@ class ConfigError(DpuOffloadError, ValueError):
     """A flag, file or combination the user can fix. The message names the problem and the fix."""
 
 
-class NotYetAvailableError(ConfigError):
-    """A documented feature that this version does not implement yet."""
-
-
 class HandshakeError(DpuOffloadError):
     """Host and DPU programs disagree on version, protocol or run config."""
 

@@ -94,3 +94,20 @@ class LocalValidation:
 
     def finish(self) -> list[tuple[int, Sums]]:
         return self.ready()
+
+
+class NoValidation:
+    """A replica that does not validate (DPU ranks in `--mode naive`); the host ranks do."""
+
+    def __init__(self) -> None:
+        self.done: list[tuple[int, Sums]] = []
+
+    def epoch_end(self, epoch: int, dpu_share: float = 0.0) -> None:
+        self.done.append((epoch, np.zeros(3, dtype=np.float64)))
+
+    def ready(self) -> list[tuple[int, Sums]]:
+        out, self.done = self.done, []
+        return out
+
+    def finish(self) -> list[tuple[int, Sums]]:
+        return self.ready()

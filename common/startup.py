@@ -1,9 +1,11 @@
 """The start-up sequence both programs run, in the same order, so their world collectives match.
 
     build_topology      roles, host_comm / dpu_comm, pairing                (allgather + split)
-    configure           parse flags, per-side threads, mode available?       (collective_call)
+    configure           parse flags, per-side threads                        (collective_call)
     check_peers         same version, protocol, config hash everywhere       (collective_call)
     prepare             the program's own set-up (data sets, model, ...)     (collective_call)
+    profile             what each rank measured or has, for choices that     (allgather)
+                        must agree everywhere (naive's DPU batch, backend)
 
 Each step is collective over COMM_WORLD, so a bad flag or a missing data directory on any rank
 ends every rank with one message instead of leaving the other program waiting for a peer.
@@ -11,11 +13,12 @@ ends every rank with one message instead of leaving the other program waiting fo
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, TypeVar
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import torch
 
 from dpuoffload.common import env
+from dpuoffload.common.allreduce import horovod_available
 from dpuoffload.common.config import RunConfig, parse_run_config
 from dpuoffload.common.failure import collective_call, set_rank_label
 from dpuoffload.common.handshake import check_peers
@@ -27,7 +30,6 @@ T = TypeVar("T")
 def configure(argv: Optional[Sequence[str]], prog: str) -> RunConfig:
     """Parse the training flags and apply this side's thread count."""
     cfg = parse_run_config(argv, prog=prog)
-    cfg.check_mode_available()
     threads = env.threads_from_env()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -35,9 +37,11 @@ def configure(argv: Optional[Sequence[str]], prog: str) -> RunConfig:
     return cfg
 
 
-def start_program(role: Role, argv: Optional[Sequence[str]],
-                  prepare: Callable[[RunConfig, Topology], T]) -> tuple[RunConfig, Topology, T]:
-    """Run the shared start-up sequence; return the config, the topology and `prepare`'s result."""
+def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[RunConfig, Topology], T],
+                  profile: Callable[[RunConfig, Topology, T], dict[str, Any]]
+                  ) -> tuple[RunConfig, Topology, T, list[dict[str, Any]]]:
+    """Run the shared start-up sequence; return the config, the topology, `prepare`'s result and
+    every rank's profile (indexed by world rank)."""
     topo = build_topology(role)
     label = topo.describe()
     set_rank_label(label)
@@ -45,4 +49,5 @@ def start_program(role: Role, argv: Optional[Sequence[str]],
     cfg = collective_call(topo.world, lambda: configure(argv, prog), label)
     collective_call(topo.world, lambda: check_peers(topo, cfg), label)
     state = collective_call(topo.world, lambda: prepare(cfg, topo), label)
-    return cfg, topo, state
+    mine = collective_call(topo.world, lambda: {"horovod": horovod_available(), **profile(cfg, topo, state)}, label)
+    return cfg, topo, state, topo.world.allgather(mine)

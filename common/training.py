@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import numpy as np
@@ -41,6 +43,7 @@ from dpuoffload.common.feeds import Batch, Feed
 from dpuoffload.common.metrics import JsonlLog, PhaseTimer
 from dpuoffload.common.offload import OffloadPlan
 from dpuoffload.common.roles import Topology
+from dpuoffload.common.sampling import PerSampleSeeded
 from dpuoffload.common.sharding import state_digest
 
 
@@ -49,9 +52,22 @@ class TrainJob:
     """What set-up builds before any communication (so failures are collective and clean)."""
 
     data: DatasetPair
+    train: PerSampleSeeded  # the training set under per-sample augmentation seeds
     model: nn.Module
     feed: Feed
     plan: OffloadPlan
+
+
+def save_state_dict(model: nn.Module, path: str) -> None:
+    """Write the final `state_dict` for `torch.load(..., weights_only=True)`: temp file, fsync, rename."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        torch.save(model.state_dict(), f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
 
 
 def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.SGD:
@@ -106,13 +122,15 @@ class Trainer:
         final = {"event": "end", "weights_sha256": state_digest(self.model),
                  "allreduce": self.sync.name, "host_ranks": len(self.topo.host_ranks), "replicas": self.size}
         self.metrics_log.write(final)
+        if self.is_leader and self.cfg.save_weights:
+            save_state_dict(self.model, self.cfg.save_weights)
         return records
 
     def run_epoch(self, epoch: int) -> None:
         """Train, hand validation off (or do it), and keep the epoch's record until its metrics come."""
         self.timer.reset()
         t0 = time.perf_counter()
-        train_sums, losses, batch_digest = self.train_epoch(epoch)
+        train_sums, losses, batch_digest, samples = self.train_epoch(epoch)
         train_time = time.perf_counter() - t0
         share = self.dpu_share(train_time)
         with self.timer.phase("validation"):
@@ -121,7 +139,8 @@ class Trainer:
         epoch_time = time.perf_counter() - t0
         self.phase_log.write({"epoch": epoch, "world_rank": self.topo.world_rank, "role": self.topo.role.name.lower(),
                               "epoch_time": epoch_time, "steps": self.feed.steps(),
-                              "phases": dict(self.timer.totals), "batch_digest": batch_digest})
+                              "phases": dict(self.timer.totals), "batch_digest": batch_digest,
+                              "samples": samples})
         self.partial[epoch] = self.train_record(epoch, train_sums, losses, epoch_time, share)
 
     def dpu_share(self, train_time: float) -> float:
@@ -139,8 +158,9 @@ class Trainer:
             print(format_epoch_line(record, self.cfg.epochs), flush=True)
         return record
 
-    def train_epoch(self, epoch: int) -> tuple[np.ndarray, list[float], Optional[str]]:
-        """Train one epoch; return summed [loss, correct, count], step losses, batch digest."""
+    def train_epoch(self, epoch: int) -> tuple[np.ndarray, list[float], Optional[str], int]:
+        """Train one epoch; return [loss, correct, count] summed over replicas, this replica's step
+        losses, the digest of its batches (`--digest-batches`) and its sample count."""
         self.model.train()
         sums = np.zeros(3, dtype=np.float64)
         losses: list[float] = []
@@ -158,7 +178,8 @@ class Trainer:
             sums += (loss * len(y), correct, len(y))
             bar.update(1)
         bar.close()
-        return allreduce_sums(self.comm, sums), losses, digest.hexdigest() if digest is not None else None
+        return (allreduce_sums(self.comm, sums), losses, digest.hexdigest() if digest is not None else None,
+                int(sums[2]))
 
     def timed(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         """Yield from `batches`, timing every fetch (the last one too: the feed's epoch epilogue)."""

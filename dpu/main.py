@@ -10,14 +10,18 @@ from dpuoffload.common.failure import run_program
 from dpuoffload.common.loaders import probe_layout
 from dpuoffload.common.metrics import JsonlLog
 from dpuoffload.common.models import build_model
+from dpuoffload.common.naive import measure_profile
 from dpuoffload.common.offload import DA, IDLE, MV, plan_offload
 from dpuoffload.common.roles import Role, Topology
 from dpuoffload.common.sampling import PerSampleSeeded
 from dpuoffload.common.startup import start_program
+from dpuoffload.common.training import TrainJob
 from dpuoffload.dpu.augment import Augmenter
 from dpuoffload.dpu.idle import idle_until_shutdown
+from dpuoffload.dpu.replica import Replica
 from dpuoffload.dpu.validate import Validator
 
+REPLICA = "replica"  # --mode naive: the DPU rank trains as a data-parallel replica
 WORK_COLORS = {IDLE: 0, DA: 1, MV: 2}
 
 
@@ -28,8 +32,13 @@ class Work(Protocol):
 
 
 def prepare(cfg: RunConfig, topo: Topology) -> tuple[str, Optional[Work]]:
-    """Build this rank's work (augmentation, validation, or none) before any host<->DPU traffic."""
+    """Build this rank's work (augmentation, validation, training, or none) before any host<->DPU traffic."""
     me = topo.world_rank
+    if cfg.mode == "naive":
+        data = build_datasets(cfg)
+        job = TrainJob(data=data, train=PerSampleSeeded(data.train, cfg.seed), model=build_model(cfg, data.num_classes),
+                       feed=None, plan=plan_offload(topo.ranks, cfg))  # type: ignore[arg-type]  # set in start()
+        return REPLICA, Replica(cfg, topo, job)
     plan = plan_offload(topo.ranks, cfg)
     work = plan.work.get(me, IDLE)
     # DPU-only collective first, before anything that could fail on one rank and not the others
@@ -43,10 +52,19 @@ def prepare(cfg: RunConfig, topo: Topology) -> tuple[str, Optional[Work]]:
     return IDLE, None
 
 
+def profile(cfg: RunConfig, topo: Topology, state: tuple[str, Optional[Work]]) -> dict[str, Any]:
+    runner = state[1]
+    if isinstance(runner, Replica):
+        return measure_profile(cfg, topo, runner.job.model, runner.job.train)
+    return {}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    cfg, topo, (work, runner) = start_program(Role.DPU, argv, prepare)
+    cfg, topo, (work, runner), profiles = start_program(Role.DPU, argv, prepare, profile)
     if not topo.host_ranks:
         return 0
+    if isinstance(runner, Replica):
+        runner.start(profiles)
     log = JsonlLog(cfg.log_dir, f"phases-rank{topo.world_rank}.jsonl")
     if runner is not None:
         for record in runner.run():

@@ -6,17 +6,18 @@ from typing import Optional, Sequence
 
 from dpuoffload.common.allreduce import build_sync, resolve_backend
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.datasets import DatasetPair, build_datasets
+from dpuoffload.common.datasets import build_datasets
 from dpuoffload.common.evaluation import LocalValidation, SharePolicy, Validation
 from dpuoffload.common.failure import run_program
 from dpuoffload.common.feeds import Feed, LocalFeed
 from dpuoffload.common.loaders import RankLoader, probe_layout
 from dpuoffload.common.models import build_model
+from dpuoffload.common.naive import build_naive_feed, measure_profile, naive_backend
 from dpuoffload.common.offload import OffloadPlan, plan_offload, require_feeder
 from dpuoffload.common.roles import Role, Topology
 from dpuoffload.common.sampling import PerSampleSeeded
 from dpuoffload.common.startup import start_program
-from dpuoffload.common.training import TrainJob, Trainer
+from dpuoffload.common.training import Trainer, TrainJob
 from dpuoffload.host.control import shutdown_dpus
 from dpuoffload.host.feed import RemoteFeed
 from dpuoffload.host.validation import AutoShare, OffloadedValidation, fixed_share
@@ -27,13 +28,14 @@ def prepare(cfg: RunConfig, topo: Topology) -> TrainJob:
     resolve_backend(cfg.allreduce)
     data = build_datasets(cfg)
     plan = plan_offload(topo.ranks, cfg)
-    return TrainJob(data=data, model=build_model(cfg, data.num_classes), feed=build_feed(cfg, topo, data, plan),
-                   plan=plan)
-
-
-def build_feed(cfg: RunConfig, topo: Topology, data: DatasetPair, plan: OffloadPlan) -> Feed:
-    """This host rank's own loader, or a receiver of the batches its augmentation DPU rank sends."""
     train = PerSampleSeeded(data.train, cfg.seed)
+    return TrainJob(data=data, train=train, model=build_model(cfg, data.num_classes),
+                    feed=build_feed(cfg, topo, train, plan), plan=plan)
+
+
+def build_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded, plan: OffloadPlan) -> Feed:
+    """This host rank's own loader, or a receiver of the batches its augmentation DPU rank sends.
+    (`--mode naive` replaces it once the DPU batch size is agreed, see `main`.)"""
     loader = RankLoader(cfg, train, len(topo.host_ranks), topo.side_rank)
     if cfg.mode not in ("da", "hybrid"):
         return LocalFeed(loader)
@@ -56,14 +58,20 @@ def build_validation(cfg: RunConfig, topo: Topology, job: TrainJob) -> tuple[Val
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    cfg, topo, job = start_program(Role.HOST, argv, prepare)
-    sync = build_sync(cfg.allreduce, topo.side_comm, cfg.peer_timeout)
+    cfg, topo, job, profiles = start_program(Role.HOST, argv, prepare,
+                                             lambda cfg, topo, job: measure_profile(cfg, topo, job.model, job.train))
+    group = topo.side_comm
+    if cfg.mode == "naive":  # DPU ranks are replicas too: one gradient group over the whole job
+        job.feed = build_naive_feed(cfg, topo, job.train, profiles)
+        group = topo.world
+    sync = build_sync(naive_backend(cfg, profiles) if cfg.mode == "naive" else cfg.allreduce, group,
+                      cfg.peer_timeout)
     if topo.side_rank == 0:
         print(f"[dpuoffload] mode {cfg.mode}: {len(topo.host_ranks)} host rank(s), "
               f"{len(topo.dpu_ranks)} DPU rank(s), model {cfg.model}, dataset {cfg.dataset} "
               f"({len(job.data.train)} train / {len(job.data.val)} val), allreduce {sync.name}", flush=True)
     validation, share = build_validation(cfg, topo, job)
-    Trainer(cfg, topo, job, sync, validation, share).fit()
+    Trainer(cfg, topo, job, sync, validation, share, group=group).fit()
     shutdown_dpus(topo, cfg.peer_timeout)
     sync.shutdown()
     return 0

@@ -149,7 +149,6 @@ def validate_training(training_args: Sequence[str], dpu_ranks: int, host_ranks: 
     if dpu_ranks == 0 and cfg.mode != "none":
         raise ConfigError(f"--mode {cfg.mode} offloads work to DPU ranks, but --dpu-ranks is 0; "
                           "use --dpu-ranks 1 or more (or --mode none)")
-    cfg.check_mode_available()
     split_counts(cfg, host_ranks, dpu_ranks)  # hybrid: enough DPU ranks for both kinds of work?
     return cfg
 

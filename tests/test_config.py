@@ -3,7 +3,7 @@
 import pytest
 
 from dpuoffload.common.config import RunConfig, parse_run_config
-from dpuoffload.common.errors import ConfigError, NotYetAvailableError
+from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.handshake import Identity, find_mismatch
 from dpuoffload.common.roles import Role
 
@@ -28,13 +28,6 @@ def test_bad_values_name_the_flag(argv, message):
     with pytest.raises(ConfigError) as e:
         parse_run_config(argv)
     assert message in str(e.value)
-
-
-@pytest.mark.parametrize("mode", ["naive"])
-def test_other_modes_not_yet_available(mode):
-    cfg = parse_run_config(["--mode", mode])
-    with pytest.raises(NotYetAvailableError, match=f"--mode {mode} is not yet available"):
-        cfg.check_mode_available()
 
 
 def test_hash_is_stable_and_sensitive():

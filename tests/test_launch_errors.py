@@ -142,8 +142,9 @@ def test_dpu_ranks_zero_with_a_dpu_mode(capsys):
           "--mode naive offloads work to DPU ranks, but --dpu-ranks is 0", "--dpu-ranks 1")
 
 
-def test_mode_not_yet_available(capsys):
-    fails(capsys, ["--", "--mode", "naive"], "--mode naive is not yet available", "--mode none")
+def test_hybrid_needs_two_dpu_ranks(capsys):
+    fails(capsys, ["--dpu-ranks", "1", "--", "--mode", "hybrid", "--dataset", "fake"],
+          "--mode hybrid needs at least one augmentation and one validation DPU rank", "--dpu-ranks")
 
 
 def test_unknown_training_flag(capsys):
@@ -202,6 +203,6 @@ def test_console_script():
         script = shutil.which("dpurun")
     if not script:
         pytest.skip("the dpurun console script is not installed (pip install -e .)")
-    proc = run_cli([str(script), "--", "--mode", "naive"])
+    proc = run_cli([str(script), "--", "--mode", "naive", "--dpu-batch-size", "0"])
     assert proc.returncode == 2
-    assert "dpurun: error: --mode naive is not yet available" in proc.stderr
+    assert "dpurun: error: --dpu-batch-size must be an integer >= 1 or 'auto', got 0" in proc.stderr

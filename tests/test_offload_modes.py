@@ -11,7 +11,6 @@ import os
 import subprocess
 import time
 from functools import lru_cache
-from pathlib import Path
 
 import psutil
 import pytest

@@ -1,0 +1,141 @@
+"""`--mode naive`: DPU ranks are extra data-parallel replicas with a smaller batch.
+
+Every replica (host ranks with `--batch-size B`, DPU ranks with `--dpu-batch-size b`) trains on
+its own share of each epoch, proportional to its batch size: the epoch's permutation (seed,
+epoch) is cut into steps of sum(batch sizes) samples and each step's chunk is dealt out in world
+rank order, so every sample is visited exactly once per epoch (the last step may leave some
+replicas fewer or no samples; with `--drop-last` the partial step is dropped). Gradients are the
+sample-weighted mean, not the published design's plain average of unequal batches: each replica
+scales its mean loss by n_i / sum(n) and the allreduce sums (`Trainer.step`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import Any, Iterator, Optional, Sequence, Union
+
+import torch
+from torch import nn
+from torch.utils.data import default_collate
+
+from dpuoffload.common.config import RunConfig
+from dpuoffload.common.feeds import Batch
+from dpuoffload.common.roles import Role, Topology
+from dpuoffload.common.sampling import PerSampleSeeded
+
+Plan = list[list[list[int]]]  # [replica][step] -> sample indices
+
+
+def naive_steps(n: int, batch_sizes: Sequence[int], drop_last: bool) -> int:
+    total = sum(batch_sizes)
+    return n // total if drop_last else math.ceil(n / total)
+
+
+def naive_plan(n: int, seed: int, epoch: int, batch_sizes: Sequence[int], drop_last: bool) -> Plan:
+    """Indices of every replica's batch at every step of `epoch` (pure; same on every rank)."""
+    gen = torch.Generator()
+    gen.manual_seed(seed + epoch)
+    perm = torch.randperm(n, generator=gen).tolist()
+    total = sum(batch_sizes)
+    plan: Plan = [[] for _ in batch_sizes]
+    for step in range(naive_steps(n, batch_sizes, drop_last)):
+        chunk, offset = perm[step * total: (step + 1) * total], 0
+        for replica, b in enumerate(batch_sizes):
+            plan[replica].append(chunk[offset: offset + b])
+            offset += b
+    return plan
+
+
+def replica_batch_sizes(cfg: RunConfig, n_host: int, n_dpu: int, dpu_batch: int) -> list[int]:
+    """Batch size of every replica in world rank order (host ranks first, as dpurun starts them)."""
+    return [cfg.batch_size] * n_host + [dpu_batch] * n_dpu
+
+
+class NaiveFeed:
+    """One replica's batches of the naive plan, built from its own (per-sample seeded) data set."""
+
+    def __init__(self, cfg: RunConfig, dataset: PerSampleSeeded, replica: int, batch_sizes: Sequence[int],
+                 sample_shape: tuple[int, ...]) -> None:
+        self.cfg, self.dataset, self.replica, self.batch_sizes = cfg, dataset, replica, list(batch_sizes)
+        self.sample_shape = sample_shape
+        self.totals: list[int] = []
+
+    def steps(self) -> int:
+        return naive_steps(len(self.dataset), self.batch_sizes, self.cfg.drop_last)
+
+    def global_samples(self, step: int) -> Optional[int]:
+        return self.totals[step]
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        plan = naive_plan(len(self.dataset), self.cfg.seed, epoch, self.batch_sizes, self.cfg.drop_last)
+        self.totals = [sum(len(plan[r][s]) for r in range(len(plan))) for s in range(self.steps())]
+        self.dataset.set_epoch(epoch)
+        for indices in plan[self.replica]:
+            if not indices:
+                yield torch.empty(0, *self.sample_shape), torch.empty(0, dtype=torch.int64)
+            else:
+                yield default_collate(self.dataset.__getitems__(indices))
+
+
+def train_seconds_per_sample(model: nn.Module, dataset: PerSampleSeeded, batch_size: int, steps: int = 2) -> float:
+    """Measured forward+backward cost per sample on this rank (on a copy: the weights stay untouched)."""
+    probe = copy.deepcopy(model).train()
+    batch = default_collate(dataset.__getitems__(list(range(min(batch_size, len(dataset))))))
+    criterion = nn.CrossEntropyLoss()
+
+    def one_step() -> None:
+        probe.zero_grad(set_to_none=True)
+        criterion(probe(batch[0]), batch[1]).backward()
+
+    one_step()  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        one_step()
+    return (time.perf_counter() - t0) / (steps * len(batch[1]))
+
+
+def balanced_dpu_batch(host_batch: int, host_cost: float, dpu_cost: float) -> int:
+    """The DPU batch whose step takes about as long as a host step: b = B * host_cost / dpu_cost."""
+    return max(1, round(host_batch * host_cost / dpu_cost)) if dpu_cost > 0 else host_batch
+
+
+def resolve_dpu_batch(cfg: RunConfig, host_cost: Optional[float], dpu_cost: Optional[float]) -> int:
+    value: Union[int, str, None] = cfg.dpu_batch_size
+    if value not in (None, "auto"):
+        return int(value)  # type: ignore[arg-type]
+    if host_cost is None or dpu_cost is None:
+        raise RuntimeError("--dpu-batch-size auto needs the measured costs of host rank 0 and DPU rank 0")
+    return balanced_dpu_batch(cfg.batch_size, host_cost, dpu_cost)
+
+
+def measure_profile(cfg: RunConfig, topo: Topology, model: nn.Module, train: PerSampleSeeded) -> dict[str, Any]:
+    """Host rank 0 and DPU rank 0 measure their training cost when `--dpu-batch-size auto`."""
+    leaders = (topo.host_ranks[0], topo.dpu_ranks[0] if topo.dpu_ranks else -1)
+    if cfg.mode != "naive" or cfg.dpu_batch_size not in (None, "auto") or topo.world_rank not in leaders:
+        return {}
+    batch = cfg.batch_size if topo.role is Role.HOST else max(1, cfg.batch_size // 4)
+    return {"train_cost": train_seconds_per_sample(model, train, batch)}
+
+
+def build_naive_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded,
+                     profiles: Sequence[dict[str, Any]]) -> NaiveFeed:
+    """This replica's feed; every rank derives the same DPU batch size from the same profiles."""
+    host_cost = profiles[topo.host_ranks[0]].get("train_cost")
+    dpu_cost = profiles[topo.dpu_ranks[0]].get("train_cost")
+    dpu_batch = resolve_dpu_batch(cfg, host_cost, dpu_cost)
+    if topo.world_rank == topo.host_ranks[0]:
+        how = (f"measured {host_cost * 1e3:.2f} vs {dpu_cost * 1e3:.2f} ms/sample" if host_cost and dpu_cost
+               else "from --dpu-batch-size")
+        print(f"[dpuoffload] naive: host batch {cfg.batch_size}, DPU batch {dpu_batch} ({how})", flush=True)
+    sizes = replica_batch_sizes(cfg, len(topo.host_ranks), len(topo.dpu_ranks), dpu_batch)
+    sample_shape = tuple(train[0][0].shape)
+    return NaiveFeed(cfg, train, topo.world_rank, sizes, sample_shape)
+
+
+def naive_backend(cfg: RunConfig, profiles: Sequence[dict[str, Any]]) -> str:
+    """'auto' picks Horovod only if every rank, host and DPU, can import it (they must agree)."""
+    if cfg.allreduce != "auto":
+        return cfg.allreduce
+    return "horovod" if all(p.get("horovod") for p in profiles) else "torch"

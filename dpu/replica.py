@@ -1,0 +1,38 @@
+"""`--mode naive`: this DPU rank trains as one more data-parallel replica, with a smaller batch.
+
+It runs the same replica loop as the host ranks (`common.training.Trainer`) on its own share of
+each epoch (`common.naive`), in one gradient group with the host ranks; it does not validate.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from dpuoffload.common.allreduce import GradientSync, build_sync
+from dpuoffload.common.config import RunConfig
+from dpuoffload.common.evaluation import NoValidation
+from dpuoffload.common.naive import build_naive_feed, naive_backend
+from dpuoffload.common.roles import Topology
+from dpuoffload.common.training import Trainer, TrainJob
+
+
+class Replica:
+    def __init__(self, cfg: RunConfig, topo: Topology, job: TrainJob) -> None:
+        self.cfg, self.topo, self.job = cfg, topo, job
+        self.sync: GradientSync | None = None
+
+    def start(self, profiles: Sequence[dict[str, Any]]) -> None:
+        """Agree on the DPU batch size and join the gradient group (collective with the host ranks)."""
+        self.job.feed = build_naive_feed(self.cfg, self.topo, self.job.train, profiles)
+        self.sync = build_sync(naive_backend(self.cfg, profiles), self.topo.world, self.cfg.peer_timeout)
+
+    def run(self) -> list[dict[str, Any]]:
+        """Train every epoch; per-epoch phase records are written by the trainer itself."""
+        if self.sync is None:
+            raise RuntimeError("Replica.start() must run before run()")
+        Trainer(self.cfg, self.topo, self.job, self.sync, NoValidation(), group=self.topo.world).fit()
+        return []
+
+    def close(self) -> None:
+        if self.sync is not None:
+            self.sync.shutdown()
