@@ -48,3 +48,28 @@ def json_lines(text: str) -> list[dict]:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def kill_first_dpu_rank_once(training: Sequence[str], ready: Path, limit: float = 30) -> tuple[int, str, float]:
+    """Start `dpurun -- training` (1 host + 1 DPU rank), wait until file `ready` exists (training
+    is under way), kill -9 the DPU rank, and return (exit code, stderr, seconds until the job
+    ended). The job is killed if it outlives `limit` seconds after the kill (the test then fails)."""
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen([DPURUN, "--host-ranks", "1", "--dpu-ranks", "1", "--", *training],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job_env(), cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        victim = next(p for p in psutil.Process(proc.pid).children(recursive=True)
+                      if "dpuoffload.dpu" in p.cmdline() and "python" in os.path.basename(p.cmdline()[0]))
+        victim.kill()
+        killed_at = time.monotonic()
+        _, err = proc.communicate(timeout=limit)
+        return proc.returncode, err, time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()

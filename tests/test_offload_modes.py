@@ -7,15 +7,11 @@
 Each distinct run starts once per module (oversubscribed on 2 cores) and is shared by the tests.
 """
 
-import os
-import subprocess
-import time
 from functools import lru_cache
 
-import psutil
 import pytest
 
-from tests.mpijobs import DPURUN, REPO, dpurun, job_env, read_jsonl
+from tests.mpijobs import dpurun, kill_first_dpu_rank_once, read_jsonl
 
 pytestmark = pytest.mark.mpi
 EPOCHS = "2"
@@ -141,23 +137,10 @@ def test_transform_with_varying_shapes_is_named(run):
 
 
 def test_killed_dpu_rank_mid_epoch_in_da_mode_ends_job_within_30s(tmp_path, bundled_data):
-    proc = subprocess.Popen([DPURUN, "--host-ranks", "1", "--dpu-ranks", "1", "--", "--mode", "da",
-                             "--data", str(bundled_data / "cifar10"), "--epochs", "50", "--no-progress",
-                             "--log-dir", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job_env(), cwd=REPO)
-    try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "phases-rank0.jsonl").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)  # epoch 1 done: the DPU rank is mid-way through feeding epoch 2
-        victim = next(p for p in psutil.Process(proc.pid).children(recursive=True)
-                      if "dpuoffload.dpu" in p.cmdline() and "python" in os.path.basename(p.cmdline()[0]))
-        victim.kill()
-        killed_at = time.monotonic()
-        _, err = proc.communicate(timeout=30)
-        elapsed = time.monotonic() - killed_at
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0
+    code, err, ended_after = kill_first_dpu_rank_once(
+        ["--mode", "da", "--data", str(bundled_data / "cifar10"), "--epochs", "50", "--no-progress",
+         "--log-dir", str(tmp_path)],
+        ready=tmp_path / "phases-rank0.jsonl")  # epoch 1 done: the DPU rank is feeding epoch 2
+    assert code != 0
     assert "DPU rank 0 (DPU program)" in err and "killed by signal 9" in err, err
-    assert elapsed < 30
+    assert ended_after < 30

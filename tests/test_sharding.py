@@ -11,7 +11,14 @@ import torch
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.models import build_model
 from dpuoffload.common.sharding import (
-    DEFAULT_THRESHOLD, Piece, ShardPlan, pack_pieces, packed_nbytes, plan_shards, state_digest, state_tensors,
+    DEFAULT_THRESHOLD,
+    Piece,
+    ShardPlan,
+    pack_pieces,
+    packed_nbytes,
+    plan_shards,
+    state_digest,
+    state_tensors,
     unpack_pieces,
 )
 

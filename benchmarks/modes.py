@@ -1,0 +1,153 @@
+"""Offload modes side by side on the emulated node: none / da / mv / hybrid / naive.
+
+One host rank on core 0; DPU ranks on core 1 throttled with --dpu-speed (a BlueField-2 A72 core
+is several times slower than a server x86 core). Every mode of every workload runs once per
+repetition, repetitions interleaved, so machine noise hits all modes alike; the table reports
+medians and the ratio to `none` measured in this run.
+
+    python benchmarks/modes.py [--reps 2] [--epochs 3] [--dpu-speed 0.5] [--quick]
+
+Columns: epoch time (median over epochs 2..E of all repetitions), its ratio to none, the host's
+wait for data per step (in none: loading + augmenting itself; in da/hybrid: the stall on the DPU),
+the DPU busy fraction (seconds the DPU ranks worked per host epoch, averaged over DPU ranks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+MODES = ("none", "da", "mv", "hybrid", "naive")
+WORKLOADS = {
+    "resnet20/cifar10": ["--model", "resnet20", "--dataset", "cifar10", "--data", "@cifar10"],
+    "resnet20/tinyimagenet (JPEG, RandomResizedCrop 64)": ["--model", "resnet20", "--dataset", "tinyimagenet",
+                                                           "--data", "@tinyimagenet"],
+}
+
+
+def run_mode(mode: str, workload: list[str], data: Path, args: argparse.Namespace) -> dict:
+    dpus = 2 if mode == "hybrid" else 1
+    with tempfile.TemporaryDirectory() as log:
+        cmd = [str(BIN / "dpurun"), "--host-ranks", "1", "--dpu-ranks", str(dpus), "--dpu-cores", "1",
+               "--dpu-speed", str(args.dpu_speed), "--host-threads", "1", "--dpu-threads", "1",
+               "--oversubscribe", "--", "--mode", mode, *_data_flags(workload, data), "--epochs",
+               str(args.epochs), "--batch-size", "16", "--train-subset", str(args.train), "--val-subset",
+               str(args.val), "--log-dir", log, "--no-progress"]
+        t0 = time.perf_counter()
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if res.returncode != 0:
+            sys.exit(f"benchmark run failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
+        return summarize(Path(log), mode, wall)
+
+
+def _data_flags(workload: list[str], data: Path) -> list[str]:
+    return [str(data / a[1:]) if a.startswith("@") else a for a in workload]
+
+
+def summarize(log: Path, mode: str, wall: float) -> dict:
+    metrics = [json.loads(x) for x in (log / "metrics.jsonl").read_text().splitlines()]
+    epochs = sorted((m for m in metrics if m["event"] == "epoch"), key=lambda m: m["epoch"])
+    host = [json.loads(x) for x in (log / "phases-rank0.jsonl").read_text().splitlines()]
+    dpu_files = sorted(p for p in log.glob("phases-rank*.jsonl") if p.name != "phases-rank0.jsonl")
+    steady = epochs[1:] or epochs
+    epoch_times = [e["epoch_time"] for e in steady]
+    stall = [h["phases"].get("data", 0.0) / max(h["steps"], 1) for h in host[1:] or host]
+    busy = [dpu_busy(p, {e["epoch"]: e["epoch_time"] for e in epochs}) for p in dpu_files]
+    return {"epoch_times": epoch_times, "stall_per_step": statistics.median(stall),
+            "dpu_busy": statistics.mean([b for b in busy if b is not None] or [0.0]),
+            "final_val_acc": epochs[-1]["val_acc"], "job_seconds": wall}
+
+
+def dpu_busy(path: Path, host_epoch_time: dict[int, float]) -> float | None:
+    """Seconds this DPU rank worked per host epoch (epochs 2..), as a fraction."""
+    fractions = []
+    for rec in map(json.loads, path.read_text().splitlines()):
+        epoch = rec.get("epoch")
+        if epoch is None or epoch == 0 or epoch not in host_epoch_time:
+            continue
+        phases = rec.get("phases", {})
+        if rec.get("work") == "da":
+            work = phases.get("augment", 0.0) + phases.get("send", 0.0)
+        elif rec.get("work") == "mv":
+            work = rec.get("busy_time", 0.0)
+        else:  # naive replica: everything but waiting in the allreduce
+            work = sum(v for k, v in phases.items() if k != "allreduce")
+        fractions.append(work / host_epoch_time[epoch])
+    return statistics.mean(fractions) if fractions else None
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--dpu-speed", type=float, default=0.5)
+    p.add_argument("--train", type=int, default=512, help="training samples (default: 512)")
+    p.add_argument("--val", type=int, default=256, help="validation samples (default: 256)")
+    p.add_argument("--quick", action="store_true", help="1 rep, 2 epochs, cifar10 only, small subsets")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "modes.json")
+    args = p.parse_args()
+    workloads = dict(WORKLOADS)
+    if args.quick:
+        args.reps, args.epochs, args.train, args.val = 1, 2, 128, 64
+        workloads = {k: v for k, v in workloads.items() if "cifar10" in k}
+    data = ROOT / ".cache" / "data"
+    subprocess.run([str(BIN / "dpurun"), "make-data", str(data)], check=True, stdout=subprocess.DEVNULL)
+    runs: dict[str, dict[str, list[dict]]] = {w: {m: [] for m in MODES} for w in workloads}
+    for rep in range(args.reps):
+        for w, flags in workloads.items():
+            for mode in MODES:
+                r = run_mode(mode, flags, data, args)
+                runs[w][mode].append(r)
+                print(f"rep {rep + 1}/{args.reps} {w} {mode}: {statistics.median(r['epoch_times']):.2f} s/epoch",
+                      file=sys.stderr, flush=True)
+    report = {w: table_rows(runs[w]) for w in workloads}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"machine": machine(), "settings": vars(args) | {"out": str(args.out)},
+                                    "report": report}, indent=2))
+    print(markdown(report, args))
+    return 0
+
+
+def table_rows(by_mode: dict[str, list[dict]]) -> dict[str, dict]:
+    rows = {}
+    base = statistics.median(t for r in by_mode["none"] for t in r["epoch_times"])
+    for mode, rs in by_mode.items():
+        times = [t for r in rs for t in r["epoch_times"]]
+        rows[mode] = {"epoch_s": statistics.median(times), "min": min(times), "max": max(times),
+                      "ratio_to_none": statistics.median(times) / base,
+                      "stall_ms_per_step": 1e3 * statistics.median(r["stall_per_step"] for r in rs),
+                      "dpu_busy": statistics.median(r["dpu_busy"] for r in rs),
+                      "final_val_acc": rs[-1]["final_val_acc"]}
+    return rows
+
+
+def markdown(report: dict, args: argparse.Namespace) -> str:
+    out = [f"1 host rank (core 0) + DPU rank(s) on core 1 at --dpu-speed {args.dpu_speed}; {args.train} train / "
+           f"{args.val} val samples, batch 16, {args.epochs} epochs x {args.reps} interleaved reps"]
+    for w, rows in report.items():
+        out += [f"\n**{w}**\n", "| mode | epoch s (median) | min–max | vs none | host data wait ms/step | DPU busy |",
+                "|---|---|---|---|---|---|"]
+        for mode, r in rows.items():
+            out.append(f"| {mode} | {r['epoch_s']:.2f} | {r['min']:.2f}–{r['max']:.2f} | {r['ratio_to_none']:.3f} | "
+                       f"{r['stall_ms_per_step']:.2f} | {r['dpu_busy']:.0%} |")
+    return "\n".join(out)
+
+
+def machine() -> dict:
+    import os
+
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
