@@ -79,12 +79,17 @@ def test_mv_dpu_metrics_equal_host_metrics_for_same_weights(run):
         assert [r["weights_sha256"] for r in dpu] == [e["weights_sha256"] for e in none["epochs"]]
 
 
+def assert_same_metrics(a: list[tuple], b: list[tuple]) -> None:
+    """Same correct and count; the loss sum equal up to float32 rounding of per-batch sums (other
+    batch boundaries than the reference run's change the summation order)."""
+    for (l1, c1, n1), (l2, c2, n2) in zip(a, b, strict=True):
+        assert (c1, n1) == (c2, n2)
+        assert l1 == pytest.approx(l2, rel=1e-6)
+
+
 def test_mv_split_fraction_gives_same_metrics(run):
     none, mv = run("none", 2, 2), run("mv", 2, 2, "--mv-dpu-fraction", "0.5")
-    for (l1, c1, n1), (l2, c2, n2) in zip(val_sums(mv), val_sums(none)):
-        assert (c1, n1) == (c2, n2)
-        # other batch boundaries than the host's: float32 per-batch sums may differ in the last bits
-        assert l1 == pytest.approx(l2, rel=1e-6)
+    assert_same_metrics(val_sums(mv), val_sums(none))
     dpu_samples = sum(r["val_samples"] for rank in (2, 3) for r in mv["phases"][rank]
                       if r.get("work") == "mv" and "epoch" in r)
     assert dpu_samples == 128 * int(EPOCHS)  # half of 256 validation samples per epoch
@@ -105,6 +110,19 @@ def test_hybrid_both_properties_at_once(run):
     assert val_sums(hy) == val_sums(none)
     work = {rank: next(r["work"] for r in hy["phases"][rank] if "work" in r) for rank in (2, 3)}
     assert work == {2: "da", 3: "mv"}
+
+
+def test_hybrid_fan_out_layout(run):
+    """The published layout scaled down: 4 host ranks, 2 augmentation ranks feeding 2 host ranks
+    each (--da-fanout 2), 1 validation rank."""
+    none = run("none", 4, 1, "--train-subset", "128")
+    hy = run("hybrid", 4, 3, "--train-subset", "128", "--da-fanout", "2")
+    assert_same_training(hy, none, hosts=4)
+    assert_same_metrics(val_sums(hy), val_sums(none))  # 1 validation rank vs 4 host shards: other batches
+    work = {rank: next(r["work"] for r in hy["phases"][rank] if "work" in r) for rank in (4, 5, 6)}
+    assert work == {4: "da", 5: "da", 6: "mv"}
+    fed = [sum(r["batches"] for r in hy["phases"][rank] if r.get("work") == "da" and "epoch" in r) for rank in (4, 5)]
+    assert fed == [2 * 2 * int(EPOCHS)] * 2  # 2 hosts x 2 batches (128 / 4 / 16) per epoch
 
 
 # ------------------------------------------------------------------------------ no deadlock
