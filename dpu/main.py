@@ -15,7 +15,6 @@ from dpuoffload.common.offload import DA, IDLE, MV, plan_offload
 from dpuoffload.common.roles import Role, Topology
 from dpuoffload.common.sampling import PerSampleSeeded
 from dpuoffload.common.startup import start_program
-from dpuoffload.common.training import TrainJob
 from dpuoffload.dpu.augment import Augmenter
 from dpuoffload.dpu.idle import idle_until_shutdown
 from dpuoffload.dpu.replica import Replica
@@ -36,9 +35,7 @@ def prepare(cfg: RunConfig, topo: Topology) -> tuple[str, Optional[Work]]:
     me = topo.world_rank
     if cfg.mode == "naive":
         data = build_datasets(cfg)
-        job = TrainJob(data=data, train=PerSampleSeeded(data.train, cfg.seed), model=build_model(cfg, data.num_classes),
-                       feed=None, plan=plan_offload(topo.ranks, cfg))  # type: ignore[arg-type]  # set in start()
-        return REPLICA, Replica(cfg, topo, job)
+        return REPLICA, Replica(cfg, topo, data, PerSampleSeeded(data.train, cfg.seed), build_model(cfg, data.num_classes))
     plan = plan_offload(topo.ranks, cfg)
     work = plan.work.get(me, IDLE)
     # DPU-only collective first, before anything that could fail on one rank and not the others
@@ -55,7 +52,7 @@ def prepare(cfg: RunConfig, topo: Topology) -> tuple[str, Optional[Work]]:
 def profile(cfg: RunConfig, topo: Topology, state: tuple[str, Optional[Work]]) -> dict[str, Any]:
     runner = state[1]
     if isinstance(runner, Replica):
-        return measure_profile(cfg, topo, runner.job.model, runner.job.train)
+        return measure_profile(cfg, topo, runner.model, runner.train)
     return {}
 
 

@@ -6,29 +6,38 @@ each epoch (`common.naive`), in one gradient group with the host ranks; it does 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
+
+from torch import nn
 
 from dpuoffload.common.allreduce import GradientSync, build_sync
 from dpuoffload.common.config import RunConfig
+from dpuoffload.common.datasets import DatasetPair
 from dpuoffload.common.evaluation import NoValidation
 from dpuoffload.common.naive import build_naive_feed, naive_backend
+from dpuoffload.common.offload import plan_offload
 from dpuoffload.common.roles import Topology
+from dpuoffload.common.sampling import PerSampleSeeded
 from dpuoffload.common.training import Trainer, TrainJob
 
 
 class Replica:
-    def __init__(self, cfg: RunConfig, topo: Topology, job: TrainJob) -> None:
-        self.cfg, self.topo, self.job = cfg, topo, job
-        self.sync: GradientSync | None = None
+    def __init__(self, cfg: RunConfig, topo: Topology, data: DatasetPair, train: PerSampleSeeded,
+                 model: nn.Module) -> None:
+        self.cfg, self.topo, self.data, self.train, self.model = cfg, topo, data, train, model
+        self.job: Optional[TrainJob] = None
+        self.sync: Optional[GradientSync] = None
 
     def start(self, profiles: Sequence[dict[str, Any]]) -> None:
         """Agree on the DPU batch size and join the gradient group (collective with the host ranks)."""
-        self.job.feed = build_naive_feed(self.cfg, self.topo, self.job.train, profiles)
+        feed = build_naive_feed(self.cfg, self.topo, self.train, profiles)
+        self.job = TrainJob(data=self.data, train=self.train, model=self.model, feed=feed,
+                            plan=plan_offload(self.topo.ranks, self.cfg))
         self.sync = build_sync(naive_backend(self.cfg, profiles), self.topo.world, self.cfg.peer_timeout)
 
     def run(self) -> list[dict[str, Any]]:
         """Train every epoch; per-epoch phase records are written by the trainer itself."""
-        if self.sync is None:
+        if self.job is None or self.sync is None:
             raise RuntimeError("Replica.start() must run before run()")
         Trainer(self.cfg, self.topo, self.job, self.sync, NoValidation(), group=self.topo.world).fit()
         return []
