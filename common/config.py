@@ -50,6 +50,7 @@ class RunConfig:
     log_dir: Optional[str] = None
     digest_batches: bool = False
     save_weights: Optional[str] = None
+    trace: Optional[str] = None
     da_buffers: int = 4
     mv_dpu_fraction: Union[float, str] = 1.0
     dpu_da_ranks: Optional[int] = None
@@ -177,6 +178,9 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
     p.add_argument("--save-weights", default=S, metavar="PATH",
                    help="host rank 0 writes the final model state_dict here (torch.save; load with "
                         "torch.load(PATH, weights_only=True))")
+    p.add_argument("--trace", default=S, metavar="PATH",
+                   help="write one Chrome trace-event JSON of all ranks (steps, batches, validation "
+                        "phases) to PATH; open it in https://ui.perfetto.dev")
     p.add_argument("--da-buffers", type=int, default=S, metavar="K",
                    help="--mode da: batch buffers per DPU rank, used as a circular send queue; "
                         "memory stays bounded by K batches (default: 4)")

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
+from dpuoffload.common import trace
+
 PHASES = ("data", "forward_backward", "allreduce", "optimizer", "validation")
 
 
@@ -31,11 +33,16 @@ class PhaseTimer:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        """Time a phase; with `--trace`, also record it as a trace event on this rank's track."""
+        tracer = trace.current()
+        start_ns = trace.now_ns() if tracer else 0
         t0 = time.perf_counter()
         try:
             yield
         finally:
             self.add(name, time.perf_counter() - t0)
+            if tracer:
+                tracer.complete(name, start_ns, trace.now_ns())
 
     def shares(self, total: float) -> dict[str, float]:
         return {k: v / total for k, v in self.totals.items()} if total > 0 else {}

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import torch
 
-from dpuoffload.common import env
+from dpuoffload.common import env, trace
 from dpuoffload.common.allreduce import horovod_available
 from dpuoffload.common.config import RunConfig, parse_run_config
 from dpuoffload.common.failure import collective_call, set_rank_label
@@ -50,4 +50,6 @@ def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[
     collective_call(topo.world, lambda: check_peers(topo, cfg), label)
     state = collective_call(topo.world, lambda: prepare(cfg, topo), label)
     mine = collective_call(topo.world, lambda: {"horovod": horovod_available(), **profile(cfg, topo, state)}, label)
-    return cfg, topo, state, topo.world.allgather(mine)
+    profiles = topo.world.allgather(mine)
+    trace.start(topo, cfg.trace is not None)
+    return cfg, topo, state, profiles

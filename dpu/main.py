@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Protocol, Sequence
 
+from dpuoffload.common import trace
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.datasets import build_datasets
 from dpuoffload.common.failure import run_program
@@ -59,6 +60,7 @@ def profile(cfg: RunConfig, topo: Topology, state: tuple[str, Optional[Work]]) -
 def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg, topo, (work, runner), profiles = start_program(Role.DPU, argv, prepare, profile)
     if not topo.host_ranks:
+        trace.finish(topo.world, cfg.trace)
         return 0
     if isinstance(runner, Replica):
         runner.start(profiles)
@@ -69,6 +71,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         runner.close()
     stats: dict[str, Any] = idle_until_shutdown(topo)
     log.write({"event": "end", "world_rank": topo.world_rank, "role": "dpu", "work": work, "mode": cfg.mode, **stats})
+    trace.finish(topo.world, cfg.trace)
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from dpuoffload.common import trace
 from dpuoffload.common.allreduce import build_sync, resolve_backend
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.datasets import build_datasets
@@ -74,6 +75,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     Trainer(cfg, topo, job, sync, validation, share, group=group).fit()
     shutdown_dpus(topo, cfg.peer_timeout)
     sync.shutdown()
+    trace.finish(topo.world, cfg.trace)
     return 0
 
 

@@ -23,7 +23,7 @@ TRAINING_FLAGS = {
     "--epochs", "--batch-size", "--val-batch-size", "--drop-last", "--train-subset", "--val-subset",
     "--lr", "--momentum", "--weight-decay", "--lr-schedule", "--seed", "--allreduce", "--log-dir",
     "--no-progress", "--peer-timeout", "--digest-batches", "--da-buffers", "--mv-dpu-fraction",
-    "--dpu-da-ranks", "--dpu-mv-ranks", "--da-fanout", "--dpu-batch-size", "--save-weights",
+    "--dpu-da-ranks", "--dpu-mv-ranks", "--da-fanout", "--dpu-batch-size", "--save-weights", "--trace",
 }
 
 

@@ -1,0 +1,71 @@
+"""One Chrome trace-event file of all ranks (`--trace PATH`), to *see* the overlap in Perfetto.
+
+Every timed phase (`metrics.PhaseTimer`: a host step's data wait / forward_backward / allreduce /
+optimizer, a DPU rank's augment / buffer_wait / send, wait_state / evaluate, validation) becomes a
+complete event ("ph": "X") on the rank's own track. Timestamps are wall-clock microseconds
+(`time.time_ns`), shared by all ranks of a machine and NTP-close across nodes. Events stay in
+memory and are gathered to world rank 0 once, at the very end, which writes the file atomically
+(temp file, fsync, rename); open it at https://ui.perfetto.dev or chrome://tracing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from dpuoffload.common.roles import Topology
+
+_tracer: Optional["Tracer"] = None
+
+
+class Tracer:
+    def __init__(self, pid: int, name: str) -> None:
+        self.pid, self.name = pid, name
+        self.events: list[dict[str, Any]] = [
+            {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}},
+            {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}]
+
+    def complete(self, name: str, start_ns: int, end_ns: int, args: Optional[dict[str, Any]] = None) -> None:
+        event = {"name": name, "ph": "X", "pid": self.pid, "tid": 0, "ts": start_ns / 1e3,
+                 "dur": (end_ns - start_ns) / 1e3}
+        if args:
+            event["args"] = args
+        self.events.append(event)
+
+
+def start(topo: "Topology", enabled: bool) -> None:
+    """Begin recording on this rank (called by every rank after start-up when --trace is given)."""
+    global _tracer
+    _tracer = Tracer(topo.world_rank, topo.describe()) if enabled else None
+
+
+def current() -> Optional[Tracer]:
+    return _tracer
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def finish(world: "MPI.Comm", path: Optional[str]) -> None:
+    """Collective over `world`: gather every rank's events; world rank 0 writes one file."""
+    if path is None:
+        return
+    gathered = world.gather(_tracer.events if _tracer else [], root=0)
+    if world.Get_rank() != 0:
+        return
+    events = [e for part in gathered for e in part]
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
