@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from dpuoffload.common.errors import ConfigError
 
-MODES = ("none", "naive", "da", "mv", "hybrid")
+MODES = ("none", "naive", "da", "mv", "hybrid", "auto")
 ALLREDUCE_BACKENDS = ("auto", "horovod", "torch")
 LR_SCHEDULES = ("cosine", "step", "constant")
 
@@ -84,10 +84,10 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{_flag(name)} must be >= 1, got {value}")
-            if value is not None and self.mode != "hybrid":
+            if value is not None and self.mode not in ("hybrid", "auto"):
                 raise ConfigError(f"--{_flag(name)} only applies to --mode hybrid (got --mode {self.mode})")
         if self.dpu_batch_size is not None:
-            if self.mode != "naive":
+            if self.mode not in ("naive", "auto"):
                 raise ConfigError(f"--dpu-batch-size only applies to --mode naive (got --mode {self.mode})")
             if self.dpu_batch_size != "auto" and not (isinstance(self.dpu_batch_size, int) and self.dpu_batch_size >= 1):
                 raise ConfigError(f"--dpu-batch-size must be an integer >= 1 or 'auto', got {self.dpu_batch_size!r}")
@@ -142,7 +142,8 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=MODES, default=S,
                    help="none: host ranks do everything; da: DPU ranks load and augment batches; mv: DPU "
                         "ranks validate epoch i during epoch i+1; hybrid: both; naive: DPU ranks train "
-                        "as extra replicas (default: none)")
+                        "as extra replicas; auto: profile a few steps, predict every mode's epoch time, "
+                        "run the fastest (default: none)")
     p.add_argument("--model", default=S, help="resnet20 | resnet56 | shufflenet_v2 | resnet50 | "
                    "module:function (a factory taking num_classes) (default: resnet20)")
     p.add_argument("--dataset", default=S, help="cifar10 | svhn | tinyimagenet | fake | "

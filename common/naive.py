@@ -111,9 +111,10 @@ def resolve_dpu_batch(cfg: RunConfig, host_cost: Optional[float], dpu_cost: Opti
 
 
 def measure_profile(cfg: RunConfig, topo: Topology, model: nn.Module, train: PerSampleSeeded) -> dict[str, Any]:
-    """Host rank 0 and DPU rank 0 measure their training cost when `--dpu-batch-size auto`."""
-    leaders = (topo.host_ranks[0], topo.dpu_ranks[0] if topo.dpu_ranks else -1)
-    if cfg.mode != "naive" or cfg.dpu_batch_size not in (None, "auto") or topo.world_rank not in leaders:
+    """With `--dpu-batch-size auto`, every rank measures its training cost at the same time (ranks
+    that share cores then measure the shared speed they will train at); host rank 0's and DPU rank
+    0's numbers are used."""
+    if cfg.mode != "naive" or cfg.dpu_batch_size not in (None, "auto"):
         return {}
     batch = cfg.batch_size if topo.role is Role.HOST else max(1, cfg.batch_size // 4)
     return {"train_cost": train_seconds_per_sample(model, train, batch)}

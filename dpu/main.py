@@ -58,7 +58,8 @@ def profile(cfg: RunConfig, topo: Topology, state: tuple[str, Optional[Work]]) -
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    cfg, topo, (work, runner), profiles = start_program(Role.DPU, argv, prepare, profile)
+    started = start_program(Role.DPU, argv, prepare, profile)
+    cfg, topo, (work, runner), profiles = started.cfg, started.topo, started.state, started.profiles
     if not topo.host_ranks:
         trace.finish(topo.world, cfg.trace)
         return 0

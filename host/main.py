@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from dpuoffload.common import trace
 from dpuoffload.common.allreduce import build_sync, resolve_backend
+from dpuoffload.common.autoselect import report_measured
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.datasets import build_datasets
 from dpuoffload.common.evaluation import LocalValidation, SharePolicy, Validation
 from dpuoffload.common.failure import run_program
 from dpuoffload.common.feeds import Feed, LocalFeed
 from dpuoffload.common.loaders import RankLoader, probe_layout
+from dpuoffload.common.metrics import JsonlLog
 from dpuoffload.common.models import build_model
 from dpuoffload.common.naive import build_naive_feed, measure_profile, naive_backend
 from dpuoffload.common.offload import OffloadPlan, plan_offload, require_feeder
@@ -58,9 +60,18 @@ def build_validation(cfg: RunConfig, topo: Topology, job: TrainJob) -> tuple[Val
     return validation, fixed_share(float(cfg.mv_dpu_fraction))
 
 
+def report_auto(auto: dict[str, Any], records: list[dict[str, Any]], cfg: RunConfig) -> None:
+    """--mode auto: print predicted vs measured for the chosen mode and log the whole record."""
+    line = report_measured(auto, [r["epoch_time"] for r in records])
+    if line:
+        print(line, flush=True)
+    JsonlLog(cfg.log_dir, "auto.jsonl").write(auto)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    cfg, topo, job, profiles = start_program(Role.HOST, argv, prepare,
-                                             lambda cfg, topo, job: measure_profile(cfg, topo, job.model, job.train))
+    started = start_program(Role.HOST, argv, prepare,
+                            lambda cfg, topo, job: measure_profile(cfg, topo, job.model, job.train))
+    cfg, topo, job, profiles = started.cfg, started.topo, started.state, started.profiles
     group = topo.side_comm
     if cfg.mode == "naive":  # DPU ranks are replicas too: one gradient group over the whole job
         job.feed = build_naive_feed(cfg, topo, job.train, profiles)
@@ -72,7 +83,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{len(topo.dpu_ranks)} DPU rank(s), model {cfg.model}, dataset {cfg.dataset} "
               f"({len(job.data.train)} train / {len(job.data.val)} val), allreduce {sync.name}", flush=True)
     validation, share = build_validation(cfg, topo, job)
-    Trainer(cfg, topo, job, sync, validation, share, group=group).fit()
+    records = Trainer(cfg, topo, job, sync, validation, share, group=group).fit()
+    if started.auto is not None and topo.side_rank == 0:
+        report_auto(started.auto, records, cfg)
     shutdown_dpus(topo, cfg.peer_timeout)
     sync.shutdown()
     trace.finish(topo.world, cfg.trace)

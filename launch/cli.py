@@ -45,6 +45,7 @@ examples:
       -- --model resnet56 --dataset cifar10 --data /data/cifar10 --epochs 90
 
 training flags: dpurun -- --help        data tool: dpurun make-data --help
+projection from a --mode auto profile: dpurun project --help
 """
 
 
@@ -52,7 +53,8 @@ def build_launcher_parser() -> argparse.ArgumentParser:
     """The launcher flags (before `--`). tests/test_cli_surface.py freezes this set."""
     p = argparse.ArgumentParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
-        usage=f"{PROG} [launcher flags] -- [training flags]\n       {PROG} make-data [...]",
+        usage=(f"{PROG} [launcher flags] -- [training flags]\n       {PROG} make-data [...]\n"
+               f"       {PROG} project PROFILE [...]"),
         description="Start the host program (app context 0) and the DPU program (app context 1) "
                     "as one MPMD mpirun job with identical training flags.")
     _add_rank_flags(p.add_argument_group("ranks and local emulation (default: this box)"))
@@ -146,7 +148,7 @@ def validate_training(training_args: Sequence[str], dpu_ranks: int, host_ranks: 
         ConfigError: any problem, including argparse usage errors (reworded to one line).
     """
     cfg = _parse_training(training_args)
-    if dpu_ranks == 0 and cfg.mode != "none":
+    if dpu_ranks == 0 and cfg.mode not in ("none", "auto"):
         raise ConfigError(f"--mode {cfg.mode} offloads work to DPU ranks, but --dpu-ranks is 0; "
                           "use --dpu-ranks 1 or more (or --mode none)")
     split_counts(cfg, host_ranks, dpu_ranks)  # hybrid: enough DPU ranks for both kinds of work?
@@ -342,6 +344,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if argv[:1] == ["make-data"]:
             return _make_data(argv[1:])
+        if argv[:1] == ["project"]:
+            from dpuoffload.launch.project import main as project_main
+
+            return project_main(argv[1:])
         launcher_argv, training_args = split_argv(argv)
         args = parse_launcher_args(launcher_argv)
         cfg = validate_training(training_args, args.dpu_ranks, args.host_ranks)

@@ -1,0 +1,193 @@
+"""A performance model of one epoch in every mode, from a short profile (pure functions).
+
+Per-sample costs measured on one host rank and one DPU rank (load + augment, forward + backward,
+evaluation), the allreduce time per step, and the transfer time of one batch are enough to
+predict the host's critical path per epoch:
+
+    none    S * (B*(aug_h + train_h) + allreduce + opt)                    + val_h
+    da      S * max(B*train_h + allreduce + opt, F*(B*aug_d + transfer))   + val_h
+    mv      max(S * (B*(aug_h + train_h) + allreduce + opt) + (1-f)*val_h,  f*val_d)
+    hybrid  da's training term, mv's validation term
+    naive   S' * (max(B*(aug_h + train_h), b*(aug_d + train_d)) + allreduce_all + opt) + val_h
+
+with S = steps per epoch (ceil(n / (H*B)); S' for the proportional naive split), F = host ranks
+fed per augmentation rank, val_h = n_val/H * eval_h, val_d = n_val/M_mv * eval_d, f the DPU share of
+validation (as `--mv-dpu-fraction auto` picks it) and b the naive DPU batch (as
+`--dpu-batch-size auto` picks it). In steady state the DPU work of da overlaps host steps (the
+circular buffers decouple them) and mv's validation of epoch i overlaps epoch i+1, hence the max.
+The same functions choose `--mode auto` and project to larger clusters (`dpurun project`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Optional
+
+from dpuoffload.common.naive import balanced_dpu_batch, naive_steps
+from dpuoffload.common.validation_split import auto_share
+
+MODES = ("none", "da", "mv", "hybrid", "naive")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """What one epoch costs, per part. Seconds per sample unless named per step / per batch."""
+
+    n_train: int
+    n_val: int
+    host_ranks: int
+    dpu_ranks: int
+    batch: int
+    host_aug: float
+    host_train: float
+    host_eval: float
+    dpu_aug: float
+    dpu_train: float
+    dpu_eval: float
+    allreduce: float            # per step, among host ranks
+    allreduce_all: float = -1   # per step, among host and DPU ranks (naive); -1: same as allreduce
+    optimizer: float = 0.0      # per step
+    transfer: float = 0.0       # per batch, DPU -> host (da)
+    grad_bytes: int = 0         # gradient size (for projecting the allreduce to other scales)
+    dpu_batch: Optional[int] = None
+    mv_fraction: Optional[float] = None
+    da_ranks: Optional[int] = None  # hybrid split; default: half the DPU ranks (at least 1)
+
+    def __post_init__(self) -> None:
+        for name in ("n_train", "host_ranks", "batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"profile: {name} must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    mode: str
+    epoch_s: float
+    train_s: float                 # the training part of the host's epoch
+    validation_s: float            # validation on the host's critical path
+    bottleneck: str                # what bounds the epoch
+    detail: dict[str, float] = field(default_factory=dict)
+
+
+def _steps(p: Profile) -> int:
+    return math.ceil(p.n_train / (p.host_ranks * p.batch))
+
+
+def _host_step(p: Profile, with_aug: bool) -> float:
+    return p.batch * (p.host_train + (p.host_aug if with_aug else 0.0)) + p.allreduce + p.optimizer
+
+
+def _val_host(p: Profile, share: float = 0.0) -> float:
+    return (1.0 - share) * p.n_val / p.host_ranks * p.host_eval
+
+
+def split(p: Profile, mode: str) -> tuple[int, int]:
+    """(augmentation ranks, validation ranks) among the DPU ranks for `mode`."""
+    if mode == "da":
+        return p.dpu_ranks, 0
+    if mode == "mv":
+        return 0, p.dpu_ranks
+    if mode == "hybrid":
+        da = p.da_ranks or max(1, p.dpu_ranks // 2)
+        return da, max(p.dpu_ranks - da, 0)
+    return 0, 0
+
+
+def predict(mode: str, p: Profile) -> Prediction:
+    """The predicted epoch of `mode` (raises ValueError for a mode the rank counts cannot run)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}")
+    if mode != "none" and p.dpu_ranks < 1:
+        raise ValueError(f"--mode {mode} needs DPU ranks")
+    if mode == "none":
+        train = _steps(p) * _host_step(p, with_aug=True)
+        return Prediction(mode, train + _val_host(p), train, _val_host(p), "host compute")
+    if mode == "naive":
+        return _predict_naive(p)
+    n_da, n_mv = split(p, mode)
+    if mode == "hybrid" and (n_da < 1 or n_mv < 1):
+        raise ValueError("--mode hybrid needs at least 2 DPU ranks")
+    train, train_bound = _train_term(p, n_da)
+    if n_mv == 0:
+        return Prediction(mode, train + _val_host(p), train, _val_host(p), train_bound)
+    return _with_offloaded_validation(mode, p, train, train_bound, n_mv)
+
+
+def _train_term(p: Profile, n_da: int) -> tuple[float, str]:
+    if n_da == 0:
+        return _steps(p) * _host_step(p, with_aug=True), "host compute"
+    fan_out = math.ceil(p.host_ranks / n_da)
+    host = _host_step(p, with_aug=False)
+    dpu = fan_out * (p.batch * p.dpu_aug + p.transfer)
+    return _steps(p) * max(host, dpu), ("DPU augmentation" if dpu > host else "host compute")
+
+
+def _with_offloaded_validation(mode: str, p: Profile, train: float, bound: str, n_mv: int) -> Prediction:
+    a = p.n_val * p.dpu_eval / n_mv
+    share = p.mv_fraction if p.mv_fraction is not None else auto_share(
+        train, p.n_val, p.dpu_eval, n_mv, p.host_eval, p.host_ranks)
+    host = train + _val_host(p, share)
+    dpu = share * a
+    epoch = max(host, dpu)
+    return Prediction(mode, epoch, train, _val_host(p, share), "DPU validation" if dpu > host else bound,
+                      {"mv_fraction": share, "dpu_validation_s": dpu})
+
+
+def _predict_naive(p: Profile) -> Prediction:
+    b = p.dpu_batch or balanced_dpu_batch(p.batch, p.host_aug + p.host_train, p.dpu_aug + p.dpu_train)
+    sizes = [p.batch] * p.host_ranks + [b] * p.dpu_ranks
+    steps = naive_steps(p.n_train, sizes, drop_last=False)
+    host, dpu = p.batch * (p.host_aug + p.host_train), b * (p.dpu_aug + p.dpu_train)
+    allreduce = p.allreduce_all if p.allreduce_all >= 0 else p.allreduce
+    train = steps * (max(host, dpu) + allreduce + p.optimizer)
+    return Prediction("naive", train + _val_host(p), train, _val_host(p),
+                      "DPU replica" if dpu > host else "host compute", {"dpu_batch": b})
+
+
+def predict_all(p: Profile) -> dict[str, Prediction]:
+    """Every mode the rank counts can run."""
+    out = {}
+    for mode in MODES:
+        try:
+            out[mode] = predict(mode, p)
+        except ValueError:
+            continue
+    return out
+
+
+def choose(p: Profile) -> str:
+    """The mode with the shortest predicted epoch (ties go to the simpler mode, in MODES order)."""
+    preds = predict_all(p)
+    return min(preds, key=lambda m: (round(preds[m].epoch_s, 9), MODES.index(m)))
+
+
+def ring_allreduce_s(nbytes: int, ranks: int, bandwidth_Bps: float, latency_s: float) -> float:
+    """Ring allreduce time: 2(N-1) steps of nbytes/N each (the bandwidth-optimal algorithm)."""
+    if ranks <= 1:
+        return 0.0
+    return 2 * (ranks - 1) * (latency_s + nbytes / ranks / bandwidth_Bps)
+
+
+def project(p: Profile, nodes: int, host_per_node: int, dpu_per_node: int, grad_bytes: int,
+            bandwidth_Bps: float, latency_s: float) -> Profile:
+    """The same workload on `nodes` nodes: per-sample costs as measured, allreduce times from the
+    ring model over the stated network (labelled a projection wherever it is shown)."""
+    hosts, dpus = nodes * host_per_node, nodes * dpu_per_node
+    return replace(p, host_ranks=hosts, dpu_ranks=dpus,
+                   allreduce=ring_allreduce_s(grad_bytes, hosts, bandwidth_Bps, latency_s),
+                   allreduce_all=ring_allreduce_s(grad_bytes, hosts + dpus, bandwidth_Bps, latency_s),
+                   da_ranks=(p.da_ranks or max(1, p.dpu_ranks // 2)) * nodes if p.da_ranks else None)
+
+
+def format_table(preds: dict[str, Prediction], chosen: Optional[str] = None) -> str:
+    base = preds.get("none")
+    lines = ["mode     predicted epoch s   vs none   bound"]
+    for mode, pr in preds.items():
+        ratio = f"{pr.epoch_s / base.epoch_s:7.3f}" if base else "      -"
+        mark = "  <- chosen" if mode == chosen else ""
+        lines.append(f"{mode:8s} {pr.epoch_s:17.3f}   {ratio}   {pr.bottleneck}{mark}")
+    return "\n".join(lines)
