@@ -33,6 +33,7 @@ class BatchKind(IntEnum):
     EPOCH_END = 2  # no payload: the sender has sent every batch of `epoch` to this host rank
 
 
+_KINDS = frozenset(int(k) for k in BatchKind)
 _DTYPES = {1: np.float32, 2: np.float16, 3: np.uint8, 4: np.float64, 5: np.int64}
 _CODES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
@@ -51,10 +52,16 @@ class BatchLayout:
         if np.dtype(self.dtype) not in _CODES:
             raise ValueError(f"sample dtype {self.dtype} cannot be sent; supported: "
                              f"{', '.join(str(np.dtype(d)) for d in _DTYPES.values())}")
+        # Per-batch work is on the hot path (~0.1 ms of Python per batch would cap small-batch
+        # bandwidth), so the fields every header shares are built once: dtype, ndim, dims.
+        static = [_CODES[np.dtype(self.dtype)], len(self.sample_shape), *self.sample_shape]
+        static += [0] * (MAX_DIMS - len(self.sample_shape))
+        object.__setattr__(self, "_static", np.array(static, dtype=np.int64))
+        object.__setattr__(self, "_torch_dtype", torch.from_numpy(np.empty(0, self.dtype)).dtype)
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return torch.from_numpy(np.empty(0, self.dtype)).dtype
+        return self._torch_dtype  # type: ignore[attr-defined]
 
     @property
     def sample_items(self) -> int:
@@ -76,9 +83,11 @@ class BatchLayout:
         return np.zeros(self.nbytes(self.max_batch), dtype=np.uint8)
 
     def header(self, kind: BatchKind, epoch: int, step: int, count: int) -> np.ndarray:
-        dims = {f"dim{i}": d for i, d in enumerate(self.sample_shape)}
-        return BATCH_HEADER.pack(kind=kind, epoch=epoch, step=step, count=count,
-                                 dtype=_CODES[np.dtype(self.dtype)], ndim=len(self.sample_shape), **dims)
+        """The BATCH_HEADER fields: kind, epoch, step, count, then dtype, ndim, dim0..dim3."""
+        out = np.empty(len(BATCH_HEADER.fields), dtype=np.int64)
+        out[:4] = (int(kind), epoch, step, count)
+        out[4:] = self._static  # type: ignore[attr-defined]
+        return out
 
     def pack(self, buf: np.ndarray, epoch: int, step: int, samples: torch.Tensor, labels: torch.Tensor) -> int:
         """Copy one collated batch into `buf`; return the number of bytes to send."""
@@ -88,7 +97,9 @@ class BatchLayout:
                              f"[n, {', '.join(map(str, self.sample_shape))}] {np.dtype(self.dtype)}")
         if count > self.max_batch:
             raise ValueError(f"batch of {count} samples exceeds the layout's {self.max_batch}")
-        buf[:HEADER_BYTES].view(np.int64)[:] = self.header(BatchKind.BATCH, epoch, step, count)
+        head = buf[:HEADER_BYTES].view(np.int64)
+        head[:4] = (int(BatchKind.BATCH), epoch, step, count)
+        head[4:] = self._static  # type: ignore[attr-defined]
         buf[self.labels_offset: self.labels_offset + 8 * count].view(np.int64)[:] = labels.numpy()
         end = self.nbytes(count)
         buf[self.samples_offset: end].view(self.dtype)[:] = samples.numpy().reshape(-1)
@@ -99,12 +110,14 @@ class BatchLayout:
         return HEADER_BYTES
 
     def unpack_header(self, buf: np.ndarray) -> Mapping[str, int]:
-        head = BATCH_HEADER.unpack(buf[:HEADER_BYTES].view(np.int64))
-        if head["kind"] not in set(BatchKind):
-            raise PeerError(f"batch message of unknown kind {head['kind']}: host and DPU programs disagree "
+        raw = buf[:HEADER_BYTES].view(np.int64)
+        kind, epoch, step, count = (int(v) for v in raw[:4])
+        head = {"kind": kind, "epoch": epoch, "step": step, "count": count}
+        if kind not in _KINDS:
+            raise PeerError(f"batch message of unknown kind {kind}: host and DPU programs disagree "
                             "on the protocol")
-        expected = self.header(BatchKind(head["kind"]), head["epoch"], head["step"], head["count"])
-        if head["kind"] == BatchKind.BATCH and not np.array_equal(buf[:HEADER_BYTES].view(np.int64), expected):
+        if kind == BatchKind.BATCH and not np.array_equal(raw[4:], self._static):  # type: ignore[attr-defined]
+            head = dict(BATCH_HEADER.unpack(raw))
             raise PeerError(f"batch header {dict(head)} does not match this run's layout "
                             f"({self.sample_shape} {np.dtype(self.dtype)}); host and DPU disagree on the data")
         return head

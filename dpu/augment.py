@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 
+RING_POLL_MAX_SLEEP = 0.002  # a full ring waits for the host's next receive: poll often...
+RING_POLL_SPIN = 0.0002      # ...and spin briefly first, a send of a posted receive completes in microseconds
+
+
 class SendRing:
     """K send buffers used in turn; `acquire` waits (sleeping) until the next one is free."""
 
@@ -56,7 +60,8 @@ class SendRing:
     def _complete(self, slot: int) -> None:
         req = self.pending[slot]
         if req is not None:
-            wait(req, self.timeout, f"host world rank {self.dests[slot]} to receive a batch")
+            wait(req, self.timeout, f"host world rank {self.dests[slot]} to receive a batch",
+                 max_sleep=RING_POLL_MAX_SLEEP, spin=RING_POLL_SPIN)
             self.pending[slot] = None
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 BATCH_POLL_MAX_SLEEP = 0.001  # a batch is on the critical path: poll at least every millisecond
+BATCH_POLL_SPIN = 0.0005      # and spin briefly first: a batch in flight lands within microseconds
 
 
 class RemoteFeed:
@@ -58,7 +59,7 @@ class RemoteFeed:
 
     def _wait(self, req: "MPI.Request", epoch: int, step: int) -> np.ndarray:
         wait(req, self.timeout, f"batch {step} of epoch {epoch} from {self.source_label}",
-             max_sleep=BATCH_POLL_MAX_SLEEP)
+             max_sleep=BATCH_POLL_MAX_SLEEP, spin=BATCH_POLL_SPIN)
         return self.buffers[step % 2]
 
     def _check(self, head: dict, kind: BatchKind, epoch: int, step: int) -> None:
