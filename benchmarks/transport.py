@@ -4,8 +4,9 @@
 
 Starts `mpirun` with 2 ranks pinned to cores 0 (receiver, "host") and 1 (sender, "DPU"). For each
 batch size it measures, interleaved rep by rep: (raw) blocking `Send`/`Recv` of a preallocated
-buffer of the batch message's size; (ours) the `--mode da` path end to end — the sender packs a
-collated batch into a `SendRing` buffer (`BatchLayout.pack`: header, labels, samples) and `Isend`s
+buffer of the batch message's size (the batch already collated: a peer's lower bound); (ours) the `--mode da` path end to end — the sender packs a
+batch's samples straight into a `SendRing` buffer (`BatchLayout.pack_items`: the collate copy,
+header, labels) and `Isend`s
 it, the receiver takes it from `RemoteFeed` (double-buffered `Irecv`, header checks, zero-copy
 views). Bandwidth = payload bytes / receiver time; target: ours >= 0.8 x raw.
 """
@@ -41,8 +42,8 @@ def worker(steps: int, reps: int, sizes: list) -> None:
     rank = world.Get_rank()
     results = []
     for label, batch, shape in sizes:
-        samples, labels = torch.rand(batch, *shape), torch.arange(batch)
-        layout = layout_for(samples[0], batch)
+        items = [(torch.rand(*shape), i) for i in range(batch)]
+        layout = layout_for(items[0][0], batch)
         nbytes = layout.nbytes(batch)
         raw_bw, ours_bw = [], []
         for _ in range(reps):
@@ -61,7 +62,7 @@ def worker(steps: int, reps: int, sizes: list) -> None:
                 ring = SendRing(world, layout, 4, 60)
                 for step in range(steps):
                     slot, sbuf = ring.acquire()
-                    ring.send(slot, layout.pack(sbuf, 0, step, samples, labels), 0)
+                    ring.send(slot, layout.pack_items(sbuf, 0, step, items), 0)
                 slot, sbuf = ring.acquire()
                 ring.send(slot, layout.pack_end(sbuf, 0), 0)
                 ring.drain()

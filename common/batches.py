@@ -105,6 +105,26 @@ class BatchLayout:
         buf[self.samples_offset: end].view(self.dtype)[:] = samples.numpy().reshape(-1)
         return end
 
+    def pack_items(self, buf: np.ndarray, epoch: int, step: int, items: list) -> int:
+        """Stack a batch's (sample, label) items straight into `buf` (what `default_collate` would
+        build, bit for bit, without the intermediate batch tensor); return the bytes to send."""
+        count = len(items)
+        if count > self.max_batch:
+            raise ValueError(f"batch of {count} samples exceeds the layout's {self.max_batch}")
+        samples = [x for x, _ in items]
+        for x in samples:
+            if tuple(x.shape) != self.sample_shape or x.dtype != self.torch_dtype:
+                raise ValueError(f"a sample of shape {tuple(x.shape)} {x.dtype}; every sample must be "
+                                 f"[{', '.join(map(str, self.sample_shape))}] {np.dtype(self.dtype)}")
+        end = self.nbytes(count)
+        out = torch.from_numpy(buf[self.samples_offset: end].view(self.dtype)).view(count, *self.sample_shape)
+        torch.stack(samples, out=out)
+        buf[self.labels_offset: self.labels_offset + 8 * count].view(np.int64)[:] = [int(y) for _, y in items]
+        head = buf[:HEADER_BYTES].view(np.int64)
+        head[:4] = (int(BatchKind.BATCH), epoch, step, count)
+        head[4:] = self._static  # type: ignore[attr-defined]
+        return end
+
     def pack_end(self, buf: np.ndarray, epoch: int) -> int:
         buf[:HEADER_BYTES].view(np.int64)[:] = self.header(BatchKind.EPOCH_END, epoch, -1, 0)
         return HEADER_BYTES

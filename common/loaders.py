@@ -19,11 +19,14 @@ from dpuoffload.common.sampling import PerSampleSeeded
 class RankLoader:
     """The loader of host rank `rank` of `replicas`; call `set_epoch` before iterating an epoch."""
 
-    def __init__(self, cfg: RunConfig, dataset: PerSampleSeeded, replicas: int, rank: int) -> None:
+    def __init__(self, cfg: RunConfig, dataset: PerSampleSeeded, replicas: int, rank: int,
+                 collate: bool = True) -> None:
+        """`collate=False` yields each batch as its list of (sample, label) items, for a caller that
+        stacks them straight into its own buffer (the DPU's send ring: one copy instead of two)."""
         self.dataset = dataset
         self.sampler = DistributedSampler(dataset, num_replicas=replicas, rank=rank, shuffle=True, seed=cfg.seed)
         self.loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=self.sampler, num_workers=0,
-                                 drop_last=cfg.drop_last)
+                                 drop_last=cfg.drop_last, collate_fn=None if collate else _items)
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -35,6 +38,10 @@ class RankLoader:
     def __iter__(self):
         return iter(self.loader)
 
+
+
+def _items(batch: list) -> list:
+    return batch
 
 
 def probe_layout(train: PerSampleSeeded, cfg: RunConfig) -> BatchLayout:

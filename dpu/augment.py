@@ -78,7 +78,8 @@ class Augmenter:
     def __init__(self, cfg: RunConfig, topo: Topology, train: PerSampleSeeded, layout: BatchLayout,
                  hosts: tuple[int, ...]) -> None:
         self.cfg, self.topo, self.layout, self.hosts = cfg, topo, layout, hosts
-        self.loaders = {h: RankLoader(cfg, train, len(topo.host_ranks), topo.host_ranks.index(h)) for h in hosts}
+        self.loaders = {h: RankLoader(cfg, train, len(topo.host_ranks), topo.host_ranks.index(h), collate=False)
+                        for h in hosts}
         self.ring = SendRing(topo.world, layout, cfg.da_buffers, cfg.peer_timeout)
         self.timer = PhaseTimer()
         self.transform = transform_name(train.dataset)
@@ -105,17 +106,12 @@ class Augmenter:
 
     def produce(self, host: int, batches: Any, epoch: int, step: int) -> None:
         with self.timer.phase("augment"):
-            try:
-                samples, labels = next(batches)
-            except RuntimeError as e:
-                if "stack expects each tensor to be equal size" in str(e):
-                    raise self.shape_error(str(e)) from None
-                raise
+            items = next(batches)  # the transformed samples, not yet collated
         with self.timer.phase("buffer_wait"):
             slot, buf = self.ring.acquire()
-        with self.timer.phase("send"):
+        with self.timer.phase("send"):  # collate straight into the send buffer, then Isend
             try:
-                nbytes = self.layout.pack(buf, epoch, step, samples, labels)
+                nbytes = self.layout.pack_items(buf, epoch, step, items)
             except ValueError as e:
                 raise self.shape_error(str(e)) from None
             self.ring.send(slot, nbytes, host)
