@@ -207,22 +207,20 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
     return p
 
 
-def _int_or_auto(text: str) -> Union[int, str]:
-    if text == "auto":
-        return "auto"
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+def _or_auto(cast: Callable[[str], Any], expected: str) -> Callable[[str], Any]:
+    """An argparse type accepting 'auto' or a value `cast` can parse."""
+    def parse(text: str) -> Any:
+        if text == "auto":
+            return "auto"
+        try:
+            return cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected} or 'auto', got {text!r}") from None
+    return parse
 
 
-def _fraction_or_auto(text: str) -> Union[float, str]:
-    if text == "auto":
-        return "auto"
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1] or 'auto', got {text!r}") from None
+_int_or_auto = _or_auto(int, "an integer")
+_fraction_or_auto = _or_auto(float, "a number in [0, 1]")
 
 
 def parse_run_config(argv: Optional[Sequence[str]] = None, prog: str = "dpuoffload") -> RunConfig:
