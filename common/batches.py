@@ -85,9 +85,12 @@ class BatchLayout:
     def header(self, kind: BatchKind, epoch: int, step: int, count: int) -> np.ndarray:
         """The BATCH_HEADER fields: kind, epoch, step, count, then dtype, ndim, dim0..dim3."""
         out = np.empty(len(BATCH_HEADER.fields), dtype=np.int64)
-        out[:4] = (int(kind), epoch, step, count)
-        out[4:] = self._static  # type: ignore[attr-defined]
+        self._write_header(out, kind, epoch, step, count)
         return out
+
+    def _write_header(self, head: np.ndarray, kind: BatchKind, epoch: int, step: int, count: int) -> None:
+        head[:4] = (int(kind), epoch, step, count)
+        head[4:] = self._static  # type: ignore[attr-defined]
 
     def pack(self, buf: np.ndarray, epoch: int, step: int, samples: torch.Tensor, labels: torch.Tensor) -> int:
         """Copy one collated batch into `buf`; return the number of bytes to send."""
@@ -97,9 +100,7 @@ class BatchLayout:
                              f"[n, {', '.join(map(str, self.sample_shape))}] {np.dtype(self.dtype)}")
         if count > self.max_batch:
             raise ValueError(f"batch of {count} samples exceeds the layout's {self.max_batch}")
-        head = buf[:HEADER_BYTES].view(np.int64)
-        head[:4] = (int(BatchKind.BATCH), epoch, step, count)
-        head[4:] = self._static  # type: ignore[attr-defined]
+        self._write_header(buf[:HEADER_BYTES].view(np.int64), BatchKind.BATCH, epoch, step, count)
         buf[self.labels_offset: self.labels_offset + 8 * count].view(np.int64)[:] = labels.numpy()
         end = self.nbytes(count)
         buf[self.samples_offset: end].view(self.dtype)[:] = samples.numpy().reshape(-1)
@@ -120,13 +121,11 @@ class BatchLayout:
         out = torch.from_numpy(buf[self.samples_offset: end].view(self.dtype)).view(count, *self.sample_shape)
         torch.stack(samples, out=out)
         buf[self.labels_offset: self.labels_offset + 8 * count].view(np.int64)[:] = [int(y) for _, y in items]
-        head = buf[:HEADER_BYTES].view(np.int64)
-        head[:4] = (int(BatchKind.BATCH), epoch, step, count)
-        head[4:] = self._static  # type: ignore[attr-defined]
+        self._write_header(buf[:HEADER_BYTES].view(np.int64), BatchKind.BATCH, epoch, step, count)
         return end
 
     def pack_end(self, buf: np.ndarray, epoch: int) -> int:
-        buf[:HEADER_BYTES].view(np.int64)[:] = self.header(BatchKind.EPOCH_END, epoch, -1, 0)
+        self._write_header(buf[:HEADER_BYTES].view(np.int64), BatchKind.EPOCH_END, epoch, -1, 0)
         return HEADER_BYTES
 
     def unpack_header(self, buf: np.ndarray) -> Mapping[str, int]:
