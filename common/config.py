@@ -19,6 +19,7 @@ from dpuoffload.common.errors import ConfigError
 MODES = ("none", "naive", "da", "mv", "hybrid", "auto")
 ALLREDUCE_BACKENDS = ("auto", "horovod", "torch")
 LR_SCHEDULES = ("cosine", "step", "constant")
+CKPT_COPIES = ("staged", "zero")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +60,15 @@ class RunConfig:
     dpu_batch_size: Union[int, str, None] = None
     progress: bool = True
     peer_timeout: float = 600.0
+    ckpt_dir: Optional[str] = None
+    ckpt_every: Optional[int] = None
+    ckpt_every_epoch: bool = False
+    ckpt_keep: int = 2
+    ckpt_copy: str = "staged"
+    resume: Optional[str] = None
+    stop_at_step: Optional[int] = None
+    clone_at: Optional[int] = None
+    clone_override: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_choice("mode", self.mode, MODES)
@@ -93,6 +103,35 @@ class RunConfig:
                 raise ConfigError(f"--dpu-batch-size must be an integer >= 1 or 'auto', got {self.dpu_batch_size!r}")
         if self.peer_timeout <= 0:
             raise ConfigError(f"--peer-timeout must be > 0 seconds, got {self.peer_timeout}")
+        self._check_checkpointing()
+
+    def _check_checkpointing(self) -> None:
+        _check_choice("ckpt_copy", self.ckpt_copy, CKPT_COPIES)
+        for name in ("ckpt_every", "stop_at_step", "clone_at"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"--{_flag(name)} must be >= 1 (a global step number), got {value}")
+        if self.ckpt_keep < 1:
+            raise ConfigError(f"--ckpt-keep must be >= 1, got {self.ckpt_keep}")
+        wants = self.ckpt_every is not None or self.ckpt_every_epoch
+        if wants and not self.ckpt_dir:
+            raise ConfigError("--ckpt-every/--ckpt-every-epoch need --ckpt-dir DIR (where DPU ranks write "
+                              "the checkpoint shards)")
+        if self.resume == "latest" and not self.ckpt_dir:
+            raise ConfigError("--resume latest needs --ckpt-dir DIR to look in (or pass --resume DIR of "
+                              "one checkpoint)")
+        uses_state = wants or self.resume is not None or self.clone_at is not None
+        if uses_state and self.mode in ("naive", "auto"):
+            raise ConfigError(f"checkpoints, --resume and clones need DPU ranks that do not train, chosen up "
+                              f"front: use --mode none, da, mv or hybrid, not {self.mode}")
+        if self.clone_override and self.clone_at is None:
+            raise ConfigError("--clone-override only applies with --clone-at STEP")
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether host ranks hand checkpoint slices to DPU ranks during this run."""
+        return self.ckpt_dir is not None and (self.ckpt_every is not None or self.ckpt_every_epoch
+                                               or self.stop_at_step is not None)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -204,7 +243,38 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
                    help="no progress bar on host rank 0")
     p.add_argument("--peer-timeout", type=float, default=S, metavar="SECONDS",
                    help="abort the job when a peer does not answer within this time (default: 600)")
+    add_checkpoint_flags(p)
     return p
+
+
+def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
+    S = argparse.SUPPRESS
+    g = p.add_argument_group("checkpoints and clones (state goes host -> DPU in slices; DPU ranks write it)")
+    g.add_argument("--ckpt-dir", default=S, metavar="DIR",
+                   help="directory for checkpoints (step-<N>/ with shards, manifest.json, COMMITTED); must be "
+                        "visible to every rank (a shared file system on a cluster)")
+    g.add_argument("--ckpt-every", type=int, default=S, metavar="N",
+                   help="checkpoint after every N optimizer steps (global step count)")
+    g.add_argument("--ckpt-every-epoch", action="store_true", default=S,
+                   help="checkpoint at the end of every epoch (after validation hand-off)")
+    g.add_argument("--ckpt-keep", type=int, default=S, metavar="K",
+                   help="keep the K newest complete checkpoints, delete older ones (default: 2)")
+    g.add_argument("--ckpt-copy", choices=CKPT_COPIES, default=S,
+                   help="staged: host ranks copy their slice into a send buffer and go on (blocks for the "
+                        "copy); zero: send straight from the weights and wait for the send before the next "
+                        "optimizer step (default: staged)")
+    g.add_argument("--resume", default=S, metavar="DIR|latest",
+                   help="continue from a checkpoint directory (step-<N>) or the newest complete one in "
+                        "--ckpt-dir; same host rank count resumes to the bit, another count re-slices")
+    g.add_argument("--stop-at-step", type=int, default=S, metavar="N",
+                   help="stop after global step N (e.g. before a job time limit); with --ckpt-dir a "
+                        "checkpoint is taken there. The LR schedule still spans --epochs")
+    g.add_argument("--clone-at", type=int, default=S, metavar="STEP",
+                   help="hand the state after global step STEP to the clone ranks (dpurun --clone-ranks M), "
+                        "which continue as their own data-parallel group")
+    g.add_argument("--clone-override", action="append", default=S, metavar="KEY=VALUE",
+                   help="a training flag the clone group uses instead of the original's (repeatable), e.g. "
+                        "lr=0.01, seed=1, weight_decay=0, epochs=5, train_subset=256")
 
 
 def _or_auto(cast: Callable[[str], Any], expected: str) -> Callable[[str], Any]:
@@ -233,4 +303,6 @@ def parse_run_config(argv: Optional[Sequence[str]] = None, prog: str = "dpuofflo
     ns = build_parser(prog).parse_args(argv)
     values = PRESETS[ns.preset]()
     values.update({k: v for k, v in vars(ns).items() if k != "preset"})
+    if "clone_override" in values:
+        values["clone_override"] = tuple(values["clone_override"])
     return RunConfig(**values)

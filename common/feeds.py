@@ -20,8 +20,8 @@ class Feed(Protocol):
     def steps(self) -> int:
         """Batches per epoch (the same on every host rank)."""
 
-    def epoch(self, epoch: int) -> Iterator[Batch]:
-        """Yield this epoch's batches in order."""
+    def epoch(self, epoch: int, start: int = 0, stop: Optional[int] = None) -> Iterator[Batch]:
+        """Yield batches [start, stop) of this epoch in order (a resumed or stopped run trains part)."""
 
     def global_samples(self, step: int) -> Optional[int]:
         """Samples in step `step` summed over all replicas when they differ per replica (gradients
@@ -40,6 +40,6 @@ class LocalFeed:
     def global_samples(self, step: int) -> Optional[int]:
         return None
 
-    def epoch(self, epoch: int) -> Iterator[Batch]:
+    def epoch(self, epoch: int, start: int = 0, stop: Optional[int] = None) -> Iterator[Batch]:
         self.loader.set_epoch(epoch)
-        yield from self.loader
+        yield from self.loader.batches(start, stop)

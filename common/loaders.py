@@ -8,6 +8,8 @@ host would have built. Sharing this one function is what guarantees that.
 
 from __future__ import annotations
 
+from typing import Iterator, Optional
+
 from torch.utils.data import DataLoader, DistributedSampler
 
 from dpuoffload.common.batches import BatchLayout, layout_for
@@ -23,21 +25,35 @@ class RankLoader:
                  collate: bool = True) -> None:
         """`collate=False` yields each batch as its list of (sample, label) items, for a caller that
         stacks them straight into its own buffer (the DPU's send ring: one copy instead of two)."""
-        self.dataset = dataset
+        self.dataset, self.batch_size, self.drop_last = dataset, cfg.batch_size, cfg.drop_last
         self.sampler = DistributedSampler(dataset, num_replicas=replicas, rank=rank, shuffle=True, seed=cfg.seed)
-        self.loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=self.sampler, num_workers=0,
-                                 drop_last=cfg.drop_last, collate_fn=None if collate else _items)
+        self.collate = None if collate else _items
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
         self.dataset.set_epoch(epoch)
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return steps_per_epoch(len(self.dataset), self.sampler.num_replicas, self.batch_size, self.drop_last)
 
-    def __iter__(self):
-        return iter(self.loader)
+    def __iter__(self) -> Iterator:
+        return self.batches()
 
+    def batches(self, start: int = 0, stop: Optional[int] = None) -> Iterator:
+        """Batches [start, stop) of the epoch set by `set_epoch`; skipped batches are never loaded
+        (a resumed epoch starts where the checkpoint was taken at the cost of one permutation)."""
+        order = list(self.sampler)
+        b = self.batch_size
+        chunks = [order[i: i + b] for i in range(0, len(self) * b, b)]
+        loader = DataLoader(self.dataset, batch_sampler=chunks[start:stop], num_workers=0, collate_fn=self.collate)
+        return iter(loader)
+
+
+
+def steps_per_epoch(n: int, replicas: int, batch_size: int, drop_last: bool) -> int:
+    """Batches per epoch of every host rank (`DistributedSampler` pads each rank to ceil(n / replicas))."""
+    per_rank = -(-n // replicas)
+    return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
 
 
 def _items(batch: list) -> list:

@@ -22,6 +22,9 @@ class Tag(IntEnum):
     STATE = 30         # model state slices, host -> DPU (--mode mv); packing in `common.sharding`
     METRICS = 31       # validation sums of one epoch, DPU validation rank 0 -> host rank 0
     PROFILE = 32       # float64 [seconds per sample]: measured DPU evaluation cost (--mv-dpu-fraction auto)
+    CKPT = 33          # training-state slices, host -> its keeper DPU rank: CKPT_HEADER, then meta+local, then shared
+    CKPT_REPORT = 34   # keeper DPU rank -> keeper 0 (on the keepers' communicator): files written for a checkpoint
+    CLONE = 35         # keeper DPU rank -> clone rank: CKPT_HEADER then the same two payloads, forwarded as received
 
 
 class ControlKind(IntEnum):
@@ -58,6 +61,23 @@ CONTROL = HeaderLayout("control", Tag.CONTROL, ("kind", "epoch", "step", "value"
 # `dpu_share_ppm` is the fraction of the validation set the DPU ranks evaluate, in parts per million.
 STATE_HEADER = HeaderLayout("state", Tag.STATE, ("epoch", "sender", "nbytes", "dpu_share_ppm"))
 STATE_HEADER_BYTES = 8 * len(STATE_HEADER.fields)
+
+
+class StateKind(IntEnum):
+    """What a CKPT message carries the state for."""
+
+    CHECKPOINT = 1     # persist it (keepers write shards, keeper 0 commits)
+    CLONE = 2          # forward it to the clone ranks, no disk
+    END = 3            # no more state from this host rank (payload sizes 0)
+    NO_CLONE = 4       # DPU -> clone ranks: training ended before --clone-at; clones exit
+
+
+# The CKPT / CLONE message: this header, then `small_nbytes` bytes = `meta_nbytes` of UTF-8 JSON (run-level:
+# position, tensor catalog, optimizer groups, scheduler, config; identical from every host rank) followed by
+# the sender's local state (a safetensors blob: BatchNorm buffers, RNG states, epoch progress), then
+# `shared_nbytes` bytes: the sender's pieces of the sharded tensors (`common.sharding`, catalog order).
+CKPT_HEADER = HeaderLayout("ckpt", Tag.CKPT, ("kind", "global_step", "sender", "senders", "meta_nbytes",
+                                              "small_nbytes", "shared_nbytes"))
 
 # The METRICS message: float64 [epoch, loss sum, correct, count] over the DPU ranks' validation part.
 METRICS_FIELDS = ("epoch", "loss_sum", "correct", "count")

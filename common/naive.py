@@ -68,11 +68,12 @@ class NaiveFeed:
     def global_samples(self, step: int) -> Optional[int]:
         return self.totals[step]
 
-    def epoch(self, epoch: int) -> Iterator[Batch]:
+    def epoch(self, epoch: int, start: int = 0, stop: Optional[int] = None) -> Iterator[Batch]:
+        """(`start`/`stop` exist for the Feed protocol; naive runs never resume mid-epoch.)"""
         plan = naive_plan(len(self.dataset), self.cfg.seed, epoch, self.batch_sizes, self.cfg.drop_last)
         self.totals = [sum(len(plan[r][s]) for r in range(len(plan))) for s in range(self.steps())]
         self.dataset.set_epoch(epoch)
-        for indices in plan[self.replica]:
+        for indices in plan[self.replica][start:stop]:
             if not indices:
                 yield torch.empty(0, *self.sample_shape), torch.empty(0, dtype=torch.int64)
             else:

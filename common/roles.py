@@ -1,7 +1,7 @@
 """Which program a rank runs, its communicators, and the host<->DPU pairing.
 
-Every rank learns its role from `MPI.APPNUM` (app context 0 = host program, 1 = DPU program, as
-`dpurun` writes the MPMD command), splits `COMM_WORLD` into `host_comm` and `dpu_comm`, and computes
+Every rank learns its role from `MPI.APPNUM` (app context 0 = host program, 1 = DPU program, 2 =
+the host program's clone group of `--clone-at`, as `dpurun` writes the MPMD command), splits `COMM_WORLD` into `host_comm` and `dpu_comm`, and computes
 the same pairing from an allgather of (role, hostname). The pairing itself is the pure function
 `pair_ranks`, testable without processes.
 """
@@ -25,10 +25,11 @@ class Role(IntEnum):
 
     HOST = 0
     DPU = 1
+    CLONE = 2  # host program ranks standing by to continue a clone of the training (--clone-at)
 
     @property
     def program(self) -> str:
-        return "host program" if self is Role.HOST else "DPU program"
+        return {Role.HOST: "host program", Role.DPU: "DPU program", Role.CLONE: "host program (clone group)"}[self]
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,12 @@ class Topology:
     pairing: Pairing
     host_ranks: tuple[int, ...] = field(init=False)
     dpu_ranks: tuple[int, ...] = field(init=False)
+    clone_ranks: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         self.host_ranks = tuple(r.world_rank for r in self.ranks if r.role is Role.HOST)
         self.dpu_ranks = tuple(r.world_rank for r in self.ranks if r.role is Role.DPU)
+        self.clone_ranks = tuple(r.world_rank for r in self.ranks if r.role is Role.CLONE)
 
     @property
     def world_rank(self) -> int:
@@ -116,12 +119,15 @@ class Topology:
         table = self.pairing.host_to_dpus if self.role is Role.HOST else self.pairing.dpu_to_hosts
         return table[self.world_rank]
 
+    def side_ranks(self, role: Role) -> tuple[int, ...]:
+        return {Role.HOST: self.host_ranks, Role.DPU: self.dpu_ranks, Role.CLONE: self.clone_ranks}[role]
+
     def describe(self, world_rank: Optional[int] = None) -> str:
         """'host rank 1 (world rank 1, node n0)' — the label used in every log and error."""
         wr = self.world_rank if world_rank is None else world_rank
         info = self.ranks[wr]
-        side = (self.host_ranks if info.role is Role.HOST else self.dpu_ranks).index(wr)
-        kind = "host" if info.role is Role.HOST else "DPU"
+        side = self.side_ranks(info.role).index(wr)
+        kind = {Role.HOST: "host", Role.DPU: "DPU", Role.CLONE: "clone"}[info.role]
         return f"{kind} rank {side} (world rank {wr}, node {info.node})"
 
 
@@ -133,9 +139,11 @@ def role_from_appnum(appnum: Optional[int], expected: Role) -> Role:
     """
     if appnum is None:
         return expected
-    if appnum not in (0, 1):
-        raise ConfigError(f"MPI app context {appnum}: dpuoffload jobs have exactly two (0 = host "
-                          "program, 1 = DPU program); start them with dpurun")
+    if appnum not in (0, 1, 2):
+        raise ConfigError(f"MPI app context {appnum}: dpuoffload jobs have two or three (0 = host "
+                          "program, 1 = DPU program, 2 = clone group); start them with dpurun")
+    if appnum == Role.CLONE and expected is Role.HOST:
+        return Role.CLONE
     if Role(appnum) is not expected:
         raise ConfigError(f"the {expected.program} runs in MPI app context {appnum}, but context "
                           f"{int(expected)} is reserved for it: put the host program first and the "

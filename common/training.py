@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Protocol
 
 import numpy as np
 import torch
@@ -42,9 +42,37 @@ from dpuoffload.common.evaluation import (
 from dpuoffload.common.feeds import Batch, Feed
 from dpuoffload.common.metrics import JsonlLog, PhaseTimer
 from dpuoffload.common.offload import OffloadPlan
+from dpuoffload.common.resume import ResumePoint
 from dpuoffload.common.roles import Topology
 from dpuoffload.common.sampling import PerSampleSeeded
 from dpuoffload.common.sharding import state_digest
+from dpuoffload.common.trainstate import EpochProgress, EpochSpan, Position, epoch_spans
+
+
+class StateHooks(Protocol):
+    """Where checkpoints and clones plug into the loop (`host.checkpoint.StateHandoff`)."""
+
+    def after_step(self, pos: Position, progress: EpochProgress) -> None: ...
+
+    def after_epoch(self, pos: Position) -> None: ...
+
+    def before_optimizer_step(self) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class NoHooks:
+    def after_step(self, pos: Position, progress: EpochProgress) -> None:
+        pass
+
+    def after_epoch(self, pos: Position) -> None:
+        pass
+
+    def before_optimizer_step(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
 
 
 @dataclass
@@ -56,6 +84,7 @@ class TrainJob:
     model: nn.Module
     feed: Feed
     plan: OffloadPlan
+    resume: Optional[ResumePoint] = None  # --resume: the checkpoint and where this run starts
 
 
 def save_state_dict(model: nn.Module, path: str) -> None:
@@ -103,11 +132,21 @@ class Trainer:
         self.timer = PhaseTimer()
         self.phase_log = JsonlLog(cfg.log_dir, f"phases-rank{topo.world_rank}.jsonl")
         self.metrics_log = JsonlLog(cfg.log_dir if self.is_leader else None, "metrics.jsonl")
+        self.hooks: StateHooks = NoHooks()
+        self.start = Position()
+        self.global_step = 0
+        self.resumed_progress: Optional[EpochProgress] = None
+        self.label = ""  # printed before each epoch line ("[clone] " in a clone group)
 
     @property
     def is_leader(self) -> bool:
-        """Host rank 0 (world rank 0) prints and writes the run's metrics."""
-        return self.topo.world_rank == self.topo.host_ranks[0]
+        """Replica 0 of the group (host rank 0, or clone rank 0) prints and writes the metrics."""
+        return self.comm.Get_rank() == 0
+
+    def resume_at(self, start: Position, progress: Optional[EpochProgress]) -> None:
+        """Continue from `start` (state already restored); `progress`: the interrupted epoch's so far."""
+        self.start, self.global_step = start, start.global_step
+        self.resumed_progress = progress if start.step > 0 else None
 
     def fit(self) -> list[dict[str, Any]]:
         if self.feed.steps() == 0:
@@ -115,30 +154,36 @@ class Trainer:
                              "host rank with --drop-last; lower --batch-size or drop --drop-last")
         self.sync.broadcast_parameters_(self.model)
         records: list[dict[str, Any]] = []
-        for epoch in range(self.cfg.epochs):
-            self.run_epoch(epoch)
+        for span in epoch_spans(self.feed.steps(), self.cfg.epochs, self.start, self.cfg.stop_at_step):
+            self.run_epoch(span)
             records += [self.complete(e, sums) for e, sums in self.validation.ready()]
         records += [self.complete(e, sums) for e, sums in self.validation.finish()]
-        final = {"event": "end", "weights_sha256": state_digest(self.model),
+        self.hooks.finish()
+        final = {"event": "end", "weights_sha256": state_digest(self.model), "global_step": self.global_step,
                  "allreduce": self.sync.name, "host_ranks": len(self.topo.host_ranks), "replicas": self.size}
         self.metrics_log.write(final)
         if self.is_leader and self.cfg.save_weights:
             save_state_dict(self.model, self.cfg.save_weights)
         return records
 
-    def run_epoch(self, epoch: int) -> None:
-        """Train, hand validation off (or do it), and keep the epoch's record until its metrics come."""
+    def run_epoch(self, span: EpochSpan) -> None:
+        """Train (part of) an epoch; at its end, hand validation off (or do it) and keep the epoch's
+        record until its metrics come. A run stopped mid-epoch (--stop-at-step) logs no record."""
+        epoch = span.epoch
         self.timer.reset()
         t0 = time.perf_counter()
-        train_sums, losses, batch_digest, samples = self.train_epoch(epoch)
+        train_sums, losses, batch_digest, samples = self.train_epoch(span)
         train_time = time.perf_counter() - t0
+        if not span.completes:
+            return
         share = self.dpu_share(train_time)
         with self.timer.phase("validation"):
             self.sync.broadcast_buffers_(self.model)
             self.validation.epoch_end(epoch, share)
+        self.handoff(lambda: self.hooks.after_epoch(Position(epoch + 1, 0, self.global_step)))
         epoch_time = time.perf_counter() - t0
         self.phase_log.write({"epoch": epoch, "world_rank": self.topo.world_rank, "role": self.topo.role.name.lower(),
-                              "epoch_time": epoch_time, "steps": self.feed.steps(),
+                              "epoch_time": epoch_time, "steps": span.stop - span.start,
                               "phases": dict(self.timer.totals), "batch_digest": batch_digest,
                               "samples": samples})
         self.partial[epoch] = self.train_record(epoch, train_sums, losses, epoch_time, share)
@@ -155,31 +200,42 @@ class Trainer:
                       val_correct=int(val_sums[1]), val_count=int(val_sums[2]))
         if self.is_leader:
             self.metrics_log.write(record)
-            print(format_epoch_line(record, self.cfg.epochs), flush=True)
+            print(self.label + format_epoch_line(record, self.cfg.epochs), flush=True)
         return record
 
-    def train_epoch(self, epoch: int) -> tuple[np.ndarray, list[float], Optional[str], int]:
-        """Train one epoch; return [loss, correct, count] summed over replicas, this replica's step
-        losses, the digest of its batches (`--digest-batches`) and its sample count."""
+    def train_epoch(self, span: EpochSpan) -> tuple[np.ndarray, list[float], Optional[str], int]:
+        """Train steps [span.start, span.stop) of an epoch; return [loss, correct, count] summed over
+        replicas, this replica's step losses, the digest of its batches (`--digest-batches`) and its
+        sample count. A resumed epoch starts from the interrupted epoch's sums and losses."""
         self.model.train()
-        sums = np.zeros(3, dtype=np.float64)
-        losses: list[float] = []
+        progress = self.resumed_progress if span.start > 0 and self.resumed_progress else EpochProgress()
+        self.resumed_progress = None
         digest = hashlib.sha256() if self.cfg.digest_batches else None
-        bar = tqdm(total=self.feed.steps(), desc=f"epoch {epoch + 1}/{self.cfg.epochs}", unit="step",
-                   leave=False, file=sys.stdout, mininterval=1.0, ncols=100, nrows=100,  # mpirun
+        bar = tqdm(total=span.stop, initial=span.start, desc=f"epoch {span.epoch + 1}/{self.cfg.epochs}",
+                   unit="step", leave=False, file=sys.stdout, mininterval=1.0, ncols=100, nrows=100,  # mpirun
                    # hides the terminal size from ranks and tqdm would hide a bar it thinks off-screen
                    disable=not (self.cfg.progress and self.is_leader and env.progress_wanted()))
-        for i, (x, y) in enumerate(self.timed(self.feed.epoch(epoch))):
+        batches = self.feed.epoch(span.epoch, span.start, span.stop)
+        for i, (x, y) in enumerate(self.timed(batches), start=span.start):
             if digest is not None:
                 digest.update(x.numpy().tobytes())
                 digest.update(y.numpy().tobytes())
             loss, correct = self.step(x, y, self.feed.global_samples(i))
-            losses.append(loss)
-            sums += (loss * len(y), correct, len(y))
+            progress.losses.append(loss)
+            progress.sums += (loss * len(y), correct, len(y))
+            self.global_step += 1
+            self.handoff(lambda: self.hooks.after_step(Position(span.epoch, i + 1, self.global_step), progress))
             bar.update(1)
         bar.close()
-        return (allreduce_sums(self.comm, sums), losses, digest.hexdigest() if digest is not None else None,
-                int(sums[2]))
+        return (allreduce_sums(self.comm, progress.sums), progress.losses,
+                digest.hexdigest() if digest is not None else None, int(progress.sums[2]))
+
+    def handoff(self, hook: Any) -> None:
+        """Run a state hand-off hook, timed as its own phase only when checkpoints or clones are on."""
+        if isinstance(self.hooks, NoHooks):
+            return
+        with self.timer.phase("handoff"):
+            hook()
 
     def timed(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         """Yield from `batches`, timing every fetch (the last one too: the feed's epoch epilogue)."""
@@ -204,6 +260,7 @@ class Trainer:
         with self.timer.phase("allreduce"):
             self.sync.allreduce_gradients_(self.gradients(), average=total is None)
         with self.timer.phase("optimizer"):
+            self.hooks.before_optimizer_step()
             self.optimizer.step()
             self.scheduler.step()
         return loss, correct
@@ -225,7 +282,7 @@ class Trainer:
 
 
 _SHORT = {"data": "data", "forward_backward": "fwd/bwd", "allreduce": "allreduce",
-          "optimizer": "opt", "validation": "val"}
+          "optimizer": "opt", "validation": "val", "handoff": "ckpt"}
 
 
 def format_epoch_line(rec: dict[str, Any], epochs: int) -> str:

@@ -8,7 +8,7 @@ at first, so hot paths lose little latency) and raises `PeerError` when the dead
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from dpuoffload.common.errors import PeerError
 
@@ -46,3 +46,16 @@ def wait(req: "MPI.Request", timeout: Optional[float], what: str, max_sleep: flo
         time.sleep(sleep)
         sleep = min(max(sleep * 2, 1e-4), max_sleep)
     return time.perf_counter() - t0
+
+
+def wait_object(req: "MPI.Request", timeout: Optional[float], what: str) -> Any:
+    """`wait` for a pickled (lower-case mpi4py) request; returns the object received."""
+    t0, sleep = time.perf_counter(), 0.0
+    while True:
+        done, obj = req.test()
+        if done:
+            return obj
+        if timeout is not None and time.perf_counter() - t0 > timeout:
+            raise PeerError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(sleep)
+        sleep = min(max(sleep * 2, 1e-4), _MAX_SLEEP)

@@ -23,6 +23,7 @@ from dpuoffload.common.messages import Tag
 from dpuoffload.common.metrics import PhaseTimer
 from dpuoffload.common.roles import Topology
 from dpuoffload.common.sampling import PerSampleSeeded
+from dpuoffload.common.trainstate import EpochSpan, Position, epoch_spans
 from dpuoffload.common.waits import wait
 
 if TYPE_CHECKING:
@@ -76,8 +77,9 @@ class Augmenter:
     """Produces and sends every batch of every epoch for the host ranks this DPU rank feeds."""
 
     def __init__(self, cfg: RunConfig, topo: Topology, train: PerSampleSeeded, layout: BatchLayout,
-                 hosts: tuple[int, ...]) -> None:
-        self.cfg, self.topo, self.layout, self.hosts = cfg, topo, layout, hosts
+                 hosts: tuple[int, ...], start: Position = Position()) -> None:
+        """`start`: where a resumed run begins (the host ranks derive the same batches from it)."""
+        self.cfg, self.topo, self.layout, self.hosts, self.start = cfg, topo, layout, hosts, start
         self.loaders = {h: RankLoader(cfg, train, len(topo.host_ranks), topo.host_ranks.index(h), collate=False)
                         for h in hosts}
         self.ring = SendRing(topo.world, layout, cfg.da_buffers, cfg.peer_timeout)
@@ -85,24 +87,25 @@ class Augmenter:
         self.transform = transform_name(train.dataset)
 
     def run(self) -> list[dict[str, Any]]:
-        return [self.run_epoch(epoch) for epoch in range(self.cfg.epochs)]
+        steps = len(next(iter(self.loaders.values())))
+        return [self.run_span(span) for span in epoch_spans(steps, self.cfg.epochs, self.start, self.cfg.stop_at_step)]
 
-    def run_epoch(self, epoch: int) -> dict[str, Any]:
+    def run_span(self, span: EpochSpan) -> dict[str, Any]:
+        """Batches [span.start, span.stop) of one epoch for every fed host, then an end message each."""
         self.timer.reset()
         t0 = time.perf_counter()
-        iters = {}
+        epoch, iters = span.epoch, {}
         for h, loader in self.loaders.items():
             loader.set_epoch(epoch)
-            iters[h] = iter(loader)
-        steps = len(next(iter(self.loaders.values())))
-        for step in range(steps):
+            iters[h] = loader.batches(span.start, span.stop)
+        for step in range(span.start, span.stop):
             for h in self.hosts:
                 self.produce(h, iters[h], epoch, step)
         for h in self.hosts:
             slot, buf = self.ring.acquire()
             self.ring.send(slot, self.layout.pack_end(buf, epoch), h)
-        return {"epoch": epoch, "epoch_time": time.perf_counter() - t0, "batches": steps * len(self.hosts),
-                "phases": dict(self.timer.totals)}
+        return {"epoch": epoch, "epoch_time": time.perf_counter() - t0,
+                "batches": (span.stop - span.start) * len(self.hosts), "phases": dict(self.timer.totals)}
 
     def produce(self, host: int, batches: Any, epoch: int, step: int) -> None:
         with self.timer.phase("augment"):

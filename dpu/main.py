@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Sequence
 
 from dpuoffload.common import trace
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.datasets import build_datasets
 from dpuoffload.common.failure import run_program
-from dpuoffload.common.loaders import probe_layout
+from dpuoffload.common.loaders import probe_layout, steps_per_epoch
 from dpuoffload.common.metrics import JsonlLog
 from dpuoffload.common.models import build_model
 from dpuoffload.common.naive import measure_profile
 from dpuoffload.common.offload import DA, IDLE, MV, plan_offload
+from dpuoffload.common.resume import find_resume, start_position
 from dpuoffload.common.roles import Role, Topology
 from dpuoffload.common.sampling import PerSampleSeeded
 from dpuoffload.common.startup import start_program
+from dpuoffload.common.trainstate import epoch_spans
 from dpuoffload.dpu.augment import Augmenter
 from dpuoffload.dpu.idle import idle_until_shutdown
+from dpuoffload.dpu.keeper import Keeper, hosts_kept_by
 from dpuoffload.dpu.replica import Replica
 from dpuoffload.dpu.validate import Validator
 
@@ -31,47 +35,81 @@ class Work(Protocol):
     def close(self) -> None: ...
 
 
-def prepare(cfg: RunConfig, topo: Topology) -> tuple[str, Optional[Work]]:
+@dataclass
+class DpuJob:
+    work: str                   # what this rank does: augmentation, validation, replica or idle
+    runner: Optional[Work]
+    keeper: Optional[Keeper]    # checkpoint / clone keeper thread, next to the work
+
+
+def prepare(cfg: RunConfig, topo: Topology) -> DpuJob:
     """Build this rank's work (augmentation, validation, training, or none) before any host<->DPU traffic."""
     me = topo.world_rank
     if cfg.mode == "naive":
         data = build_datasets(cfg)
-        return REPLICA, Replica(cfg, topo, data, PerSampleSeeded(data.train, cfg.seed), build_model(cfg, data.num_classes))
+        return DpuJob(REPLICA, Replica(cfg, topo, data, PerSampleSeeded(data.train, cfg.seed),
+                                       build_model(cfg, data.num_classes)), None)
     plan = plan_offload(topo.ranks, cfg)
     work = plan.work.get(me, IDLE)
-    # DPU-only collective first, before anything that could fail on one rank and not the others
+    # DPU-only collectives first, before anything that could fail on one rank and not the others
     work_comm = topo.side_comm.Split(color=WORK_COLORS[work], key=me)
+    keeper = build_keeper(cfg, topo)
     if work == DA and plan.fed_by(me):
         train = PerSampleSeeded(build_datasets(cfg).train, cfg.seed)
-        return work, Augmenter(cfg, topo, train, probe_layout(train, cfg), plan.fed_by(me))
+        start = start_position(find_resume(cfg, len(topo.host_ranks), host_steps(cfg, topo, len(train))))
+        return DpuJob(work, Augmenter(cfg, topo, train, probe_layout(train, cfg), plan.fed_by(me), start), keeper)
     if work == MV:
         data = build_datasets(cfg)
-        return work, Validator(cfg, topo, work_comm, build_model(cfg, data.num_classes), data.val, plan.states_to(me))
-    return IDLE, None
+        steps = host_steps(cfg, topo, len(data.train))
+        start = start_position(find_resume(cfg, len(topo.host_ranks), steps))
+        epochs = [s.epoch for s in epoch_spans(steps, cfg.epochs, start, cfg.stop_at_step) if s.completes]
+        return DpuJob(work, Validator(cfg, topo, work_comm, build_model(cfg, data.num_classes), data.val,
+                                      plan.states_to(me), epochs), keeper)
+    return DpuJob(IDLE, None, keeper)
 
 
-def profile(cfg: RunConfig, topo: Topology, state: tuple[str, Optional[Work]]) -> dict[str, Any]:
-    runner = state[1]
-    if isinstance(runner, Replica):
-        return measure_profile(cfg, topo, runner.model, runner.train)
+def host_steps(cfg: RunConfig, topo: Topology, n_train: int) -> int:
+    return steps_per_epoch(n_train, len(topo.host_ranks), cfg.batch_size, cfg.drop_last)
+
+
+def build_keeper(cfg: RunConfig, topo: Topology) -> Optional[Keeper]:
+    """A keeper on every DPU rank that host ranks hand state to (collective over the DPU ranks)."""
+    if not (cfg.checkpointing or (cfg.clone_at is not None and topo.clone_ranks)):
+        return None
+    from mpi4py import MPI
+
+    keeps = bool(hosts_kept_by(topo, topo.world_rank))
+    comm = topo.side_comm.Split(color=1 if keeps else MPI.UNDEFINED, key=topo.world_rank)
+    return Keeper(cfg, topo, comm) if keeps else None
+
+
+def profile(cfg: RunConfig, topo: Topology, job: DpuJob) -> dict[str, Any]:
+    if isinstance(job.runner, Replica):
+        return measure_profile(cfg, topo, job.runner.model, job.runner.train)
     return {}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     started = start_program(Role.DPU, argv, prepare, profile)
-    cfg, topo, (work, runner), profiles = started.cfg, started.topo, started.state, started.profiles
+    cfg, topo, job, profiles = started.cfg, started.topo, started.state, started.profiles
     if not topo.host_ranks:
         trace.finish(topo.world, cfg.trace)
         return 0
+    runner = job.runner
     if isinstance(runner, Replica):
         runner.start(profiles)
     log = JsonlLog(cfg.log_dir, f"phases-rank{topo.world_rank}.jsonl")
+    if job.keeper is not None:
+        job.keeper.start()
     if runner is not None:
         for record in runner.run():
-            log.write({"world_rank": topo.world_rank, "role": "dpu", "work": work, **record})
+            log.write({"world_rank": topo.world_rank, "role": "dpu", "work": job.work, **record})
         runner.close()
     stats: dict[str, Any] = idle_until_shutdown(topo)
-    log.write({"event": "end", "world_rank": topo.world_rank, "role": "dpu", "work": work, "mode": cfg.mode, **stats})
+    if job.keeper is not None:
+        stats["handoffs"] = len(job.keeper.join())
+    log.write({"event": "end", "world_rank": topo.world_rank, "role": "dpu", "work": job.work, "mode": cfg.mode,
+               **stats})
     trace.finish(topo.world, cfg.trace)
     return 0
 

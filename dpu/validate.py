@@ -11,7 +11,7 @@ deadline (an epoch may take hours); a dead host rank makes Open MPI end the job.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 from torch import nn
@@ -45,8 +45,10 @@ STATE_POLL_MAX_SLEEP = 0.01
 
 class Validator:
     def __init__(self, cfg: RunConfig, topo: Topology, comm: "MPI.Comm", model: nn.Module, val_set: Dataset,
-                 hosts: tuple[int, ...]) -> None:
+                 hosts: tuple[int, ...], epochs: Sequence[int]) -> None:
+        """`epochs`: the epochs the host ranks complete in this run (a resumed or stopped run skips some)."""
         self.cfg, self.topo, self.comm, self.model, self.val_set = cfg, topo, comm, model, val_set
+        self.epochs = tuple(epochs)
         self.hosts = hosts  # world ranks of the host ranks whose slices this rank receives
         self.tensors = state_tensors(model.state_dict())
         self.plan = plan_shards([t.numel() for t in self.tensors], len(topo.host_ranks))
@@ -57,7 +59,7 @@ class Validator:
     def run(self) -> list[dict[str, Any]]:
         if self.cfg.mv_dpu_fraction == "auto" and self.comm.Get_rank() == 0:
             self.send_profile()
-        return [self.run_epoch(epoch) for epoch in range(self.cfg.epochs)]
+        return [self.run_epoch(epoch) for epoch in self.epochs]
 
     def send_profile(self) -> None:
         """Tell host rank 0 what a validation sample costs here (it picks the DPU share from it)."""

@@ -43,15 +43,18 @@ class RemoteFeed:
     def global_samples(self, step: int) -> Optional[int]:
         return None
 
-    def epoch(self, epoch: int) -> Iterator[Batch]:
-        req = self._post(0)
-        for step in range(self._steps):
+    def epoch(self, epoch: int, start: int = 0, stop: Optional[int] = None) -> Iterator[Batch]:
+        """Batches [start, stop), then the DPU's end-of-part message (both sides derive the same
+        range from `common.trainstate.epoch_spans`)."""
+        stop = self._steps if stop is None else stop
+        req = self._post(start % 2)
+        for step in range(start, stop):
             buf = self._wait(req, epoch, step)
             head = self.layout.unpack_header(buf)
             self._check(head, BatchKind.BATCH, epoch, step)
             req = self._post((step + 1) % 2)  # batch step+1 (or the epoch end) lands while we compute
             yield self.layout.unpack(buf, head["count"])
-        end = self.layout.unpack_header(self._wait(req, epoch, self._steps))
+        end = self.layout.unpack_header(self._wait(req, epoch, stop))
         self._check(end, BatchKind.EPOCH_END, epoch, -1)
 
     def _post(self, slot: int) -> "MPI.Request":

@@ -21,6 +21,10 @@ from dpuoffload.common.roles import Role, Topology
 from dpuoffload.common.sampling import PerSampleSeeded
 from dpuoffload.common.startup import start_program
 from dpuoffload.common.training import Trainer, TrainJob
+from dpuoffload.common.resume import find_resume, start_position
+from dpuoffload.common.trainstate import epoch_spans
+from dpuoffload.host.checkpoint import StateHandoff, keeper_of, resume_trainer
+from dpuoffload.host.clone import adopt, check_clone_flags, clone_config, describe_overrides
 from dpuoffload.host.control import shutdown_dpus
 from dpuoffload.host.feed import RemoteFeed
 from dpuoffload.host.validation import AutoShare, OffloadedValidation, fixed_share
@@ -28,12 +32,28 @@ from dpuoffload.host.validation import AutoShare, OffloadedValidation, fixed_sha
 
 def prepare(cfg: RunConfig, topo: Topology) -> TrainJob:
     """Everything that can fail on bad input, before any host-only communication starts."""
+    if topo.role is Role.CLONE:
+        cfg = clone_config(cfg)
     resolve_backend(cfg.allreduce)
     data = build_datasets(cfg)
     plan = plan_offload(topo.ranks, cfg)
     train = PerSampleSeeded(data.train, cfg.seed)
-    return TrainJob(data=data, train=train, model=build_model(cfg, data.num_classes),
-                    feed=build_feed(cfg, topo, train, plan), plan=plan)
+    job = TrainJob(data=data, train=train, model=build_model(cfg, data.num_classes),
+                   feed=build_feed(cfg, topo, train, plan), plan=plan)
+    if topo.role is Role.HOST:
+        check_state_flags(cfg, topo, job)
+    return job
+
+
+def check_state_flags(cfg: RunConfig, topo: Topology, job: TrainJob) -> None:
+    """Checkpoint, resume and clone flags that need the topology or the data to check."""
+    steps = job.feed.steps()
+    job.resume = find_resume(cfg, len(topo.host_ranks), steps)
+    start = start_position(job.resume)
+    spans = epoch_spans(steps, cfg.epochs, start, cfg.stop_at_step)
+    check_clone_flags(cfg, topo, start.global_step + sum(s.stop - s.start for s in spans))
+    if cfg.checkpointing or cfg.clone_at is not None:
+        keeper_of(topo)
 
 
 def build_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded, plan: OffloadPlan) -> Feed:
@@ -72,6 +92,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = start_program(Role.HOST, argv, prepare,
                             lambda cfg, topo, job: measure_profile(cfg, topo, job.model, job.train))
     cfg, topo, job, profiles = started.cfg, started.topo, started.state, started.profiles
+    if topo.role is Role.CLONE:
+        return run_clone(cfg, topo, job)
     group = topo.side_comm
     if cfg.mode == "naive":  # DPU ranks are replicas too: one gradient group over the whole job
         job.feed = build_naive_feed(cfg, topo, job.train, profiles)
@@ -83,12 +105,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{len(topo.dpu_ranks)} DPU rank(s), model {cfg.model}, dataset {cfg.dataset} "
               f"({len(job.data.train)} train / {len(job.data.val)} val), allreduce {sync.name}", flush=True)
     validation, share = build_validation(cfg, topo, job)
-    records = Trainer(cfg, topo, job, sync, validation, share, group=group).fit()
+    trainer = Trainer(cfg, topo, job, sync, validation, share, group=group)
+    if job.resume is not None:
+        resume_trainer(trainer, job.resume, topo)
+    if cfg.checkpointing or cfg.clone_at is not None:
+        trainer.hooks = StateHandoff(cfg, topo, trainer.model, trainer.optimizer, trainer.scheduler, job.feed.steps())
+    records = trainer.fit()
     if started.auto is not None and topo.side_rank == 0:
         report_auto(started.auto, records, cfg)
     shutdown_dpus(topo, cfg.peer_timeout)
     sync.shutdown()
     trace.finish(topo.world, cfg.trace)
+    return 0
+
+
+def run_clone(original: RunConfig, topo: Topology, job: TrainJob) -> int:
+    """Clone ranks: stand by for the forwarded state, then train as their own group."""
+    cfg = clone_config(original)
+    sync = build_sync(cfg.allreduce, topo.side_comm, cfg.peer_timeout)
+    trainer = Trainer(cfg, topo, job, sync, LocalValidation(job.model, job.data.val, cfg.val_batch_size,
+                                                            topo.side_comm), group=topo.side_comm)
+    trainer.label = "[clone] "
+    if topo.side_rank == 0:
+        print(f"[clone] {len(topo.clone_ranks)} clone rank(s) standing by for the state of step "
+              f"{original.clone_at} ({describe_overrides(original, cfg)})", flush=True)
+    record = adopt(trainer, topo, original, cfg)
+    if topo.side_rank == 0:
+        print(f"[clone] state of step {record['global_step']} received after {record['standby_s']:.1f} s standing "
+              f"by, rebuilt in {record['rebuild_s'] * 1e3:.0f} ms; training from epoch {record['epoch'] + 1} "
+              f"step {record['step']}", flush=True)
+    trainer.metrics_log.write(record)
+    trainer.fit()
+    sync.shutdown()
+    trace.finish(topo.world, original.trace)
     return 0
 
 

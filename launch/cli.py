@@ -46,6 +46,7 @@ examples:
 
 training flags: dpurun -- --help        data tool: dpurun make-data --help
 projection from a --mode auto profile: dpurun project --help
+checkpoint to a plain state_dict: dpurun export-checkpoint --help
 """
 
 
@@ -54,7 +55,7 @@ def build_launcher_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         usage=(f"{PROG} [launcher flags] -- [training flags]\n       {PROG} make-data [...]\n"
-               f"       {PROG} project PROFILE [...]"),
+               f"       {PROG} project PROFILE [...]\n       {PROG} export-checkpoint DIR OUT.pt"),
         description="Start the host program (app context 0) and the DPU program (app context 1) "
                     "as one MPMD mpirun job with identical training flags.")
     _add_rank_flags(p.add_argument_group("ranks and local emulation (default: this box)"))
@@ -79,6 +80,9 @@ def _add_rank_flags(g: argparse._ArgumentGroup) -> None:
                         "cluster: slots // ranks per node)")
     g.add_argument("--dpu-threads", type=int, metavar="T",
                    help="torch threads per DPU rank (default: like --host-threads, for the DPU side)")
+    g.add_argument("--clone-ranks", type=int, default=0, metavar="C",
+                   help="extra host program ranks that stand by and continue a clone of the training "
+                        "from --clone-at STEP (on the host cores/nodes) (default: 0)")
     g.add_argument("--oversubscribe", action="store_true",
                    help="allow more ranks than cores (local) or slots (cluster) (default: off)")
 
@@ -135,11 +139,14 @@ def parse_launcher_args(argv: Sequence[str]) -> argparse.Namespace:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if args.dpu_ranks < 0:
         raise ConfigError(f"--dpu-ranks must be >= 0, got {args.dpu_ranks}")
+    if args.clone_ranks < 0:
+        raise ConfigError(f"--clone-ranks must be >= 0, got {args.clone_ranks}")
     return args
 
 
 # ------------------------------------------------------------------------- training validation
-def validate_training(training_args: Sequence[str], dpu_ranks: int, host_ranks: int = 1) -> RunConfig:
+def validate_training(training_args: Sequence[str], dpu_ranks: int, host_ranks: int = 1,
+                      clone_ranks: int = 0) -> RunConfig:
     """Resolve and check the training flags exactly as the ranks will, before starting MPI.
 
     Only the cheap checks; `check_model_and_data` follows once the launcher flags are known good.
@@ -152,7 +159,24 @@ def validate_training(training_args: Sequence[str], dpu_ranks: int, host_ranks: 
         raise ConfigError(f"--mode {cfg.mode} offloads work to DPU ranks, but --dpu-ranks is 0; "
                           "use --dpu-ranks 1 or more (or --mode none)")
     split_counts(cfg, host_ranks, dpu_ranks)  # hybrid: enough DPU ranks for both kinds of work?
+    check_state_launch(cfg, dpu_ranks, clone_ranks)
     return cfg
+
+
+def check_state_launch(cfg: RunConfig, dpu_ranks: int, clone_ranks: int) -> None:
+    """Checkpoints and clones go through DPU ranks; clone ranks and --clone-at go together."""
+    if (cfg.checkpointing or cfg.clone_at is not None) and dpu_ranks == 0:
+        raise ConfigError("checkpoints and clones are handed to DPU ranks, but --dpu-ranks is 0; use "
+                          "--dpu-ranks 1 or more")
+    if cfg.clone_at is not None and clone_ranks == 0:
+        raise ConfigError("--clone-at needs clone ranks: add --clone-ranks C before '--'")
+    if clone_ranks and cfg.clone_at is None:
+        raise ConfigError(f"--clone-ranks {clone_ranks} without --clone-at STEP: the clones would never start; "
+                          "add --clone-at STEP after '--'")
+    if cfg.resume and cfg.resume != "latest":
+        from dpuoffload.common.ckptfiles import resolve
+
+        resolve(cfg.resume, cfg.ckpt_dir)
 
 
 def check_model_and_data(cfg: RunConfig, local: bool) -> None:
@@ -219,7 +243,8 @@ def resolve_spec(args: argparse.Namespace,
     mpirun = resolve_mpirun(args.mpirun)
     python = args.python or sys.executable
     base = dict(mpirun=mpirun, flavor=args.mpi_flavor or detect_flavor(mpirun),
-                host_ranks=args.host_ranks, dpu_ranks=args.dpu_ranks, host_python=python,
+                host_ranks=args.host_ranks, dpu_ranks=args.dpu_ranks, clone_ranks=args.clone_ranks,
+                host_python=python,
                 dpu_python=args.dpu_python or python, training_args=tuple(training_args),
                 oversubscribe=args.oversubscribe, run_as_root=os.geteuid() == 0,
                 progress_tty=sys.stdout.isatty(),
@@ -321,7 +346,7 @@ def launch(spec: LaunchSpec, cgroup: Optional[throttle.CgroupPlan]) -> int:
     cmd = build_command(spec)
     print(f"{PROG}: running: {shlex.join(cmd)}", file=sys.stderr, flush=True)
     try:
-        return supervise.run(cmd, spec.host_ranks)
+        return supervise.run(cmd, spec.host_ranks, spec.dpu_ranks)
     finally:
         problem = throttle.remove(cgroup) if cgroup is not None else None
         if problem:
@@ -344,13 +369,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if argv[:1] == ["make-data"]:
             return _make_data(argv[1:])
+        if argv[:1] == ["export-checkpoint"]:
+            from dpuoffload.launch.export import main as export_main
+
+            return export_main(argv[1:])
         if argv[:1] == ["project"]:
             from dpuoffload.launch.project import main as project_main
 
             return project_main(argv[1:])
         launcher_argv, training_args = split_argv(argv)
         args = parse_launcher_args(launcher_argv)
-        cfg = validate_training(training_args, args.dpu_ranks, args.host_ranks)
+        cfg = validate_training(training_args, args.dpu_ranks, args.host_ranks, args.clone_ranks)
         spec, cgroup = resolve_spec(args, training_args)
         check_model_and_data(cfg, local=not _cluster_mode(args))
         if args.dry_run:

@@ -2,7 +2,8 @@
 
 `build_command` is pure and the only place that knows mpirun syntax (Horovod `runner/mpi_run.py`
 style), so tests check the exact list and another MPI can be supported by replacing it. World
-ranks 0..N-1 run the host program (app context 0) and N..N+M-1 the DPU program (app context 1);
+ranks 0..N-1 run the host program (app context 0), N..N+M-1 the DPU program (app context 1) and,
+with `--clone-ranks C`, the last C ranks the host program's clone group (app context 2);
 `dpuoffload.common.roles` relies on that order.
 
 Per-side settings travel as an `env VAR=val ...` prefix inside each app context rather than as
@@ -54,6 +55,7 @@ class LaunchSpec:
     cgroup: Optional[str] = None
     run_as_root: bool = False
     progress_tty: bool = False  # dpurun's stdout is a terminal: host rank 0 may draw a progress bar
+    clone_ranks: int = 0        # host program ranks of the clone group (--clone-at), on the host side
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
@@ -61,6 +63,11 @@ class LaunchSpec:
         if self.host_ranks < 1 or self.dpu_ranks < 0:
             raise ConfigError(f"host_ranks must be >= 1 and dpu_ranks >= 0, got "
                               f"{self.host_ranks} and {self.dpu_ranks}")
+        if self.clone_ranks < 0:
+            raise ConfigError(f"clone_ranks must be >= 0, got {self.clone_ranks}")
+        if self.clone_ranks and self.flavor == "mpich" and not self.local:
+            raise ConfigError("clone ranks on a cluster need Open MPI's per-context --host lists; with MPICH "
+                              "run them on one box or use Open MPI")
         if self.host_threads < 1 or self.dpu_threads < 1:
             raise ConfigError("host_threads and dpu_threads must be >= 1")
         if self.local == bool(self.host_nodes):
@@ -109,6 +116,8 @@ def _openmpi_command(spec: LaunchSpec) -> list[str]:
     if spec.dpu_ranks:
         cmd += [":", "-np", str(spec.dpu_ranks), *_host_list("--host", spec.dpu_nodes),
                 *_dpu_argv(spec)]
+    if spec.clone_ranks:  # after the DPU context even without DPU ranks: app context numbers are fixed
+        cmd += [":", "-np", str(spec.clone_ranks), *_host_list("--host", spec.host_nodes), *_clone_argv(spec)]
     return cmd
 
 
@@ -124,6 +133,8 @@ def _mpich_command(spec: LaunchSpec) -> list[str]:
     cmd += ["-n", str(spec.host_ranks), *_host_argv(spec)]
     if spec.dpu_ranks:
         cmd += [":", "-n", str(spec.dpu_ranks), *_dpu_argv(spec)]
+    if spec.clone_ranks:
+        cmd += [":", "-n", str(spec.clone_ranks), *_clone_argv(spec)]
     return cmd
 
 
@@ -134,6 +145,11 @@ def _host_list(flag: str, nodes: tuple[Node, ...]) -> list[str]:
 def _host_argv(spec: LaunchSpec) -> list[str]:
     extra = {env.PROGRESS_TTY: "1"} if spec.progress_tty else {}
     return [*_env_prefix(spec, spec.host_threads, extra), *_pin(spec.host_cores),
+            spec.host_python, "-m", HOST_MODULE, *spec.training_args]
+
+
+def _clone_argv(spec: LaunchSpec) -> list[str]:
+    return [*_env_prefix(spec, spec.host_threads), *_pin(spec.host_cores),
             spec.host_python, "-m", HOST_MODULE, *spec.training_args]
 
 

@@ -64,17 +64,19 @@ class RankFailure:
     node: Optional[str] = None
 
 
-def describe_rank(world_rank: int, host_ranks: int) -> str:
+def describe_rank(world_rank: int, host_ranks: int, dpu_ranks: Optional[int] = None) -> str:
     """'world rank 3 = DPU rank 1 (DPU program)': host ranks are world 0..N-1, DPU ranks follow."""
     role = Role.HOST if world_rank < host_ranks else Role.DPU
     side = world_rank if role is Role.HOST else world_rank - host_ranks
-    kind = "host" if role is Role.HOST else "DPU"
+    if dpu_ranks is not None and world_rank >= host_ranks + dpu_ranks:
+        role, side = Role.CLONE, world_rank - host_ranks - dpu_ranks
+    kind = {Role.HOST: "host", Role.DPU: "DPU", Role.CLONE: "clone"}[role]
     return f"world rank {world_rank} = {kind} rank {side} ({role.program})"
 
 
-def format_failure(failure: RankFailure, host_ranks: int) -> str:
+def format_failure(failure: RankFailure, host_ranks: int, dpu_ranks: Optional[int] = None) -> str:
     where = f" on node {failure.node}" if failure.node else ""
-    who = describe_rank(failure.world_rank, host_ranks)
+    who = describe_rank(failure.world_rank, host_ranks, dpu_ranks)
     return f"{PREFIX} {who}{where} {failure.verb}: {failure.cause}"
 
 
@@ -138,7 +140,7 @@ def _failure(kind: str, m: "re.Match[str]") -> RankFailure:
 
 
 # ----------------------------------------------------------------------------------- running
-def run(cmd: Sequence[str], host_ranks: int, grace: float = 30.0) -> int:
+def run(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None, grace: float = 30.0) -> int:
     """Run `cmd`, stream its output unchanged, report the first dead rank, return its exit code.
 
     mpirun gets its own session so that a terminal Ctrl-C reaches it exactly once, forwarded by
@@ -160,7 +162,7 @@ def run(cmd: Sequence[str], host_ranks: int, grace: float = 30.0) -> int:
     code = 128 - rc if rc < 0 else rc
     if scanners[1].mid_line:
         print(file=sys.stderr)
-    _report(scanners[1].failures + scanners[0].failures, host_ranks, code, bool(forwarder.received))
+    _report(scanners[1].failures + scanners[0].failures, host_ranks, dpu_ranks, code, bool(forwarder.received))
     return code
 
 
@@ -258,13 +260,14 @@ class _SignalForwarder:
             self._proc.send_signal(signum)  # type: ignore[union-attr]
 
 
-def _report(failures: list[RankFailure], host_ranks: int, code: int, interrupted: bool) -> None:
+def _report(failures: list[RankFailure], host_ranks: int, dpu_ranks: Optional[int], code: int,
+            interrupted: bool) -> None:
     """Print the one-line summary: the first failed rank, or why the job ended otherwise."""
     if failures:
         first = failures[0]
         more = len({f.world_rank for f in failures}) - 1
         tail = f" ({more} more rank(s) reported failed after it)" if more else ""
-        print(format_failure(first, host_ranks) + tail, file=sys.stderr, flush=True)
+        print(format_failure(first, host_ranks, dpu_ranks) + tail, file=sys.stderr, flush=True)
     elif interrupted:
         print(f"{PREFIX} job stopped after an interrupt (mpirun exit code {code})",
               file=sys.stderr, flush=True)

@@ -1,0 +1,241 @@
+"""Checkpoints on disk: one directory per checkpoint, written by DPU ranks, committed last.
+
+    <ckpt-dir>/step-000000120/
+        shard-00000.safetensors   host rank 0's slices of the shared tensors (flat pieces, typed)
+        local-00000.safetensors   host rank 0's local state (BatchNorm buffers, RNG, epoch progress)
+        ...                       one pair per host rank of the run that wrote it
+        manifest.json             catalog, where every piece is, sha256 and size of every file, meta
+        COMMITTED                 written last: only a directory with it is a checkpoint
+
+Every file is written to a temporary name, fsynced and renamed, and the directory fsynced, so a
+crash leaves either the old state or a complete new file, never half of one (DeepFreeze's
+consistency rule; torch.distributed.checkpoint writes its metadata file last for the same
+reason). Reading verifies every file's checksum and names the file that is missing or corrupt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.sharding import Piece, ShardPlan, plan_shards
+from dpuoffload.common.trainstate import Catalog, LocalState, dtype_of, numel, parse_local
+
+MANIFEST = "manifest.json"
+COMMITTED = "COMMITTED"
+_STEP_DIR = re.compile(r"^step-(\d{9})$")
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used: missing, incomplete, corrupt. The message names the file."""
+
+
+def step_dir(root: str | Path, global_step: int) -> Path:
+    return Path(root) / f"step-{global_step:09d}"
+
+
+def shard_name(sender: int) -> str:
+    return f"shard-{sender:05d}.safetensors"
+
+
+def local_name(sender: int) -> str:
+    return f"local-{sender:05d}.safetensors"
+
+
+def piece_key(name: str, piece: Piece) -> str:
+    return f"{name}[{piece.start}:{piece.stop}]"
+
+
+# ------------------------------------------------------------------------------------------ writing
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes | memoryview) -> dict[str, Any]:
+    """Write `data` to `path` durably (temp file, fsync, rename); return its sha256 and size."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def shard_blob(catalog: Catalog, plan: ShardPlan, sender: int, payload: np.ndarray, meta: Mapping[str, str]) -> bytes:
+    """Sender's packed pieces (as received) as a safetensors blob of typed flat tensors."""
+    tensors: dict[str, torch.Tensor] = {}
+    offset = 0
+    buf = memoryview(payload).cast("B")
+    for p in plan.rank_pieces(sender):
+        name, dtype, _ = catalog[p.tensor]
+        dt = dtype_of(dtype)
+        n = (p.stop - p.start) * torch.empty((), dtype=dt).element_size()
+        tensors[piece_key(name, p)] = torch.frombuffer(buf[offset: offset + n], dtype=dt) if n else torch.empty(0, dtype=dt)
+        offset += n
+    return st_save(tensors, metadata=dict(meta))
+
+
+def write_manifest(directory: Path, meta: Mapping[str, Any], files: Mapping[str, Mapping[str, Any]],
+                   plan: ShardPlan) -> None:
+    """Manifest (where every piece lives, every file's checksum), then the commit marker."""
+    catalog = meta["catalog"]
+    tensors = []
+    for t, (name, dtype, shape) in enumerate(catalog):
+        pieces = [[shard_name(k), piece_key(name, p), p.start, p.stop]
+                  for k in range(len(plan.pieces)) for p in plan.rank_pieces(k) if p.tensor == t]
+        tensors.append({"name": name, "dtype": dtype, "shape": shape, "pieces": pieces})
+    manifest = {**meta, "tensors": tensors, "files": dict(sorted(files.items()))}
+    write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1).encode())
+    write_atomic(directory / COMMITTED, f"{meta['position']['global_step']}\n".encode())
+    fsync_dir(directory)
+
+
+def plan_for(meta: Mapping[str, Any]) -> ShardPlan:
+    """The slicing a checkpoint was written with (pure: from its catalog and sender count)."""
+    return plan_shards([numel(s) for _, _, s in meta["catalog"]], int(meta["host_ranks"]), int(meta["threshold"]))
+
+
+def committed(root: str | Path) -> list[Path]:
+    """Complete checkpoints under `root`, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / COMMITTED).is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def prune(root: str | Path, keep: int) -> list[Path]:
+    """Delete all but the `keep` newest complete checkpoints, and incomplete ones older than the
+    newest complete one (left by a failed write). Returns what was deleted."""
+    done = committed(root)
+    if not done:
+        return []
+    newest = done[-1].name
+    doomed = done[:-keep] + [p for p in Path(root).iterdir()
+                             if _STEP_DIR.match(p.name) and p.is_dir() and p.name < newest and p not in done]
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
+    return doomed
+
+
+# ------------------------------------------------------------------------------------------ reading
+def resolve(resume: str, ckpt_dir: Optional[str]) -> Path:
+    """`--resume DIR|latest` to one checkpoint directory, or a CheckpointError saying what is wrong."""
+    if resume == "latest":
+        if ckpt_dir is None:
+            raise CheckpointError("--resume latest needs --ckpt-dir")
+        done = committed(ckpt_dir)
+        if not done:
+            raise CheckpointError(f"--resume latest: no complete checkpoint (step-<N>/ with {COMMITTED}) in "
+                                  f"{ckpt_dir}; start without --resume, or pass the directory of one checkpoint")
+        return done[-1]
+    path = Path(resume)
+    if not path.is_dir():
+        raise CheckpointError(f"--resume {resume}: no such checkpoint directory")
+    if not (path / COMMITTED).is_file():
+        done = committed(path)
+        if done:  # the checkpoint root was given: take its newest
+            return done[-1]
+        raise CheckpointError(f"--resume {resume}: no {COMMITTED} marker, the checkpoint is incomplete (its "
+                              "write failed or was interrupted); use an older one or --resume latest")
+    return path
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    try:
+        return json.loads((directory / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {directory}: {MANIFEST} is missing") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"checkpoint {directory}: {MANIFEST} is corrupt ({e})") from None
+
+
+def read_verified(directory: Path, name: str, manifest: Mapping[str, Any]) -> bytes:
+    """A file's bytes, after checking size and sha256 against the manifest."""
+    path = directory / name
+    expected = manifest["files"].get(name)
+    if expected is None:
+        raise CheckpointError(f"checkpoint {directory}: {name} is not listed in {MANIFEST}")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint shard {path} is missing; the checkpoint cannot be restored "
+                              "(use an older checkpoint)") from None
+    if len(data) != expected["bytes"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
+        raise CheckpointError(f"checkpoint shard {path} is corrupt (size or sha256 differs from {MANIFEST}); "
+                              "use an older checkpoint")
+    return data
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint read back: meta (the manifest), full shared tensors, every host rank's local state."""
+
+    path: Path
+    meta: dict[str, Any]
+    shared: dict[str, torch.Tensor]
+    locals: list[LocalState]
+
+
+def load(directory: Path) -> Checkpoint:
+    """Read, verify and reassemble one checkpoint (any number of host ranks wrote it)."""
+    manifest = read_manifest(directory)
+    shards = {name: st_load(read_verified(directory, name, manifest)) for name in
+              sorted({p[0] for t in manifest["tensors"] for p in t["pieces"]})}
+    shared: dict[str, torch.Tensor] = {}
+    for t in manifest["tensors"]:
+        flat = torch.empty(numel(t["shape"]), dtype=dtype_of(t["dtype"]))
+        covered = 0
+        for file, key, start, stop in t["pieces"]:
+            flat[start:stop] = shards[file][key]
+            covered += stop - start
+        if covered != flat.numel():
+            raise CheckpointError(f"checkpoint {directory}: pieces of {t['name']} cover {covered} of "
+                                  f"{flat.numel()} elements ({MANIFEST} is inconsistent)")
+        shared[t["name"]] = flat.reshape(t["shape"])
+    locals_ = [parse_local(read_verified(directory, local_name(k), manifest))
+               for k in range(int(manifest["host_ranks"]))]
+    return Checkpoint(directory, manifest, shared, locals_)
+
+
+def plain_state_dicts(ckpt: Checkpoint) -> dict[str, Any]:
+    """`{"model": state_dict, "optimizer": state_dict, ...}` for `torch.load(weights_only=True)`.
+
+    Parameters are identical on every rank; BatchNorm buffers are taken from host rank 0 (after an
+    epoch end they are identical too)."""
+    from dpuoffload.common.trainstate import optimizer_state_dict
+
+    names = [n.removeprefix("model.") for n in ckpt.shared if n.startswith("model.")]
+    model = {n: ckpt.shared[f"model.{n}"] for n in names}
+    model.update(ckpt.locals[0].buffers)
+    pos = ckpt.meta["position"]
+    return {"model": model, "optimizer": optimizer_state_dict(ckpt.meta, ckpt.shared, names),
+            "epoch": pos["epoch"], "step": pos["step"], "global_step": pos["global_step"],
+            "model_name": ckpt.meta["config"]["model"]}
+
+
+def check_compatible(meta: Mapping[str, Any], config: Mapping[str, Any], ignore: Sequence[str]) -> list[str]:
+    """Config fields that differ between the checkpoint's run and this one (excluding `ignore`)."""
+    old = meta.get("config", {})
+    return sorted(k for k in set(old) | set(config) if k not in ignore and old.get(k) != config.get(k))

@@ -1,0 +1,64 @@
+"""`--resume`: which checkpoint, and where this run starts from it.
+
+Every rank calls `find_resume` while it prepares (DPU ranks too: an augmentation rank must start
+producing at the resumed batch, a validation rank at the resumed epoch), so all agree on the
+start position without a message. Host ranks then `load` the full state (`common.ckptfiles`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from dpuoffload.common import ckptfiles
+from dpuoffload.common.config import RunConfig
+from dpuoffload.common.trainstate import Position, position_of, reslice_position
+
+# Fields that may differ between the run that wrote a checkpoint and the run that resumes it.
+FREE = frozenset({"resume", "ckpt_dir", "ckpt_every", "ckpt_every_epoch", "ckpt_keep", "ckpt_copy", "stop_at_step",
+                  "log_dir", "trace", "save_weights", "progress", "peer_timeout", "digest_batches", "clone_at",
+                  "clone_override", "mode", "da_buffers", "mv_dpu_fraction", "dpu_da_ranks", "dpu_mv_ranks",
+                  "da_fanout", "val_batch_size", "allreduce", "download", "data"})
+# Fields that make the state unusable: another model or another label space.
+FATAL = ("model", "dataset", "num_classes")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    path: Path
+    position: Position        # in this run's terms (re-sliced if the samples per step changed)
+    meta: dict[str, Any]
+    changed: tuple[str, ...]  # config fields that differ from the checkpoint's run (besides FREE ones)
+
+    @property
+    def same_slicing(self) -> bool:
+        return self.position == position_of(self.meta)
+
+
+def config_dict(cfg: RunConfig) -> dict[str, Any]:
+    """The config as the manifest stores it (JSON types: tuples become lists)."""
+    return json.loads(json.dumps(cfg.to_dict()))
+
+
+def find_resume(cfg: RunConfig, n_hosts: int, steps_per_epoch: int) -> Optional[ResumePoint]:
+    if cfg.resume is None:
+        return None
+    path = ckptfiles.resolve(cfg.resume, cfg.ckpt_dir)
+    meta = ckptfiles.read_manifest(path)
+    changed = tuple(ckptfiles.check_compatible(meta, config_dict(cfg), FREE))
+    fatal = [k for k in FATAL if k in changed]
+    if fatal:
+        old = meta["config"]
+        raise ckptfiles.CheckpointError(
+            f"checkpoint {path} was written by a run with " + ", ".join(f"--{k.replace('_', '-')} {old.get(k)}" for k in fatal)
+            + "; this run has " + ", ".join(f"--{k.replace('_', '-')} {getattr(cfg, k)}" for k in fatal)
+            + ": resume with the same model and data set")
+    old_per_step = int(meta["host_ranks"]) * int(meta["config"]["batch_size"])
+    position = reslice_position(position_of(meta), old_per_step, n_hosts * cfg.batch_size, steps_per_epoch)
+    return ResumePoint(path, position, meta, changed)
+
+
+def start_position(point: Optional[ResumePoint]) -> Position:
+    return Position() if point is None else point.position

@@ -1,0 +1,230 @@
+"""The training state a checkpoint or a clone carries, split the way it travels.
+
+After the allreduce every host rank holds the same parameters and optimizer state, so those are
+*shared*: sent in slices, 1/N per host rank (`common.sharding`). What differs per rank is *local*
+and small: BatchNorm running statistics (each rank's forward pass updates its own until the
+epoch-end sync), the RNG states (torch, numpy, python) and the progress of the epoch in flight
+(loss/accuracy sums and step losses so far, so the resumed epoch's record equals the straight
+run's). Run-level facts that are the same everywhere (position, optimizer hyper-parameters,
+scheduler, tensor catalog, config) travel as JSON *meta*.
+
+Everything here is pure (no MPI) so the host sender, the DPU keeper, resume and export share it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import nn
+
+FORMAT = "dpuoffload-train-state"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where training stands: `step` steps of `epoch` are done, `global_step` optimizer steps in all.
+
+    A checkpoint that falls on an epoch's last step is taken after the epoch-end work (BatchNorm
+    sync, validation hand-off), so its position is (epoch + 1, 0), never (epoch, steps_per_epoch).
+    """
+
+    epoch: int = 0
+    step: int = 0
+    global_step: int = 0
+
+
+@dataclass(frozen=True)
+class EpochSpan:
+    """Steps [start, stop) of `epoch` to run; `completes` when the epoch-end work follows."""
+
+    epoch: int
+    start: int
+    stop: int
+    completes: bool
+
+
+def epoch_spans(steps_per_epoch: int, epochs: int, start: Position, stop_at: Optional[int]) -> list[EpochSpan]:
+    """The epochs (or parts) a run trains, from `start` up to --epochs or global step `stop_at`.
+
+    Host ranks, augmentation DPU ranks and validation DPU ranks all derive their loops from this
+    one function, so a resumed or stopped run agrees on every batch and every validation."""
+    spans: list[EpochSpan] = []
+    epoch, step, done = start.epoch, start.step, start.global_step
+    while epoch < epochs:
+        stop = steps_per_epoch
+        if stop_at is not None:
+            if done >= stop_at:
+                break
+            stop = min(stop, step + stop_at - done)
+        spans.append(EpochSpan(epoch, step, stop, stop == steps_per_epoch))
+        done += stop - step
+        if stop < steps_per_epoch:
+            break
+        epoch, step = epoch + 1, 0
+    return spans
+
+
+def reslice_position(pos: Position, old_per_step: int, new_per_step: int, steps_per_epoch: int) -> Position:
+    """The position in a run that consumes another number of samples per step (another host rank
+    count, or a clone's batch size): the same number of the epoch's samples is done.
+
+    Samples are dealt to ranks differently then, so a mid-epoch resume is no longer bit-exact
+    (some samples of that epoch are seen twice or not at all); epoch boundaries stay exact."""
+    if old_per_step == new_per_step or pos.step == 0:
+        return pos
+    return Position(pos.epoch, min(pos.step * old_per_step // new_per_step, steps_per_epoch - 1), pos.global_step)
+
+
+# ------------------------------------------------------------------------------------ shared state
+def shared_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Parameters and per-parameter optimizer state, by name (the sharded, identical-everywhere part).
+
+    The tensors are the live ones (no copy): the staged sender copies slices out of them, the
+    zero-copy sender sends from their memory."""
+    out: dict[str, torch.Tensor] = {}
+    for name, p in model.named_parameters():
+        out[f"model.{name}"] = p.detach()
+    for name, p in model.named_parameters():
+        for key, value in optimizer.state.get(p, {}).items():
+            if torch.is_tensor(value):
+                out[f"optim.{name}.{key}"] = value.detach()
+    return out
+
+
+Catalog = list[tuple[str, str, tuple[int, ...]]]  # (name, dtype, shape) in send order
+
+
+def catalog_of(tensors: Mapping[str, torch.Tensor]) -> Catalog:
+    return [(name, dtype_name(t.dtype), tuple(t.shape)) for name, t in tensors.items()]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_of(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown tensor dtype {name!r} in checkpoint catalog")
+    return dtype
+
+
+def numel(shape: Sequence[int]) -> int:
+    return int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+
+
+# ------------------------------------------------------------------------------------- local state
+@dataclass
+class EpochProgress:
+    """The epoch in flight on this rank: [loss sum, correct, count] and the step losses so far."""
+
+    sums: np.ndarray = field(default_factory=lambda: np.zeros(3, dtype=np.float64))
+    losses: list[float] = field(default_factory=list)
+
+
+@dataclass
+class LocalState:
+    buffers: dict[str, torch.Tensor]
+    rng: dict[str, Any]
+    progress: EpochProgress
+
+
+def capture_local(model: nn.Module, progress: EpochProgress) -> bytes:
+    """This rank's local state as one safetensors blob (sent as-is, written as-is by the DPU)."""
+    tensors = {f"model.{name}": b.detach().contiguous() for name, b in model.named_buffers()}
+    _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    py_version, py_state, py_gauss = random.getstate()
+    tensors["rng.torch"] = torch.get_rng_state()
+    tensors["rng.numpy"] = torch.from_numpy(np.asarray(np_keys, dtype=np.int64))
+    tensors["rng.python"] = torch.tensor(py_state, dtype=torch.int64)
+    tensors["progress.sums"] = torch.from_numpy(progress.sums.copy())
+    tensors["progress.losses"] = torch.tensor(progress.losses, dtype=torch.float64)
+    meta = {"numpy": json.dumps([int(np_pos), int(np_has_gauss), float(np_gauss)]),
+            "python": json.dumps([py_version, py_gauss])}
+    return st_save(tensors, metadata=meta)
+
+
+def parse_local(blob: bytes) -> LocalState:
+    tensors = st_load(blob)
+    meta = safetensors_metadata(blob)
+    buffers = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+    np_pos, np_has_gauss, np_gauss = json.loads(meta["numpy"])
+    py_version, py_gauss = json.loads(meta["python"])
+    rng = {"torch": tensors["rng.torch"],
+           "numpy": ("MT19937", tensors["rng.numpy"].numpy().astype(np.uint32), np_pos, np_has_gauss, np_gauss),
+           "python": (py_version, tuple(int(x) for x in tensors["rng.python"].tolist()), py_gauss)}
+    progress = EpochProgress(tensors["progress.sums"].numpy().copy(), tensors["progress.losses"].tolist())
+    return LocalState(buffers, rng, progress)
+
+
+def safetensors_metadata(blob: bytes) -> dict[str, str]:
+    """The `__metadata__` of a safetensors blob (8-byte little-endian header size, then JSON)."""
+    (n,) = struct.unpack("<Q", blob[:8])
+    return json.loads(blob[8: 8 + n]).get("__metadata__", {})
+
+
+# -------------------------------------------------------------------------------------- meta (JSON)
+def capture_meta(position: Position, catalog: Catalog, optimizer: torch.optim.Optimizer,
+                 scheduler: Any, model: nn.Module, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """Run-level facts, identical on every host rank. `extra`: config, host rank count, steps..."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[id(p)] for p in g["params"]]}
+              for g in optimizer.param_groups]
+    sched = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+    return {"format": FORMAT, "version": FORMAT_VERSION,
+            "position": {"epoch": position.epoch, "step": position.step, "global_step": position.global_step},
+            "catalog": [[n, d, list(s)] for n, d, s in catalog], "param_groups": groups, "scheduler": sched,
+            **extra}
+
+
+def position_of(meta: Mapping[str, Any]) -> Position:
+    return Position(**meta["position"])
+
+
+# ------------------------------------------------------------------------------------------ restore
+def optimizer_state_dict(meta: Mapping[str, Any], shared: Mapping[str, torch.Tensor],
+                         param_names: Sequence[str]) -> dict[str, Any]:
+    """A plain `Optimizer.state_dict()` (indices in `param_names` order) from meta + shared tensors."""
+    index = {n: i for i, n in enumerate(param_names)}
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, t in shared.items():
+        if key.startswith("optim."):
+            pname, _, skey = key.removeprefix("optim.").rpartition(".")
+            state.setdefault(index[pname], {})[skey] = t
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in meta["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def restore(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, meta: Mapping[str, Any],
+            shared: Mapping[str, torch.Tensor], local: LocalState) -> None:
+    """Load everything into live objects; the caller restores RNG states last (`set_rng`)."""
+    names = [n for n, _ in model.named_parameters()]
+    missing = [n for n in names if f"model.{n}" not in shared]
+    if missing:
+        raise ValueError(f"checkpoint has no parameter(s) {missing[:3]}: it was written for another model")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            src = shared[f"model.{name}"]
+            if tuple(src.shape) != tuple(p.shape):
+                raise ValueError(f"checkpoint parameter {name} has shape {tuple(src.shape)}, the model's is "
+                                 f"{tuple(p.shape)}: it was written for another model")
+            p.copy_(src)
+        for name, b in model.named_buffers():
+            b.copy_(local.buffers[name])
+    optimizer.load_state_dict(optimizer_state_dict(meta, shared, names))
+    scheduler.load_state_dict({**meta["scheduler"], "lr_lambdas": [None] * len(optimizer.param_groups)})
+
+
+def set_rng(rng: Mapping[str, Any]) -> None:
+    torch.set_rng_state(rng["torch"])
+    np.random.set_state(rng["numpy"])
+    random.setstate(rng["python"])

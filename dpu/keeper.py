@@ -1,0 +1,211 @@
+"""DPU side of checkpoints and clones: receive state slices, write them, commit, forward to clones.
+
+A keeper is a DPU rank paired with host ranks (`host.checkpoint.keeper_of`). It runs in a thread
+next to the rank's offloaded work (augmentation, validation or none), so checkpoint I/O never
+stops batches or validation for long: receiving and file writes release the GIL. Per hand-off:
+
+- CHECKPOINT: write every paired host rank's shard and local file (`common.ckptfiles`, temp +
+  fsync + rename), then report the files to keeper 0 over the keepers' own communicator. Keeper 0
+  waits for every report and writes the manifest and the COMMITTED marker last, then prunes to
+  `--ckpt-keep`. A failed write (disk full, permissions, a name in the way) is reported by keeper
+  0, that checkpoint is dropped, the previous one stays intact, and training continues.
+- CLONE: forward the messages as received to the clone ranks (host rank k's slice goes to clone
+  rank k mod M), never touching disk (DeepClone's forwarding).
+
+The latest state received stays in memory (`latest`). Waits for the next hand-off have no
+deadline (checkpoints may be hours apart); a dead host rank makes Open MPI end the job.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+
+from dpuoffload.common import ckptfiles
+from dpuoffload.common.config import RunConfig
+from dpuoffload.common.errors import PeerError
+from dpuoffload.common.failure import PREFIX
+from dpuoffload.common.messages import CKPT_HEADER, StateKind, Tag
+from dpuoffload.common.metrics import JsonlLog
+from dpuoffload.common.roles import Topology, feeders
+from dpuoffload.common.waits import wait, wait_object
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+HANDOFF_POLL_MAX_SLEEP = 0.05
+
+
+@dataclass
+class Received:
+    """One host rank's hand-off, as it arrived (header fields, meta + local bytes, shared bytes)."""
+
+    head: dict[str, int]
+    small: np.ndarray
+    shared: np.ndarray
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return json.loads(self.small[: self.head["meta_nbytes"]].tobytes())
+
+    @property
+    def local(self) -> memoryview:
+        return memoryview(self.small)[self.head["meta_nbytes"]:]
+
+
+def hosts_kept_by(topo: Topology, dpu: int) -> tuple[int, ...]:
+    return tuple(h for h, k in sorted(feeders(topo.pairing).items()) if k == dpu)
+
+
+def clone_target(topo: Topology, host: int) -> int:
+    """The clone rank host rank k's slice is forwarded to: clone rank k mod M."""
+    return topo.clone_ranks[topo.host_ranks.index(host) % len(topo.clone_ranks)]
+
+
+class Keeper:
+    def __init__(self, cfg: RunConfig, topo: Topology, comm: "MPI.Comm") -> None:
+        self.cfg, self.topo, self.comm = cfg, topo, comm  # comm: the keepers only (keeper 0 commits)
+        self.hosts = hosts_kept_by(topo, topo.world_rank)
+        self.latest: Optional[list[Received]] = None
+        self.log = JsonlLog(cfg.log_dir, f"keeper-rank{topo.world_rank}.jsonl")
+        self.thread = threading.Thread(target=self._main, name="dpuoffload-keeper", daemon=True)
+        self.records: list[dict[str, Any]] = []
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def join(self) -> list[dict[str, Any]]:
+        self.thread.join()
+        return self.records
+
+    def _main(self) -> None:
+        try:
+            self.loop()
+        except BaseException:  # noqa: BLE001 - a dead keeper thread must not leave the job hanging
+            from mpi4py import MPI
+
+            print(f"{PREFIX} {self.topo.describe()} checkpoint keeper failed:\n{traceback.format_exc()}",
+                  file=sys.stderr, flush=True)
+            MPI.COMM_WORLD.Abort(1)
+
+    def loop(self) -> None:
+        while True:
+            batch = [self.receive(h) for h in self.hosts]
+            kinds = {r.head["kind"] for r in batch}
+            steps = {r.head["global_step"] for r in batch}
+            if len(kinds) != 1 or len(steps) != 1:
+                raise PeerError(f"host ranks {self.hosts} handed off different things at once: kinds {kinds}, "
+                                f"steps {steps}")
+            kind = StateKind(kinds.pop())
+            if kind is StateKind.END:
+                return
+            self.latest = batch
+            if kind is StateKind.CHECKPOINT:
+                self.persist(batch)
+            elif kind is StateKind.CLONE:
+                self.forward(batch)
+
+    def receive(self, host: int) -> Received:
+        world = self.topo.world
+        header = CKPT_HEADER.empty()
+        wait(world.Irecv(header, source=host, tag=Tag.CKPT), None, f"state from {self.topo.describe(host)}",
+             max_sleep=HANDOFF_POLL_MAX_SLEEP)
+        head = dict(CKPT_HEADER.unpack(header))
+        small = np.empty(head["small_nbytes"], dtype=np.uint8)
+        shared = np.empty(head["shared_nbytes"], dtype=np.uint8)
+        if head["kind"] != StateKind.END:
+            reqs = [world.Irecv(small, source=host, tag=Tag.CKPT), world.Irecv(shared, source=host, tag=Tag.CKPT)]
+            for req in reqs:
+                wait(req, self.cfg.peer_timeout, f"the state slices of {self.topo.describe(host)}")
+        return Received(head, small, shared)
+
+    # ------------------------------------------------------------------------- checkpoint
+    def persist(self, batch: list[Received]) -> None:
+        t0 = time.perf_counter()
+        step = batch[0].head["global_step"]
+        report: dict[str, Any] = {"keeper": self.comm.Get_rank(), "step": step, "files": {}, "error": None}
+        try:
+            report["files"] = self.write(batch)
+        except OSError as e:
+            report["error"] = f"{self.topo.describe()}: {type(e).__name__}: {e}"
+        report["write_s"] = time.perf_counter() - t0
+        if self.comm.Get_rank() == 0:
+            self.commit(batch[0].meta, [report] + self.gather_reports(step))
+        else:
+            req = self.comm.isend(report, dest=0, tag=Tag.CKPT_REPORT)
+            wait_object(req, self.cfg.peer_timeout, "keeper 0 to take the checkpoint report")
+
+    def write(self, batch: list[Received]) -> dict[str, Any]:
+        meta = batch[0].meta
+        directory = ckptfiles.step_dir(self.cfg.ckpt_dir, batch[0].head["global_step"])
+        directory.mkdir(parents=True, exist_ok=True)
+        plan = ckptfiles.plan_for(meta)
+        files = {}
+        for r in batch:
+            k = r.head["sender"]
+            blob = ckptfiles.shard_blob(meta["catalog"], plan, k, r.shared, {"sender": str(k)})
+            files[ckptfiles.shard_name(k)] = ckptfiles.write_atomic(directory / ckptfiles.shard_name(k), blob)
+            files[ckptfiles.local_name(k)] = ckptfiles.write_atomic(directory / ckptfiles.local_name(k), r.local)
+        return files
+
+    def gather_reports(self, step: int) -> list[dict[str, Any]]:
+        reports = []
+        for source in range(1, self.comm.Get_size()):
+            req = self.comm.irecv(source=source, tag=Tag.CKPT_REPORT)
+            report = wait_object(req, self.cfg.peer_timeout, f"keeper {source}'s report of checkpoint step {step}")
+            if report["step"] != step:
+                raise PeerError(f"keeper {source} reported checkpoint step {report['step']}, expected {step}")
+            reports.append(report)
+        return reports
+
+    def commit(self, meta: dict[str, Any], reports: list[dict[str, Any]]) -> None:
+        step = meta["position"]["global_step"]
+        directory = ckptfiles.step_dir(self.cfg.ckpt_dir, step)
+        errors = [r["error"] for r in reports if r["error"]]
+        t0 = time.perf_counter()
+        if not errors:
+            try:
+                files = {name: info for r in reports for name, info in r["files"].items()}
+                ckptfiles.write_manifest(directory, meta, files, ckptfiles.plan_for(meta))
+            except OSError as e:
+                errors.append(f"{self.topo.describe()}: writing the manifest: {type(e).__name__}: {e}")
+        record = {"global_step": step, "epoch": meta["position"]["epoch"], "step": meta["position"]["step"],
+                  "committed": not errors, "errors": errors,
+                  "write_s": max(r["write_s"] for r in reports), "commit_s": time.perf_counter() - t0,
+                  "bytes": sum(i["bytes"] for r in reports for i in r["files"].values())}
+        if errors:
+            if directory.is_dir():
+                shutil.rmtree(directory, ignore_errors=True)
+            previous = ckptfiles.committed(self.cfg.ckpt_dir)
+            kept = f"the last complete checkpoint is {previous[-1]}" if previous else "there is no complete checkpoint yet"
+            print(f"{PREFIX} checkpoint at step {step} NOT saved ({'; '.join(errors)}); training continues, "
+                  f"{kept}", file=sys.stderr, flush=True)
+        else:
+            record["pruned"] = [p.name for p in ckptfiles.prune(self.cfg.ckpt_dir, self.cfg.ckpt_keep)]
+            print(f"{PREFIX} checkpoint step {step} committed: {directory} ({record['bytes'] / 1e6:.1f} MB, "
+                  f"written in {record['write_s']:.2f} s)", flush=True)
+        self.records.append(record)
+        self.log.write(record)
+
+    # ----------------------------------------------------------------------------- clone
+    def forward(self, batch: list[Received]) -> None:
+        """Send each host rank's hand-off, unchanged, to its clone rank."""
+        t0 = time.perf_counter()
+        reqs = []
+        for host, r in zip(self.hosts, batch):
+            dest = clone_target(self.topo, host)
+            header = CKPT_HEADER.pack(**r.head)
+            reqs += [self.topo.world.Isend(buf, dest=dest, tag=Tag.CLONE) for buf in (header, r.small, r.shared)]
+        for req in reqs:
+            wait(req, self.cfg.peer_timeout, "a clone rank to receive the forwarded state")
+        self.records.append({"forwarded_step": batch[0].head["global_step"], "forward_s": time.perf_counter() - t0})
+        self.log.write(self.records[-1])
+

@@ -1,0 +1,185 @@
+"""Host side of checkpoints and clones: hand this rank's slice of the training state to its keeper.
+
+Right after the optimizer step that a checkpoint (`--ckpt-every`, `--ckpt-every-epoch`,
+`--stop-at-step`) or the clone (`--clone-at`) falls on, every host rank sends its keeper DPU rank
+(its first paired DPU rank) three messages (layouts in `common.messages`): the header, a small
+part (run-level JSON meta + this rank's local state, always staged) and its 1/N slice of the
+shared tensors. The slice goes either
+
+- staged (`--ckpt-copy staged`, default): copied into a reusable send buffer; the host blocks only
+  for that copy and goes on while the keeper receives and writes (DeepFreeze's fine-grained async
+  snapshot, with the DPU as the snapshot thread); or
+- zero-copy (`--ckpt-copy zero`): sent straight from the parameter and momentum memory with one
+  MPI hindexed datatype; nothing is copied, but the next optimizer step must wait until the send
+  completed (it would overwrite the bytes in flight).
+
+A step that ends an epoch hands its state over after the epoch-end work (BatchNorm sync), at
+position (epoch + 1, 0), so a resumed run never has to redo half of an epoch's end.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+from torch import nn
+
+from dpuoffload.common import ckptfiles
+from dpuoffload.common.config import RunConfig
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.messages import CKPT_HEADER, StateKind, Tag
+from dpuoffload.common.metrics import JsonlLog
+from dpuoffload.common.resume import ResumePoint, config_dict
+from dpuoffload.common.roles import Topology, feeders
+from dpuoffload.common.sharding import DEFAULT_THRESHOLD, pack_pieces, packed_nbytes, plan_shards
+from dpuoffload.common.trainstate import (
+    EpochProgress,
+    Position,
+    capture_local,
+    capture_meta,
+    catalog_of,
+    restore,
+    set_rng,
+    shared_tensors,
+)
+from dpuoffload.common.waits import wait
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+
+def resume_trainer(trainer: Any, point: ResumePoint, topo: Topology) -> None:
+    """Load the checkpoint into the trainer. The same slicing restores this rank's own local state
+    (BatchNorm buffers, RNG, epoch progress): bit-exact. Another host rank count takes host rank 0's."""
+    ckpt = ckptfiles.load(point.path)
+    exact = point.same_slicing and int(ckpt.meta["host_ranks"]) == topo.side_comm.Get_size()
+    local = ckpt.locals[topo.side_rank] if exact else ckpt.locals[0]
+    restore(trainer.model, trainer.optimizer, trainer.scheduler, ckpt.meta, ckpt.shared, local)
+    trainer.resume_at(point.position, local.progress if exact else None)
+    set_rng(local.rng)
+    if topo.side_rank == 0:
+        pos = point.position
+        how = "exactly" if exact else (f"re-sliced from {ckpt.meta['host_ranks']} host rank(s) x batch "
+                                       f"{ckpt.meta['config']['batch_size']}")
+        print(f"[dpuoffload] resuming from {point.path} ({how}): epoch {pos.epoch + 1}, step {pos.step}, "
+              f"global step {pos.global_step}", flush=True)
+        if point.changed:
+            print(f"[dpuoffload] note: the checkpoint's run had other values for: {', '.join(point.changed)}",
+                  flush=True)
+
+
+def keeper_of(topo: Topology) -> int:
+    """The DPU rank that keeps this host rank's state slices (its first paired DPU rank)."""
+    keeper = feeders(topo.pairing).get(topo.world_rank)
+    if keeper is None:
+        raise ConfigError(f"checkpoints and clones need a DPU rank on every host rank's node, but "
+                          f"{topo.describe()} has none: start DPU ranks on that node (dpurun --dpus)")
+    return keeper
+
+
+class StateHandoff:
+    """Decides when state is due and sends it; the trainer calls the hooks below."""
+
+    def __init__(self, cfg: RunConfig, topo: Topology, model: nn.Module, optimizer: Any, scheduler: Any,
+                 steps_per_epoch: int) -> None:
+        self.cfg, self.topo, self.model, self.optimizer, self.scheduler = cfg, topo, model, optimizer, scheduler
+        self.steps_per_epoch = steps_per_epoch
+        self.keeper = keeper_of(topo)
+        self.rank, self.size = topo.side_rank, topo.side_comm.Get_size()
+        self.inflight: list[tuple["MPI.Request", Any]] = []   # requests and the buffers they read
+        self.zero_pending: Optional[tuple["MPI.Request", Any]] = None
+        self.staging: Optional[np.ndarray] = None
+        self.deferred: set[StateKind] = set()
+        self.log = JsonlLog(cfg.log_dir, f"handoff-rank{topo.world_rank}.jsonl")
+        self.blocked: list[float] = []
+
+    # ------------------------------------------------------------------- trainer hooks
+    def due(self, global_step: int) -> set[StateKind]:
+        kinds = set()
+        c = self.cfg
+        if c.checkpointing and ((c.ckpt_every and global_step % c.ckpt_every == 0) or global_step == c.stop_at_step):
+            kinds.add(StateKind.CHECKPOINT)
+        if c.clone_at == global_step and self.topo.clone_ranks:
+            kinds.add(StateKind.CLONE)
+        return kinds
+
+    def after_step(self, pos: Position, progress: EpochProgress) -> None:
+        kinds = self.due(pos.global_step)
+        if pos.step == self.steps_per_epoch:  # the epoch-end work comes first
+            self.deferred |= kinds
+            return
+        for kind in sorted(kinds):
+            self.send(kind, pos, progress)
+
+    def after_epoch(self, pos: Position) -> None:
+        kinds, self.deferred = set(self.deferred), set()
+        if self.cfg.checkpointing and self.cfg.ckpt_every_epoch:
+            kinds.add(StateKind.CHECKPOINT)
+        for kind in sorted(kinds):
+            self.send(kind, pos, EpochProgress())
+
+    def before_optimizer_step(self) -> None:
+        """Zero-copy: the bytes of the last slice must be on their way before the weights change."""
+        if self.zero_pending is not None:
+            t0 = time.perf_counter()
+            req, dtype = self.zero_pending
+            wait(req, self.cfg.peer_timeout, f"{self.topo.describe(self.keeper)} to receive the state slice")
+            dtype.Free()
+            self.zero_pending = None
+            self.blocked[-1] += time.perf_counter() - t0
+
+    def finish(self) -> None:
+        """Tell the keeper no more state comes, and wait until everything sent was received."""
+        self.before_optimizer_step()
+        self._post(CKPT_HEADER.pack(kind=StateKind.END, global_step=-1, sender=self.rank, senders=self.size))
+        self._complete()
+
+    # ------------------------------------------------------------------------- sending
+    def send(self, kind: StateKind, pos: Position, progress: EpochProgress) -> None:
+        t0 = time.perf_counter()
+        self.before_optimizer_step()
+        self._complete()  # the previous hand-off's buffers are reused below
+        tensors = shared_tensors(self.model, self.optimizer)
+        catalog = catalog_of(tensors)
+        plan = plan_shards([t.numel() for t in tensors.values()], self.size, DEFAULT_THRESHOLD)
+        pieces = plan.rank_pieces(self.rank)
+        meta = json.dumps(capture_meta(pos, catalog, self.optimizer, self.scheduler, self.model, {
+            "host_ranks": self.size, "threshold": DEFAULT_THRESHOLD, "steps_per_epoch": self.steps_per_epoch,
+            "config": config_dict(self.cfg), "config_hash": self.cfg.config_hash()})).encode()
+        small = np.frombuffer(meta + capture_local(self.model, progress), dtype=np.uint8)
+        shared_nbytes = packed_nbytes(list(tensors.values()), pieces)
+        self._post(CKPT_HEADER.pack(kind=kind, global_step=pos.global_step, sender=self.rank, senders=self.size,
+                                    meta_nbytes=len(meta), small_nbytes=small.nbytes, shared_nbytes=shared_nbytes))
+        self._post(small)
+        if self.cfg.ckpt_copy == "zero":
+            self._send_zero_copy(list(tensors.values()), pieces)
+        else:
+            if self.staging is None or self.staging.nbytes < shared_nbytes:
+                self.staging = np.empty(shared_nbytes, dtype=np.uint8)
+            pack_pieces(list(tensors.values()), pieces, self.staging)
+            self._post(self.staging[:shared_nbytes])
+        blocked = time.perf_counter() - t0
+        self.blocked.append(blocked)
+        self.log.write({"kind": kind.name.lower(), "global_step": pos.global_step, "epoch": pos.epoch,
+                        "step": pos.step, "blocked_s": blocked, "shared_bytes": shared_nbytes,
+                        "small_bytes": small.nbytes, "copy": self.cfg.ckpt_copy})
+
+    def _send_zero_copy(self, tensors: list, pieces: tuple) -> None:
+        """One message straight from tensor memory: an hindexed datatype of absolute addresses."""
+        from mpi4py import MPI
+
+        lengths = [(p.stop - p.start) * tensors[p.tensor].element_size() for p in pieces]
+        addrs = [tensors[p.tensor].data_ptr() + p.start * tensors[p.tensor].element_size() for p in pieces]
+        dtype = MPI.BYTE.Create_hindexed(lengths, addrs).Commit()
+        req = self.topo.world.Isend([MPI.BOTTOM, 1, dtype], dest=self.keeper, tag=Tag.CKPT)
+        self.zero_pending = (req, dtype)
+
+    def _post(self, buf: np.ndarray) -> None:
+        self.inflight.append((self.topo.world.Isend(buf, dest=self.keeper, tag=Tag.CKPT), buf))
+
+    def _complete(self) -> None:
+        for req, _ in self.inflight:
+            wait(req, self.cfg.peer_timeout, f"{self.topo.describe(self.keeper)} to receive the state slices")
+        self.inflight.clear()

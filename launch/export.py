@@ -1,0 +1,64 @@
+"""`dpurun export-checkpoint DIR OUT.pt`: a sharded checkpoint as one plain, portable file.
+
+Reads the manifest, verifies every shard's sha256, reassembles the sliced tensors and writes
+`{"model": state_dict, "optimizer": state_dict, "epoch", "step", "global_step", "model_name"}` with
+`torch.save` (temp file, fsync, rename), loadable anywhere with `torch.load(OUT, weights_only=True)`
+and `model.load_state_dict(ckpt["model"])` — no dpuoffload, MPI or DPU needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from dpuoffload.common import ckptfiles
+from dpuoffload.common.errors import ConfigError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dpurun export-checkpoint",
+        description="Verify and reassemble a dpuoffload checkpoint into one torch.save file "
+                    "({'model', 'optimizer', 'epoch', 'step', 'global_step', 'model_name'}).")
+    p.add_argument("checkpoint", metavar="DIR",
+                   help="a checkpoint directory (step-<N>/) or a --ckpt-dir (its newest complete checkpoint)")
+    p.add_argument("out", metavar="OUT.pt", help="file to write (parent directories are created)")
+    return p
+
+
+def export(checkpoint: str, out: str) -> str:
+    """Write the plain state dicts; return a one-line summary."""
+    path = ckptfiles.resolve(checkpoint, None)
+    ckpt = ckptfiles.load(path)
+    plain = ckptfiles.plain_state_dicts(ckpt)
+    target = Path(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(plain, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    n_params = sum(t.numel() for t in plain["model"].values())
+    return (f"exported {path} (model {plain['model_name']}, epoch {plain['epoch'] + 1} step {plain['step']}, "
+            f"global step {plain['global_step']}, {len(plain['model'])} tensors / {n_params:,} values, "
+            f"{len(plain['optimizer']['state'])} optimizer states) to {target} ({target.stat().st_size / 1e6:.1f} MB)")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        print(export(args.checkpoint, args.out))
+    except ConfigError as e:
+        print(f"dpurun export-checkpoint: error: {e}", file=sys.stderr)
+        return 2
+    return 0
