@@ -42,6 +42,12 @@ class Position:
     global_step: int = 0
 
 
+def describe_position(pos: Position) -> str:
+    """'end of epoch 2 (global step 64)' or 'epoch 3, step 5 done (global step 69)': 1-based epochs."""
+    where = f"end of epoch {pos.epoch}" if pos.step == 0 else f"epoch {pos.epoch + 1}, step {pos.step} done"
+    return f"{where} (global step {pos.global_step})"
+
+
 @dataclass(frozen=True)
 class EpochSpan:
     """Steps [start, stop) of `epoch` to run; `completes` when the epoch-end work follows."""

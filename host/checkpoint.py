@@ -40,6 +40,7 @@ from dpuoffload.common.trainstate import (
     capture_local,
     capture_meta,
     catalog_of,
+    describe_position,
     restore,
     set_rng,
     shared_tensors,
@@ -63,8 +64,7 @@ def resume_trainer(trainer: Any, point: ResumePoint, topo: Topology) -> None:
         pos = point.position
         how = "exactly" if exact else (f"re-sliced from {ckpt.meta['host_ranks']} host rank(s) x batch "
                                        f"{ckpt.meta['config']['batch_size']}")
-        print(f"[dpuoffload] resuming from {point.path} ({how}): epoch {pos.epoch + 1}, step {pos.step}, "
-              f"global step {pos.global_step}", flush=True)
+        print(f"[dpuoffload] resuming from {point.path} ({how}): {describe_position(pos)}", flush=True)
         if point.changed:
             print(f"[dpuoffload] note: the checkpoint's run had other values for: {', '.join(point.changed)}",
                   flush=True)

@@ -20,12 +20,13 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from dpuoffload.common.ckptfiles import plan_for
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError, PeerError
 from dpuoffload.common.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.roles import Topology, feeders
 from dpuoffload.common.sharding import unpack_pieces
-from dpuoffload.common.ckptfiles import plan_for
+from dpuoffload.common.training import Trainer
 from dpuoffload.common.trainstate import (
     EpochProgress,
     dtype_of,
@@ -36,7 +37,6 @@ from dpuoffload.common.trainstate import (
     restore,
     set_rng,
 )
-from dpuoffload.common.training import Trainer
 from dpuoffload.common.waits import wait
 
 # flag -> how to read its value; the clone keeps its model, data set and mode
@@ -104,17 +104,17 @@ def rebuild_shared(meta: dict[str, Any], slices: dict[int, bytes]) -> dict[str, 
     tensors = [torch.empty(numel(shape), dtype=dtype_of(dtype)) for _, dtype, shape in meta["catalog"]]
     plan = plan_for(meta)
     for k, data in slices.items():
-        unpack_pieces(np.frombuffer(data, dtype=np.uint8), plan.rank_pieces(k), tensors)
+        unpack_pieces(np.frombuffer(bytearray(data), dtype=np.uint8), plan.rank_pieces(k), tensors)
     return {name: t.reshape(shape) for (name, _, shape), t in zip(meta["catalog"], tensors)}
 
 
-def state_sha256(trainer: Trainer) -> str:
+def state_sha256(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
     """sha256 over model parameters, buffers and optimizer state tensors: 'the same state, to the bit'."""
     h = hashlib.sha256()
-    for name, t in trainer.model.state_dict().items():
+    for name, t in model.state_dict().items():
         h.update(name.encode())
         h.update(t.detach().contiguous().numpy().tobytes())
-    for i, st in sorted(trainer.optimizer.state_dict()["state"].items()):
+    for i, st in sorted(optimizer.state_dict()["state"].items()):
         for key, t in sorted(st.items()):
             h.update(f"{i}.{key}".encode())
             h.update(t.detach().contiguous().numpy().tobytes() if torch.is_tensor(t) else repr(t).encode())
@@ -141,7 +141,7 @@ def adopt(trainer: Trainer, topo: Topology, original: RunConfig, clone: RunConfi
     set_rng(local.rng)
     return {"event": "clone_start", "global_step": pos.global_step, "epoch": start.epoch, "step": start.step,
             "standby_s": received - t0, "rebuild_s": time.perf_counter() - received,
-            "state_sha256": state_sha256(trainer), "overrides": list(original.clone_override)}
+            "state_sha256": state_sha256(trainer.model, trainer.optimizer), "overrides": list(original.clone_override)}
 
 
 def apply_hyperparameters(trainer: Trainer, original: RunConfig, clone: RunConfig) -> None:

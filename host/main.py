@@ -17,12 +17,12 @@ from dpuoffload.common.metrics import JsonlLog
 from dpuoffload.common.models import build_model
 from dpuoffload.common.naive import build_naive_feed, measure_profile, naive_backend
 from dpuoffload.common.offload import OffloadPlan, plan_offload, require_feeder
+from dpuoffload.common.resume import find_resume, start_position
 from dpuoffload.common.roles import Role, Topology
 from dpuoffload.common.sampling import PerSampleSeeded
 from dpuoffload.common.startup import start_program
 from dpuoffload.common.training import Trainer, TrainJob
-from dpuoffload.common.resume import find_resume, start_position
-from dpuoffload.common.trainstate import epoch_spans
+from dpuoffload.common.trainstate import describe_position, epoch_spans
 from dpuoffload.host.checkpoint import StateHandoff, keeper_of, resume_trainer
 from dpuoffload.host.clone import adopt, check_clone_flags, clone_config, describe_overrides
 from dpuoffload.host.control import shutdown_dpus
@@ -132,8 +132,8 @@ def run_clone(original: RunConfig, topo: Topology, job: TrainJob) -> int:
     record = adopt(trainer, topo, original, cfg)
     if topo.side_rank == 0:
         print(f"[clone] state of step {record['global_step']} received after {record['standby_s']:.1f} s standing "
-              f"by, rebuilt in {record['rebuild_s'] * 1e3:.0f} ms; training from epoch {record['epoch'] + 1} "
-              f"step {record['step']}", flush=True)
+              f"by, rebuilt in {record['rebuild_s'] * 1e3:.0f} ms; continuing from "
+              f"{describe_position(trainer.start)}", flush=True)
     trainer.metrics_log.write(record)
     trainer.fit()
     sync.shutdown()

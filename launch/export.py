@@ -18,6 +18,7 @@ import torch
 
 from dpuoffload.common import ckptfiles
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.trainstate import Position, describe_position
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,8 +50,8 @@ def export(checkpoint: str, out: str) -> str:
         tmp.unlink(missing_ok=True)
         raise
     n_params = sum(t.numel() for t in plain["model"].values())
-    return (f"exported {path} (model {plain['model_name']}, epoch {plain['epoch'] + 1} step {plain['step']}, "
-            f"global step {plain['global_step']}, {len(plain['model'])} tensors / {n_params:,} values, "
+    pos = describe_position(Position(plain["epoch"], plain["step"], plain["global_step"]))
+    return (f"exported {path} (model {plain['model_name']}, {pos}, {len(plain['model'])} tensors / {n_params:,} values, "
             f"{len(plain['optimizer']['state'])} optimizer states) to {target} ({target.stat().st_size / 1e6:.1f} MB)")
 
 

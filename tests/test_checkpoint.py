@@ -1,0 +1,172 @@
+"""Checkpoints, resume and clones as real MPMD jobs (host, DPU and clone ranks on 2 cores).
+
+- resume is bit-exact: a run stopped mid-epoch (da mode, 2 host ranks, zero-copy slices) and
+  resumed gives the same step losses, validation and final weights as the straight run;
+- another host rank count and another mode resume from the same files (re-slicing);
+- a failed checkpoint write is reported, training goes on, the earlier checkpoint stays usable;
+- export-checkpoint gives the run's weights, to the bit, as a plain state_dict;
+- a clone starts from the original's state to the bit and, without overrides, trains identically.
+"""
+
+from functools import lru_cache
+
+import pytest
+import torch
+
+from dpuoffload.common import ckptfiles
+from dpuoffload.common.config import RunConfig
+from dpuoffload.common.models import build_model
+from dpuoffload.common.sharding import state_digest
+from dpuoffload.common.training import build_optimizer
+from dpuoffload.host.clone import state_sha256
+from tests.mpijobs import DPURUN, dpurun, read_jsonl, run
+
+pytestmark = pytest.mark.mpi
+DEBUG = ["--preset", "debug", "--no-progress", "--train-subset", "256"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("ckpt")
+
+
+@pytest.fixture(scope="module")
+def job(bundled_data, root):
+    @lru_cache(maxsize=None)
+    def _job(name: str, launcher: tuple, *training: str) -> dict:
+        log = root / name
+        res = dpurun(["--oversubscribe", *launcher],
+                     [*DEBUG, "--data", str(bundled_data / "cifar10"), "--log-dir", str(log), *training],
+                     timeout=300)
+        metrics = read_jsonl(log / "metrics.jsonl") if (log / "metrics.jsonl").exists() else []
+        clone = read_jsonl(log / "clone" / "metrics.jsonl") if (log / "clone" / "metrics.jsonl").exists() else []
+        return {"rc": res.returncode, "out": res.stdout, "err": res.stderr, "log": log,
+                "epochs": {m["epoch"]: m for m in metrics if m["event"] == "epoch"},
+                "end": next((m for m in metrics if m["event"] == "end"), None),
+                "clone": clone}
+    return _job
+
+
+TWO = ("--host-ranks", "2", "--dpu-ranks", "2")
+ONE = ("--host-ranks", "1", "--dpu-ranks", "1")
+
+
+def ok(r: dict) -> dict:
+    assert r["rc"] == 0, r["out"] + r["err"]
+    return r
+
+
+def straight_da(job):
+    return ok(job("straight-da", TWO, "--mode", "da", "--epochs", "3"))
+
+
+def stopped_da(job, ck: str):
+    """Stopped at global step 12 = epoch 2, step 4 of 8; checkpoints every 4 steps, zero-copy slices."""
+    return ok(job("stopped-da", TWO, "--mode", "da", "--epochs", "3", "--ckpt-dir", ck, "--ckpt-every", "4",
+                  "--stop-at-step", "12", "--ckpt-copy", "zero"))
+
+
+def test_resume_mid_epoch_in_da_mode_is_bit_exact(job, root):
+    straight = straight_da(job)
+    ck = str(root / "da-ck")
+    stopped = stopped_da(job, ck)
+    assert "checkpoint step 12 committed" in stopped["out"]
+    assert sorted(stopped["epochs"]) == [0] and stopped["end"]["global_step"] == 12  # stopped in epoch 2
+    resumed = ok(job("resumed-da", TWO, "--mode", "da", "--epochs", "3", "--ckpt-dir", ck, "--resume", "latest"))
+    assert "(exactly): epoch 2, step 4 done (global step 12)" in resumed["out"]
+    for e in (1, 2):  # the interrupted epoch's record includes the steps before the checkpoint
+        for key in ("step_losses", "train_loss", "val_loss_sum", "val_correct", "weights_sha256"):
+            assert resumed["epochs"][e][key] == straight["epochs"][e][key], (e, key)
+    assert resumed["end"]["weights_sha256"] == straight["end"]["weights_sha256"]
+    assert [p.name for p in ckptfiles.committed(ck)] == ["step-000000008", "step-000000012"]  # --ckpt-keep 2
+
+
+def test_resume_with_another_host_count_and_mode_reslices(job, root):
+    stopped_da(job, str(root / "da-ck"))
+    ck = ckptfiles.step_dir(root / "da-ck", 8)  # end of epoch 1, written by 2 host ranks
+    r = ok(job("resumed-1h-mv", ONE, "--mode", "mv", "--epochs", "3", "--resume", str(ck)))
+    assert "re-sliced from 2 host rank(s) x batch 16): end of epoch 1 (global step 8)" in r["out"]
+    assert sorted(r["epochs"]) == [1, 2] and r["end"]["global_step"] == 8 + 2 * 16
+    assert all(r["epochs"][e]["val_count"] == 256 for e in (1, 2))  # the DPU validated the resumed epochs
+    assert r["epochs"][2]["train_loss"] < 3.0
+
+
+def test_failed_write_is_reported_and_training_continues(job, root):
+    ck = root / "fail-ck"
+    ck.mkdir()
+    (ck / "step-000000008").write_text("in the way")  # mkdir of that checkpoint fails
+    r = ok(job("fail", ONE, "--epochs", "1", "--ckpt-dir", str(ck), "--ckpt-every", "4", "--ckpt-keep", "5"))
+    assert "checkpoint at step 8 NOT saved" in r["err"] and "FileExistsError" in r["err"]
+    assert "training continues, the last complete checkpoint is" in r["err"] and "step-000000004" in r["err"]
+    assert [p.name for p in ckptfiles.committed(ck)] == [f"step-{s:09d}" for s in (4, 12, 16)]
+    # the last checkpoint (end of the run) exports to exactly the final weights
+    out = root / "fail-export.pt"
+    res = run([DPURUN, "export-checkpoint", str(ck), str(out)])
+    assert res.returncode == 0, res.stderr
+    assert "end of epoch 1 (global step 16)" in res.stdout
+    plain = torch.load(out, weights_only=True)
+    model = build_model(RunConfig(), 10)
+    model.load_state_dict(plain["model"])
+    assert state_digest(model) == r["end"]["weights_sha256"]
+
+
+def test_clone_starts_from_the_same_state_and_trains_identically(job, root):
+    ck = str(root / "clone-ck")
+    r = ok(job("clone", ("--host-ranks", "2", "--dpu-ranks", "1", "--clone-ranks", "2"), "--epochs", "2",
+               "--clone-at", "6", "--ckpt-dir", ck, "--ckpt-every", "6"))
+    start = r["clone"][0]
+    assert start["event"] == "clone_start" and start["global_step"] == 6 and start["overrides"] == []
+    # the state the clones rebuilt == the state the original group checkpointed at the same step
+    plain = torch.load(_export(str(ckptfiles.step_dir(ck, 6)), root / "clone6.pt"), weights_only=True)
+    model = build_model(RunConfig(), 10)
+    opt = build_optimizer(RunConfig(), model)
+    model.load_state_dict(plain["model"])
+    opt.load_state_dict(plain["optimizer"])
+    assert state_sha256(model, opt) == start["state_sha256"]
+    clone_epochs = {m["epoch"]: m for m in r["clone"] if m["event"] == "epoch"}
+    assert sorted(clone_epochs) == [0, 1]
+    for e in (0, 1):
+        assert clone_epochs[e]["step_losses"] == r["epochs"][e]["step_losses"]
+    assert r["clone"][-1]["weights_sha256"] == r["end"]["weights_sha256"]
+    assert "[clone] epoch 2/2" in r["out"]
+
+
+def test_clone_overrides_change_only_the_clone(job):
+    plain = ok(job("plain-1h", ONE, "--epochs", "2", "--train-subset", "128"))
+    r = ok(job("clone-lr", ("--host-ranks", "1", "--dpu-ranks", "1", "--clone-ranks", "1"), "--epochs", "2",
+               "--train-subset", "128", "--clone-at", "4", "--clone-override", "lr=0.005"))
+    assert "(lr=0.005)" in r["out"]
+    assert r["clone"][0]["overrides"] == ["lr=0.005"]
+    assert [r["epochs"][e]["step_losses"] for e in (0, 1)] == [plain["epochs"][e]["step_losses"] for e in (0, 1)]
+    clone_losses = [m for m in r["clone"] if m["event"] == "epoch"][0]["step_losses"]
+    original = r["epochs"][0]["step_losses"]
+    assert clone_losses[:4] == original[:4]           # carried over from before the clone step
+    assert clone_losses[4] == original[4]             # step 5 runs on the cloned weights...
+    assert clone_losses[5:] != original[5:]           # ...then the smaller LR changes the trajectory
+
+
+def _export(ck: str, out) -> str:
+    res = run([DPURUN, "export-checkpoint", ck, str(out)])
+    assert res.returncode == 0, res.stderr
+    return str(out)
+
+
+@pytest.mark.parametrize("launcher, training, message", [
+    (ONE, ["--clone-at", "3"], "--clone-at needs clone ranks: add --clone-ranks C"),
+    (("--clone-ranks", "1"), [], "without --clone-at STEP"),
+    (("--dpu-ranks", "0"), ["--ckpt-dir", "/tmp/x", "--ckpt-every", "2"], "--dpu-ranks is 0"),
+    (ONE, ["--resume", "/nonexistent/ck"], "no such checkpoint directory"),
+    (ONE, ["--ckpt-every", "2"], "need --ckpt-dir"),
+    (ONE, ["--mode", "naive", "--ckpt-dir", "/tmp/x", "--ckpt-every-epoch"], "not naive"),
+])
+def test_bad_checkpoint_flags_fail_before_mpi(bundled_data, launcher, training, message):
+    res = dpurun(list(launcher), [*DEBUG, "--data", str(bundled_data / "cifar10"), *training], timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert message in res.stderr and "running:" not in res.stderr
+
+
+def test_clone_at_after_the_last_step_fails_on_every_rank(bundled_data):
+    res = dpurun([*ONE, "--clone-ranks", "1", "--oversubscribe"],
+                 [*DEBUG, "--data", str(bundled_data / "cifar10"), "--epochs", "1", "--clone-at", "99"], timeout=120)
+    assert res.returncode != 0
+    assert "--clone-at 99 is after this run's last step (16); pick a step in 1..16" in res.stderr
