@@ -153,7 +153,7 @@ def machine() -> dict[str, Any]:
     try:
         from mpi4py import MPI
 
-        info["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
+        info["mpi"] = MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
     except Exception:  # noqa: BLE001
         info["mpi"] = None
     return info

@@ -122,12 +122,14 @@ def run_variant(variant: str, workload: dict[str, Any], args: argparse.Namespace
     return run_logged(dpurun_cmd(emulated_node(1, args.dpu_speed), [*train, "--mode", variant]), variant)
 
 
-def measure(args: argparse.Namespace, workloads: dict[str, dict[str, Any]], data: Path) -> dict[str, dict[str, list]]:
-    runs: dict[str, dict[str, list[RunLog]]] = {w: {v: [] for v in VARIANTS} for w in workloads}
+def measure(args: argparse.Namespace, workloads: dict[str, dict[str, Any]], data: Path,
+            variants: tuple[str, ...] = VARIANTS) -> dict[str, dict[str, list[RunLog]]]:
+    """Every variant of every workload once per repetition, repetitions interleaved."""
+    runs: dict[str, dict[str, list[RunLog]]] = {w: {v: [] for v in variants} for w in workloads}
     with throttle_cgroup(args.dpu_speed, 1) as cgroup:
         for rep in range(args.reps):
             for w, workload in workloads.items():
-                for v in VARIANTS:
+                for v in variants:
                     log = run_variant(v, workload, args, data, cgroup)
                     runs[w][v].append(log)
                     t = f"{median(log.epoch_times()):.2f} s/epoch" if log.epochs else "-"
@@ -144,12 +146,10 @@ def per_rep(logs: list[RunLog], fn) -> list[float]:
 
 def analyze(by_variant: dict[str, list[RunLog]]) -> dict[str, Any]:
     """Everything reported for one workload, from its runs."""
-    none, da, mv, peer = (by_variant[m] for m in ("none", "da", "mv", "peer"))
+    none, da, peer = (by_variant[m] for m in ("none", "da", "peer"))
     epoch = {v: per_rep(by_variant[v], RunLog.epoch_times) for v in (*MODES, "peer")}
-    host_wo_aug = [median(e - d for e, d in zip(log.epoch_times(), log.host_phase("data"))) for log in none]
+    host_wo_aug, dpu_aug, bound = da_bound(none, da)
     train_only = [median(e - v for e, v in zip(log.epoch_times(), log.host_phase("validation"))) for log in none]
-    dpu_aug = per_rep(da, lambda log: log.dpu_phase(("augment", "send")))
-    bound = [max(h, d) for h, d in zip(host_wo_aug, dpu_aug)]
     out: dict[str, Any] = {
         "epoch_s": {v: spread([t for log in by_variant[v] for t in log.epoch_times()]) for v in epoch},
         "phases_none": phase_shares(none),
@@ -167,6 +167,14 @@ def analyze(by_variant: dict[str, list[RunLog]]) -> dict[str, Any]:
     }
     out["prediction"] = prediction_error(by_variant["auto"], out["epoch_s"])
     return out
+
+
+def da_bound(none: list[RunLog], da: list[RunLog]) -> tuple[list[float], list[float], list[float]]:
+    """Per repetition: none's host epoch without its data phase, da's DPU seconds to augment and
+    pack the epoch, and the ideal overlap bound, their max."""
+    host_wo_aug = [median(e - d for e, d in zip(log.epoch_times(), log.host_phase("data"))) for log in none]
+    dpu_aug = per_rep(da, lambda log: log.dpu_phase(("augment", "send")))
+    return host_wo_aug, dpu_aug, [max(h, d) for h, d in zip(host_wo_aug, dpu_aug)]
 
 
 def per_step(log: RunLog, phase: str) -> list[float]:
