@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 from pathlib import Path
@@ -166,7 +167,31 @@ def analyze(by_variant: dict[str, list[RunLog]]) -> dict[str, Any]:
         "da_data_wait_ms_per_step": 1e3 * median(per_rep(da, lambda log: per_step(log, "data"))),
     }
     out["prediction"] = prediction_error(by_variant["auto"], out["epoch_s"])
+    out["diagnostics"] = diagnostics(out)
     return out
+
+
+def diagnostics(r: dict[str, Any]) -> dict[str, Any]:
+    """Where the time goes, from one workload's report (pure; also works on a saved JSON).
+
+    Within-run shares do not suffer from run-to-run noise: the host's stall on the DPU in `da`
+    (0 = augmentation perfectly overlapped) and the host's validation hand-off in `mv`. The model's
+    parts for `none` (profile x counts) against the measured phases show which cost it mispredicts.
+    """
+    ph, prof = r["phases_s"], r["prediction"]["profile"]
+    steps = math.ceil(prof["n_train"] / (prof["host_ranks"] * prof["batch"]))
+    b = prof["batch"]
+    parts = {"data": (steps * b * prof["host_aug"], ph["none"]["data"]),
+             "forward_backward": (steps * b * prof["host_train"], ph["none"]["forward_backward"]),
+             "allreduce + optimizer": (steps * (prof["allreduce"] + prof["optimizer"]),
+                                       ph["none"]["allreduce"] + ph["none"]["optimizer"]),
+             "validation": (prof["n_val"] / prof["host_ranks"] * prof["host_eval"], ph["none"]["validation"])}
+    fwd = {v: ph[v]["forward_backward"] for v in ph}
+    return {"da_stall_share": ph["da"]["data"] / r["epoch_s"]["da"]["median"],
+            "da_data_removed": 1 - ph["da"]["data"] / ph["none"]["data"] if ph["none"]["data"] else None,
+            "mv_handoff_share": ph["mv"]["validation"] / r["epoch_s"]["mv"]["median"],
+            "forward_backward_vs_none": {v: fwd[v] / fwd["none"] for v in fwd},
+            "model_parts_none": {k: {"predicted_s": p, "measured_s": m} for k, (p, m) in parts.items()}}
 
 
 def da_bound(none: list[RunLog], da: list[RunLog]) -> tuple[list[float], list[float], list[float]]:
@@ -237,6 +262,16 @@ def markdown(report: dict[str, Any], settings: dict[str, Any]) -> str:
              verdict(abs(p["error"]), TARGETS["prediction_error"])]
             for w, r in report.items() for m, p in r["prediction"]["modes"].items()]
     out.append(table(["workload", "mode", "predicted s", "measured s", "error", "target"], rows))
+    out.append("\n**Where the time goes** (within-run shares, free of run-to-run noise; forward/backward of each run "
+               "relative to none's, which would be 1.00 on a quiet machine; the model's parts of the none epoch)\n")
+    rows = []
+    for w, r in report.items():
+        d = r["diagnostics"]
+        fb = ", ".join(f"{v} {x:.2f}" for v, x in d["forward_backward_vs_none"].items() if v != "none")
+        parts = ", ".join(f"{k} {p['predicted_s']:.2f}/{p['measured_s']:.2f}" for k, p in d["model_parts_none"].items())
+        rows.append([w, f"{d['da_stall_share']:.1%}", f"{d['mv_handoff_share']:.1%}", fb, parts])
+    out.append(table(["workload", "da: host stall / epoch", "mv: hand-off / epoch", "fwd/bwd vs none",
+                      "model parts of none, predicted/measured s"], rows))
     return "\n".join(out)
 
 
