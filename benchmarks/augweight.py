@@ -22,15 +22,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import workloads as W  # noqa: E402
 from benchmarks.augfactories import WEIGHTS  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
-    RESULTS,
     RunLog,
     Section,
+    bench_parser,
     fmt_spread,
     machine,
     make_data,
     median,
     pyplot,
     ratio_spread,
+    save_figure,
+    settings,
     spread,
     table,
     write_json,
@@ -87,23 +89,13 @@ def plot(report: dict[str, Any], path: Path) -> Path:
     ax.set_xlabel("training augmentation")
     ax.set_title("Where offloading starts to pay")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--dpu-speed", type=float, default=0.5)
+    p = bench_parser(__doc__, "augweight", "light and heavy, none and da only, 1 rep of 2 epochs, 32 samples")
     p.add_argument("--train", type=int, default=192, help="training samples (default: 192)")
     p.add_argument("--val", type=int, default=96, help="validation samples (default: 96)")
-    p.add_argument("--quick", action="store_true", help="light and heavy, none and da only, 1 rep of 2 epochs, 32 samples")
-    p.add_argument("--out", type=Path, default=RESULTS / "augweight.json")
-    p.add_argument("--plots", type=Path, default=RESULTS)
     return p
 
 
@@ -116,10 +108,9 @@ def run(args: argparse.Namespace) -> Section:
     workloads = {w: workload(w, args.train, args.val) for w in weights}
     runs = W.measure(args, workloads, data, variants)
     report = {w: analyze(runs[w]) for w in weights}
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "plots", "func")}
-    payload = {"machine": machine(), "settings": settings, "report": report}
+    payload = {"machine": machine(), "settings": settings(args), "report": report}
     write_json(args.out, payload)
-    return Section("augweight", payload, markdown(report, settings), [plot(report, args.plots / "augweight.png")])
+    return Section("augweight", payload, markdown(report, settings(args)), [plot(report, args.plots / "augweight.png")])
 
 
 def main() -> int:

@@ -7,6 +7,7 @@ The scripts import it as `benchmarks.harness` (they put the repository root on `
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -194,6 +195,35 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def bench_parser(doc: str, name: str, quick: str, *, reps: int = 2, epochs: bool = True,
+                 dpu_speed: bool = True, plots: bool = True) -> argparse.ArgumentParser:
+    """The flags every benchmark script shares (its own go on top)."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--reps", type=int, default=reps, help=f"interleaved repetitions (default: {reps})")
+    if epochs:
+        p.add_argument("--epochs", type=int, default=3, help="epochs per run; epoch 1 is warm-up (default: 3)")
+    if dpu_speed:
+        p.add_argument("--dpu-speed", type=float, default=0.5, help="DPU ranks' fraction of a core (default: 0.5)")
+    p.add_argument("--quick", action="store_true", help=quick)
+    p.add_argument("--out", type=Path, default=RESULTS / f"{name}.json")
+    if plots:
+        p.add_argument("--plots", type=Path, default=RESULTS, help="directory for the PNG plots")
+    return p
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags a result was measured with (without output paths)."""
+    return {k: v for k, v in vars(args).items() if k not in ("out", "plots", "worker")}
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:

@@ -22,15 +22,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import (  # noqa: E402
-    RESULTS,
     RunLog,
     Section,
+    bench_parser,
     data_flags,
     dpurun_cmd,
     emulated_node,
     machine,
     make_data,
     run_logged,
+    settings,
     write_json,
 )
 
@@ -77,14 +78,9 @@ def dpu_busy(records: list[dict], host_epoch_time: dict[int, float]) -> float | 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--dpu-speed", type=float, default=0.5)
+    p = bench_parser(__doc__, "modes", "1 rep, 2 epochs, cifar10 only, small subsets", plots=False)
     p.add_argument("--train", type=int, default=512, help="training samples (default: 512)")
     p.add_argument("--val", type=int, default=256, help="validation samples (default: 256)")
-    p.add_argument("--quick", action="store_true", help="1 rep, 2 epochs, cifar10 only, small subsets")
-    p.add_argument("--out", type=Path, default=RESULTS / "modes.json")
     return p
 
 
@@ -103,7 +99,7 @@ def run(args: argparse.Namespace) -> Section:
                 print(f"rep {rep + 1}/{args.reps} {w} {mode}: {statistics.median(r['epoch_times']):.2f} s/epoch",
                       file=sys.stderr, flush=True)
     report = {w: table_rows(runs[w]) for w in workloads}
-    payload = {"machine": machine(), "settings": {k: v for k, v in vars(args).items() if k != "out"}, "report": report}
+    payload = {"machine": machine(), "settings": settings(args), "report": report}
     write_json(args.out, payload)
     return Section("modes", payload, markdown(report, args))
 

@@ -29,12 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import (  # noqa: E402
     DATA,
-    RESULTS,
     Section,
+    bench_parser,
     job_env,
     machine,
     make_data,
     pyplot,
+    save_figure,
+    settings,
     spread,
     table,
     write_json,
@@ -144,25 +146,16 @@ def plot(report: dict[str, Any], path: Path) -> Path:
         ax.set_ylabel("samples/s")
         ax.set_title(title)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--reps", type=int, default=2)
+    p = bench_parser(__doc__, "sweep", "1 thread, batches 8 and 16, 1 rep, 0.5 s timings", epochs=False)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--batches", type=int, nargs="+", default=[8, 16, 32, 64])
     p.add_argument("--min-seconds", type=float, default=1.0,
                    help="each timing spans at least this long, >= several 100 ms CFS periods (default: 1)")
-    p.add_argument("--dpu-speed", type=float, default=0.5)
-    p.add_argument("--quick", action="store_true", help="1 thread, batches 8 and 16, 1 rep, 0.5 s timings")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--out", type=Path, default=RESULTS / "sweep.json")
-    p.add_argument("--plots", type=Path, default=RESULTS)
     return p
 
 
@@ -171,10 +164,9 @@ def run(args: argparse.Namespace) -> Section:
         args.reps, args.threads, args.batches, args.min_seconds = 1, [1], [8, 16], 0.5
     make_data(["cifar10"])
     report = analyze(measure(args))
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "plots", "func", "worker")}
-    payload = {"machine": machine(), "settings": settings, "report": report}
+    payload = {"machine": machine(), "settings": settings(args), "report": report}
     write_json(args.out, payload)
-    return Section("sweep", payload, markdown(report, settings), [plot(report, args.plots / "sweep.png")])
+    return Section("sweep", payload, markdown(report, settings(args)), [plot(report, args.plots / "sweep.png")])
 
 
 def main() -> int:

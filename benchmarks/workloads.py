@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import (  # noqa: E402
     BIN,
-    RESULTS,
     RunLog,
     Section,
+    bench_parser,
     data_flags,
     dpurun_cmd,
     emulated_node,
@@ -47,6 +47,8 @@ from benchmarks.harness import (  # noqa: E402
     pyplot,
     ratio_spread,
     run_logged,
+    save_figure,
+    settings,
     spread,
     table,
     write_json,
@@ -290,7 +292,7 @@ def plots(report: dict[str, Any], outdir: Path, suffix: str = "") -> list[Path]:
     ax.set_ylabel("% of epoch (--mode none, host rank)")
     ax.set_title("Where the epoch goes")
     ax.legend(fontsize=8, loc="lower right")
-    paths.append(_save(fig, outdir / f"phases{suffix}.png", plt))
+    paths.append(save_figure(fig, outdir / f"phases{suffix}.png"))
     # 2. epoch time per variant with the bounds
     fig, ax = plt.subplots(figsize=(8, 4))
     variants = ("none", "peer", "da", "mv")
@@ -307,7 +309,7 @@ def plots(report: dict[str, Any], outdir: Path, suffix: str = "") -> list[Path]:
     ax.set_ylabel("epoch s (median, min–max)")
     ax.set_title("Modes, the DataLoader peer and the ideal bounds")
     ax.legend(fontsize=8)
-    paths.append(_save(fig, outdir / f"epoch_times{suffix}.png", plt))
+    paths.append(save_figure(fig, outdir / f"epoch_times{suffix}.png"))
     # 3. predicted vs measured
     fig, ax = plt.subplots(figsize=(5, 5))
     top = 0.0
@@ -322,28 +324,13 @@ def plots(report: dict[str, Any], outdir: Path, suffix: str = "") -> list[Path]:
     ax.set_ylabel("predicted epoch s")
     ax.set_title("Performance model")
     ax.legend(fontsize=8)
-    paths.append(_save(fig, outdir / f"prediction{suffix}.png", plt))
+    paths.append(save_figure(fig, outdir / f"prediction{suffix}.png"))
     return paths
-
-
-def _save(fig, path: Path, plt) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 # ------------------------------------------------------------------------------------------ main
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--dpu-speed", type=float, default=0.5)
-    p.add_argument("--quick", action="store_true", help="1 rep of 2 epochs, resnet20/cifar10 on 64 samples")
-    p.add_argument("--out", type=Path, default=RESULTS / "workloads.json")
-    p.add_argument("--plots", type=Path, default=RESULTS, help="directory for the PNG plots")
-    return p
+    return bench_parser(__doc__, "workloads", "1 rep of 2 epochs, resnet20/cifar10 on 64 samples")
 
 
 def run(args: argparse.Namespace) -> Section:
@@ -354,10 +341,9 @@ def run(args: argparse.Namespace) -> Section:
     data = make_data()
     runs = measure(args, workloads, data)
     report = {w: analyze(runs[w]) for w in workloads}
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "plots", "func")}
-    payload = {"machine": machine(), "settings": settings, "targets": TARGETS, "report": report}
+    payload = {"machine": machine(), "settings": settings(args), "targets": TARGETS, "report": report}
     write_json(args.out, payload)
-    return Section("workloads", payload, markdown(report, settings), plots(report, args.plots))
+    return Section("workloads", payload, markdown(report, settings(args)), plots(report, args.plots))
 
 
 def main() -> int:
