@@ -11,15 +11,13 @@ Epoch time is the median over epochs 2.. of every rep (epoch 1 pays one-off warm
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import RESULTS, Section, dpurun_cmd, machine, make_data, run_logged, table, write_json  # noqa: E402
 
 VARIANTS = {
     "1 host, no DPU rank": ["--host-ranks", "1", "--dpu-ranks", "0", "--host-threads", "1"],
@@ -33,27 +31,22 @@ RATIOS = [("1 host + 1 idle DPU rank", "1 host, no DPU rank"), ("2 hosts, torch 
 def run_variant(launcher: list[str], data: Path, epochs: int) -> list[dict]:
     allreduce = next((a[1:] for a in launcher if a.startswith("@")), "auto")
     launcher = [a for a in launcher if not a.startswith("@")]
-    with tempfile.TemporaryDirectory() as log:
-        cmd = [str(BIN / "dpurun"), *launcher, "--", "--preset", "debug", "--data", str(data / "cifar10"),
-               "--epochs", str(epochs), "--allreduce", allreduce, "--log-dir", log, "--no-progress"]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            sys.exit(f"benchmark run failed: {' '.join(cmd)}\n{res.stderr[-2000:]}")
-        lines = (Path(log) / "metrics.jsonl").read_text().splitlines()
-        return [r for r in map(json.loads, lines) if r["event"] == "epoch"]
+    training = ["--preset", "debug", "--data", str(data / "cifar10"), "--epochs", str(epochs), "--allreduce", allreduce]
+    return run_logged(dpurun_cmd(launcher, training), " ".join(launcher)).epochs
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="1 rep of 2 epochs (keeps the command working)")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "baseline.json")
-    args = p.parse_args()
+    p.add_argument("--out", type=Path, default=RESULTS / "baseline.json")
+    return p
+
+
+def run(args: argparse.Namespace) -> Section:
     reps, epochs = (1, 2) if args.quick else (args.reps, args.epochs)
-    data = ROOT / ".cache" / "data"
-    subprocess.run([str(BIN / "dpurun"), "make-data", str(data), "--datasets", "cifar10"], check=True,
-                   stdout=subprocess.DEVNULL)
+    data = make_data(["cifar10"])
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     allreduce: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for rep in range(reps):
@@ -67,14 +60,17 @@ def main() -> int:
                   "allreduce_s_median": statistics.median(allreduce[v]), "samples": len(t)}
               for v, t in times.items()}
     ratios = {f"{a} / {b}": report[a]["epoch_s_median"] / report[b]["epoch_s_median"] for a, b in RATIOS}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"reps": reps, "epochs": epochs, "variants": report, "ratios": ratios}, indent=2))
-    print("| variant | epoch s (median) | min–max | allreduce s/epoch |\n|---|---|---|---|")
-    for v, r in report.items():
-        print(f"| {v} | {r['epoch_s_median']:.2f} | {r['epoch_s_min']:.2f}–{r['epoch_s_max']:.2f} | "
-              f"{r['allreduce_s_median']:.3f} |")
-    for k, v in ratios.items():
-        print(f"\nratio {k}: {v:.3f}")
+    payload = {"machine": machine(), "reps": reps, "epochs": epochs, "variants": report, "ratios": ratios}
+    write_json(args.out, payload)
+    md = table(["variant", "epoch s (median)", "min–max", "allreduce s/epoch"],
+               [[v, f"{r['epoch_s_median']:.2f}", f"{r['epoch_s_min']:.2f}–{r['epoch_s_max']:.2f}",
+                 f"{r['allreduce_s_median']:.3f}"] for v, r in report.items()])
+    md += "".join(f"\n\nratio {k}: {v:.3f}" for k, v in ratios.items())
+    return Section("baseline", payload, md)
+
+
+def main() -> int:
+    print(run(build_parser().parse_args()).markdown)
     return 0
 
 

@@ -15,17 +15,26 @@ the DPU busy fraction (seconds the DPU ranks worked per host epoch, averaged ove
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import (  # noqa: E402
+    RunLog,
+    Section,
+    bench_parser,
+    data_flags,
+    dpurun_cmd,
+    emulated_node,
+    machine,
+    make_data,
+    run_logged,
+    settings,
+    write_json,
+)
+
 MODES = ("none", "da", "mv", "hybrid", "naive")
 WORKLOADS = {
     "resnet20/cifar10": ["--model", "resnet20", "--dataset", "cifar10", "--data", "@cifar10"],
@@ -35,43 +44,25 @@ WORKLOADS = {
 
 
 def run_mode(mode: str, workload: list[str], data: Path, args: argparse.Namespace) -> dict:
-    dpus = 2 if mode == "hybrid" else 1
-    with tempfile.TemporaryDirectory() as log:
-        cmd = [str(BIN / "dpurun"), "--host-ranks", "1", "--dpu-ranks", str(dpus), "--dpu-cores", "1",
-               "--dpu-speed", str(args.dpu_speed), "--host-threads", "1", "--dpu-threads", "1",
-               "--oversubscribe", "--", "--mode", mode, *_data_flags(workload, data), "--epochs",
-               str(args.epochs), "--batch-size", "16", "--train-subset", str(args.train), "--val-subset",
-               str(args.val), "--log-dir", log, "--no-progress"]
-        t0 = time.perf_counter()
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        if res.returncode != 0:
-            sys.exit(f"benchmark run failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
-        return summarize(Path(log), mode, wall)
+    training = ["--mode", mode, *data_flags(workload, data), "--epochs", str(args.epochs), "--batch-size", "16",
+                "--train-subset", str(args.train), "--val-subset", str(args.val)]
+    log = run_logged(dpurun_cmd(emulated_node(2 if mode == "hybrid" else 1, args.dpu_speed), training), mode)
+    return summarize(log)
 
 
-def _data_flags(workload: list[str], data: Path) -> list[str]:
-    return [str(data / a[1:]) if a.startswith("@") else a for a in workload]
-
-
-def summarize(log: Path, mode: str, wall: float) -> dict:
-    metrics = [json.loads(x) for x in (log / "metrics.jsonl").read_text().splitlines()]
-    epochs = sorted((m for m in metrics if m["event"] == "epoch"), key=lambda m: m["epoch"])
-    host = [json.loads(x) for x in (log / "phases-rank0.jsonl").read_text().splitlines()]
-    dpu_files = sorted(p for p in log.glob("phases-rank*.jsonl") if p.name != "phases-rank0.jsonl")
-    steady = epochs[1:] or epochs
-    epoch_times = [e["epoch_time"] for e in steady]
-    stall = [h["phases"].get("data", 0.0) / max(h["steps"], 1) for h in host[1:] or host]
-    busy = [dpu_busy(p, {e["epoch"]: e["epoch_time"] for e in epochs}) for p in dpu_files]
-    return {"epoch_times": epoch_times, "stall_per_step": statistics.median(stall),
+def summarize(log: RunLog) -> dict:
+    stall = [h["phases"].get("data", 0.0) / max(h["steps"], 1) for h in log.steady(log.host)]
+    epoch_time = {e["epoch"]: e["epoch_time"] for e in log.epochs}
+    busy = [dpu_busy(recs, epoch_time) for recs in log.dpus.values()]
+    return {"epoch_times": log.epoch_times(), "stall_per_step": statistics.median(stall),
             "dpu_busy": statistics.mean([b for b in busy if b is not None] or [0.0]),
-            "final_val_acc": epochs[-1]["val_acc"], "job_seconds": wall}
+            "final_val_acc": log.epochs[-1]["val_acc"], "job_seconds": log.wall}
 
 
-def dpu_busy(path: Path, host_epoch_time: dict[int, float]) -> float | None:
+def dpu_busy(records: list[dict], host_epoch_time: dict[int, float]) -> float | None:
     """Seconds this DPU rank worked per host epoch (epochs 2..), as a fraction."""
     fractions = []
-    for rec in map(json.loads, path.read_text().splitlines()):
+    for rec in records:
         epoch = rec.get("epoch")
         if epoch is None or epoch == 0 or epoch not in host_epoch_time:
             continue
@@ -86,22 +77,19 @@ def dpu_busy(path: Path, host_epoch_time: dict[int, float]) -> float | None:
     return statistics.mean(fractions) if fractions else None
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--dpu-speed", type=float, default=0.5)
+def build_parser() -> argparse.ArgumentParser:
+    p = bench_parser(__doc__, "modes", "1 rep, 2 epochs, cifar10 only, small subsets", plots=False)
     p.add_argument("--train", type=int, default=512, help="training samples (default: 512)")
     p.add_argument("--val", type=int, default=256, help="validation samples (default: 256)")
-    p.add_argument("--quick", action="store_true", help="1 rep, 2 epochs, cifar10 only, small subsets")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "modes.json")
-    args = p.parse_args()
+    return p
+
+
+def run(args: argparse.Namespace) -> Section:
     workloads = dict(WORKLOADS)
     if args.quick:
         args.reps, args.epochs, args.train, args.val = 1, 2, 128, 64
         workloads = {k: v for k, v in workloads.items() if "cifar10" in k}
-    data = ROOT / ".cache" / "data"
-    subprocess.run([str(BIN / "dpurun"), "make-data", str(data)], check=True, stdout=subprocess.DEVNULL)
+    data = make_data()
     runs: dict[str, dict[str, list[dict]]] = {w: {m: [] for m in MODES} for w in workloads}
     for rep in range(args.reps):
         for w, flags in workloads.items():
@@ -111,10 +99,13 @@ def main() -> int:
                 print(f"rep {rep + 1}/{args.reps} {w} {mode}: {statistics.median(r['epoch_times']):.2f} s/epoch",
                       file=sys.stderr, flush=True)
     report = {w: table_rows(runs[w]) for w in workloads}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": machine(), "settings": vars(args) | {"out": str(args.out)},
-                                    "report": report}, indent=2))
-    print(markdown(report, args))
+    payload = {"machine": machine(), "settings": settings(args), "report": report}
+    write_json(args.out, payload)
+    return Section("modes", payload, markdown(report, args))
+
+
+def main() -> int:
+    print(run(build_parser().parse_args()).markdown)
     return 0
 
 
@@ -141,12 +132,6 @@ def markdown(report: dict, args: argparse.Namespace) -> str:
             out.append(f"| {mode} | {r['epoch_s']:.2f} | {r['min']:.2f}–{r['max']:.2f} | {r['ratio_to_none']:.3f} | "
                        f"{r['stall_ms_per_step']:.2f} | {r['dpu_busy']:.0%} |")
     return "\n".join(out)
-
-
-def machine() -> dict:
-    import os
-
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
 
 
 if __name__ == "__main__":

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import BIN, RESULTS, Section, job_env, machine, table, write_json  # noqa: E402
+
 # (label, batch, sample shape): CIFAR batch 16 / 64, Tiny-ImageNet 64x64 batch 64, ImageNet 224 batch 32
 SIZES = [("cifar 16x3x32x32", 16, (3, 32, 32)), ("cifar 64x3x32x32", 64, (3, 32, 32)),
          ("tiny 64x3x64x64", 64, (3, 64, 64)), ("imagenet 32x3x224x224", 32, (3, 224, 224))]
@@ -75,32 +76,39 @@ def worker(steps: int, reps: int, sizes: list) -> None:
         print(json.dumps(results))
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="2 sizes, 100 steps, 1 rep")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "transport.json")
-    args = p.parse_args()
-    sizes = SIZES[:2] if args.quick else SIZES
+    p.add_argument("--out", type=Path, default=RESULTS / "transport.json")
+    return p
+
+
+def run(args: argparse.Namespace) -> Section:
     steps, reps = (100, 1) if args.quick else (args.steps, args.reps)
-    if args.worker:
-        worker(steps, reps, sizes)
-        return 0
     me = [sys.executable, __file__, "--worker", "--steps", str(steps), "--reps", str(reps)] + (["--quick"] if args.quick else [])
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     cmd = [str(BIN / "mpirun"), "--bind-to", "none", "-np", "1", "taskset", "-c", "0", *me,
            ":", "-np", "1", "taskset", "-c", "1", *me]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=job_env())
     if res.returncode != 0:
         sys.exit(f"transport benchmark failed:\n{res.stderr[-3000:]}")
     results = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("[")][-1])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"steps": steps, "reps": reps, "results": results}, indent=2))
-    print("| batch message | bytes | raw Send/Recv GB/s | ours GB/s | ours / raw |\n|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r['size']} | {r['message_bytes']:,} | {r['raw_GBps']:.2f} | {r['ours_GBps']:.2f} | {r['ratio']:.2f} |")
+    payload = {"machine": machine(), "steps": steps, "reps": reps, "results": results}
+    write_json(args.out, payload)
+    md = "Target: ours / raw >= 0.8.\n\n" + table(["batch message", "bytes", "raw Send/Recv GB/s", "ours GB/s", "ours / raw"],
+               [[r["size"], f"{r['message_bytes']:,}", f"{r['raw_GBps']:.2f}", f"{r['ours_GBps']:.2f}",
+                 f"{r['ratio']:.2f} {'met' if r['ratio'] >= 0.8 else 'missed'}"] for r in results])
+    return Section("transport", payload, md)
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    if args.worker:
+        worker(*((100, 1) if args.quick else (args.steps, args.reps)), SIZES[:2] if args.quick else SIZES)
+        return 0
+    print(run(args).markdown)
     return 0
 
 

@@ -1,16 +1,116 @@
-"""The benchmark commands keep working (quick variants; the numbers themselves go to RESULTS.md)."""
+"""The benchmark commands keep working (quick variants; the numbers themselves go to RESULTS.md),
+and the arithmetic behind the reported ratios is right (pure, no processes)."""
 
 import json
+import math
 import subprocess
 import sys
 
 import pytest
 
+from benchmarks import harness, peer_host, workloads
 from tests.mpijobs import REPO, job_env
 
-pytestmark = pytest.mark.mpi
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+# ------------------------------------------------------------------------------- pure arithmetic
+def _log(epoch_times, host_phases, dpu_phases=None):
+    """A RunLog of steady epochs 1.. after a warm-up epoch 0 (which every statistic must skip)."""
+    epochs = [{"epoch": i, "epoch_time": t} for i, t in enumerate([99.0, *epoch_times])]
+    host = [{"epoch": i, "epoch_time": t, "steps": 4, "phases": p}
+            for i, (t, p) in enumerate(zip([99.0, *epoch_times], [{"data": 50.0}, *host_phases]))]
+    dpus = {}
+    if dpu_phases is not None:
+        dpus[1] = [{"epoch": i, "role": "dpu", "phases": p} for i, p in enumerate([{"augment": 50.0}, *dpu_phases])]
+    return harness.RunLog(epochs, host, dpus, None, 1.0)
+
+
+def test_da_bound_is_the_max_of_host_without_data_and_dpu_augmentation():
+    none = [_log([10.0, 12.0], [{"data": 2.0}, {"data": 2.0}])]
+    da_dpu_light = [_log([9.0], [{"data": 0.1}], [{"augment": 3.0, "send": 0.5, "buffer_wait": 5.0}])]
+    host, dpu, bound = workloads.da_bound(none, da_dpu_light)
+    assert host == [9.0] and dpu == [3.5] and bound == [9.0]  # medians of 8 and 10; buffer_wait is not work
+    da_dpu_heavy = [_log([9.0], [{"data": 0.1}], [{"augment": 20.0, "send": 1.0}])]
+    assert workloads.da_bound(none, da_dpu_heavy)[2] == [21.0]
+
+
+def test_ratio_spread_pairs_repetitions():
+    r = harness.ratio_spread([2.0, 4.0, 3.0], [1.0, 2.0, 3.0])
+    assert r["median"] == 1.5 and r["min"] == 1.0 and r["max"] == 2.0 and r["n"] == 3
+
+
+def test_peer_batches_carry_their_epoch_and_match_the_distributed_sampler():
+    from torch.utils.data import DistributedSampler
+
+    class Seeded:  # PerSampleSeeded's interface: set_epoch + __getitems__
+        epoch = -1
+
+        def __len__(self):
+            return 10
+
+        def set_epoch(self, e):
+            self.epoch = e
+
+        def __getitems__(self, idx):
+            return [(self.epoch, i) for i in idx]
+
+    ds = Seeded()
+    batches = peer_host.TaggedBatches(DistributedSampler(ds, num_replicas=1, rank=0, seed=0), 4, drop_last=False)
+    batches.set_epoch(3)
+    keys = list(batches)
+    plain = DistributedSampler(ds, num_replicas=1, rank=0, seed=0)
+    plain.set_epoch(3)
+    assert [i for b in keys for _, i in b] == list(plain) and len(batches) == 3
+    assert peer_host.EpochTagged(ds).__getitems__(keys[0]) == [(3, i) for _, i in keys[0]]
+
+
+def test_peer_command_is_dpuruns_host_command_with_the_peer_program():
+    cmd = workloads.peer_cmd(["--mode", "none"], 1, "1", "/sys/fs/cgroup/cpu/x")
+    i = cmd.index(str(REPO / "benchmarks" / "peer_host.py"))
+    assert cmd[i - 1] == sys.executable and "dpuoffload.host" not in cmd
+    assert cmd[i + 1:cmd.index("--", i) + 1] == ["--workers", "1", "--cores", "1", "--prefetch", "4", "--cgroup",
+                                                 "/sys/fs/cgroup/cpu/x", "--"]
+    assert cmd[cmd.index("taskset") + 2] == "0" and ":" not in cmd  # host core only, no DPU program
+
+
+# ---------------------------------------------------------------------------------- real runs
+@pytest.mark.mpi
+@pytest.mark.timeout(900)
+def test_suite_quick(tmp_path):
+    md = tmp_path / "RESULTS.md"
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--results", str(tmp_path),
+                          "--markdown", str(md)], capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    w = json.loads((tmp_path / "workloads.json").read_text())
+    r = w["report"]["resnet20/cifar10"]
+    for key in ("da_vs_bound", "da_vs_peer", "mv_vs_train_only", "da_vs_none", "peer_vs_none"):
+        assert 0.2 < r["ratios"][key]["median"] < 5, key
+    assert all(r["epoch_s"][v]["median"] > 0 for v in ("none", "da", "mv", "peer"))
+    assert 0 < r["bound_s"]["median"] < r["epoch_s"]["none"]["median"] * 1.5
+    assert set(r["phases_none"]) == {"data", "forward_backward", "allreduce", "optimizer", "validation"}
+    assert r["phases_none"]["forward_backward"] > 0.3 and 0.9 < sum(r["phases_none"].values()) <= 1.0001
+    assert r["phases_s"]["da"]["data"] < r["phases_s"]["none"]["data"]  # da takes loading off the host
+    for mode in ("none", "da", "mv"):
+        p = r["prediction"]["modes"][mode]
+        assert p["predicted_s"] > 0 and p["measured_s"] > 0 and math.isfinite(p["error"])
+    assert w["machine"]["cpus_logical"] >= 1 and w["machine"]["torch"]
+    a = json.loads((tmp_path / "augweight.json").read_text())["report"]
+    assert set(a) == {"light", "heavy"} and all(x["vs_none"]["da"]["median"] > 0 for x in a.values())
+    assert a["heavy"]["dpu_augment_s"]["median"] > a["light"]["dpu_augment_s"]["median"]
+    s = json.loads((tmp_path / "sweep.json").read_text())["report"]
+    # throttled to half a core, the DPU side must be measurably slower (the timing spans CFS periods)
+    dpu, host = (s[side]["1"]["16"]["augment_samples_per_s"]["median"] for side in ("dpu", "host"))
+    assert 0 < dpu < 0.95 * host
+    assert json.loads((tmp_path / "transport.json").read_text())["results"][0]["raw_GBps"] > 0
+    for png in ("phases", "epoch_times", "prediction", "augweight", "sweep"):
+        assert (tmp_path / f"{png}.png").read_bytes()[:8] == PNG_MAGIC, png
+    text = md.read_text()
+    assert "Machine: " in text and "**Targets**" in text and "| da / DataLoader peer |" in text
+    assert "![phases](phases.png)" in text
+
+
+@pytest.mark.mpi
 def test_modes_benchmark_quick(tmp_path):
     out = tmp_path / "modes.json"
     res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "modes.py"), "--quick", "--out", str(out)],
@@ -23,6 +123,7 @@ def test_modes_benchmark_quick(tmp_path):
     assert "| hybrid |" in res.stdout
 
 
+@pytest.mark.mpi
 def test_transport_benchmark_quick(tmp_path):
     out = tmp_path / "transport.json"
     res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "transport.py"), "--quick", "--out", str(out)],

@@ -1,0 +1,356 @@
+"""Per workload, side by side: phases, the DataLoader peer, the ideal bounds and the model's error.
+
+    python benchmarks/workloads.py [--reps 2] [--epochs 3] [--dpu-speed 0.5] [--quick]
+
+For every workload (resnet20 / CIFAR-10 format, resnet56 / SVHN format, shufflenet_v2 /
+Tiny-ImageNet JPEG format, all on the bundled data) each repetition runs, interleaved:
+
+- `none`, `da`, `mv` on the emulated node (host rank on core 0, one DPU rank on core 1
+  throttled with `--dpu-speed`);
+- the **peer**: the same host program on core 0 fed by `DataLoader(num_workers=1,
+  persistent_workers=True, prefetch_factor=--da-buffers)` whose worker is pinned to core 1 and
+  throttled by the same kind of cgroup (`benchmarks/peer_host.py`);
+- `--mode auto` for one epoch, for its profile and the model's predicted epoch of every mode.
+
+From these: the phase shares of `none` (data loading + augmentation, forward/backward,
+allreduce, optimizer, validation); `da` / peer; `da` / the ideal overlap bound
+max(none's host epoch without its data phase, the DPU rank's seconds to augment + pack the epoch
+in `da`); `mv` / a train-only epoch (none's epoch without its validation phase); and
+predicted / measured epoch time per mode. Ratios are of medians over epochs 2.. of all
+repetitions; min–max are of the per-repetition ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import (  # noqa: E402
+    BIN,
+    RunLog,
+    Section,
+    bench_parser,
+    data_flags,
+    dpurun_cmd,
+    emulated_node,
+    fmt_spread,
+    machine,
+    make_data,
+    median,
+    pyplot,
+    ratio_spread,
+    run_logged,
+    save_figure,
+    settings,
+    spread,
+    table,
+    write_json,
+)
+
+WORKLOADS = {
+    "resnet20/cifar10": {"flags": ["--model", "resnet20", "--dataset", "cifar10", "--data", "@cifar10"],
+                         "train": 384, "val": 192},
+    "resnet56/svhn": {"flags": ["--model", "resnet56", "--dataset", "svhn", "--data", "@svhn"],
+                      "train": 192, "val": 96},
+    "shufflenet_v2/tinyimagenet": {"flags": ["--model", "shufflenet_v2", "--dataset", "tinyimagenet",
+                                             "--data", "@tinyimagenet"], "train": 384, "val": 192},
+}
+MODES = ("none", "da", "mv")
+VARIANTS = (*MODES, "peer", "auto")
+PHASES = ("data", "forward_backward", "allreduce", "optimizer", "validation")
+DA_BUFFERS = 4  # the project's --da-buffers default; the peer prefetches as many batches
+TARGETS = {"da_vs_bound": 1.05, "da_vs_peer": 1.00, "mv_vs_train_only": 1.03, "prediction_error": 0.10}
+
+
+# ------------------------------------------------------------------------------------- the peer
+@contextlib.contextmanager
+def throttle_cgroup(speed: float, ncores: int) -> Iterator[Optional[str]]:
+    """The cgroup `dpurun --dpu-speed` would put DPU ranks in (launch.throttle), for the peer's
+    workers; None (unthrottled, with a warning) where it cannot be created."""
+    from dpuoffload.launch import throttle
+
+    if speed >= 1:
+        yield None
+        return
+    try:
+        plan = throttle.plan_cgroup(speed, ncores, pid=os.getpid() * 10 + 7)
+        throttle.create(plan)
+    except throttle.ThrottleUnavailable as e:
+        print(f"warning: peer workers run unthrottled: {e}", file=sys.stderr)
+        yield None
+        return
+    try:
+        yield plan.path
+    finally:
+        throttle.remove(plan)
+
+
+def peer_cmd(training: list[str], workers: int, cores: str, cgroup: Optional[str]) -> list[str]:
+    """dpurun's own mpirun command for 1 host rank on core 0 (`launch.command.build_command`), with
+    the host program swapped for `peer_host.py`."""
+    from dpuoffload.launch.command import HOST_MODULE, LaunchSpec, build_command
+
+    args = [*training, "--log-dir", "{log}", "--no-progress"]
+    spec = LaunchSpec(mpirun=str(BIN / "mpirun"), host_ranks=1, dpu_ranks=0, host_python=sys.executable,
+                      dpu_python=sys.executable, training_args=tuple(args), host_threads=1, host_cores=(0,),
+                      run_as_root=os.geteuid() == 0)
+    cmd = build_command(spec)
+    i = cmd.index(HOST_MODULE)
+    peer = [str(Path(__file__).with_name("peer_host.py")), "--workers", str(workers), "--cores", cores,
+            "--prefetch", str(DA_BUFFERS), *(["--cgroup", cgroup] if cgroup else []), "--"]
+    return cmd[:i - 1] + peer + cmd[i + 1:]
+
+
+# ------------------------------------------------------------------------------------ measuring
+def training_flags(workload: dict[str, Any], args: argparse.Namespace, data: Path) -> list[str]:
+    return [*data_flags(workload["flags"], data), "--epochs", str(args.epochs), "--batch-size", "16",
+            "--train-subset", str(workload["train"]), "--val-subset", str(workload["val"]),
+            "--da-buffers", str(DA_BUFFERS)]
+
+
+def run_variant(variant: str, workload: dict[str, Any], args: argparse.Namespace, data: Path,
+                cgroup: Optional[str]) -> RunLog:
+    train = training_flags(workload, args, data)
+    if variant == "peer":
+        return run_logged(peer_cmd([*train, "--mode", "none"], 1, "1", cgroup), "peer")
+    if variant == "auto":  # one epoch is enough: we want the profile and the predictions
+        train[train.index("--epochs") + 1] = "1"
+    return run_logged(dpurun_cmd(emulated_node(1, args.dpu_speed), [*train, "--mode", variant]), variant)
+
+
+def measure(args: argparse.Namespace, workloads: dict[str, dict[str, Any]], data: Path,
+            variants: tuple[str, ...] = VARIANTS) -> dict[str, dict[str, list[RunLog]]]:
+    """Every variant of every workload once per repetition, repetitions interleaved."""
+    runs: dict[str, dict[str, list[RunLog]]] = {w: {v: [] for v in variants} for w in workloads}
+    with throttle_cgroup(args.dpu_speed, 1) as cgroup:
+        for rep in range(args.reps):
+            for w, workload in workloads.items():
+                for v in variants:
+                    log = run_variant(v, workload, args, data, cgroup)
+                    runs[w][v].append(log)
+                    t = f"{median(log.epoch_times()):.2f} s/epoch" if log.epochs else "-"
+                    print(f"rep {rep + 1}/{args.reps} {w} {v}: {t} (job {log.wall:.0f} s)", file=sys.stderr,
+                          flush=True)
+    return runs
+
+
+# ------------------------------------------------------------------------------------- analysis
+def per_rep(logs: list[RunLog], fn) -> list[float]:
+    """fn(log) -> median over that repetition's steady epochs, one value per repetition."""
+    return [median(fn(log)) for log in logs]
+
+
+def analyze(by_variant: dict[str, list[RunLog]]) -> dict[str, Any]:
+    """Everything reported for one workload, from its runs."""
+    none, da, peer = (by_variant[m] for m in ("none", "da", "peer"))
+    epoch = {v: per_rep(by_variant[v], RunLog.epoch_times) for v in (*MODES, "peer")}
+    host_wo_aug, dpu_aug, bound = da_bound(none, da)
+    train_only = [median(e - v for e, v in zip(log.epoch_times(), log.host_phase("validation"))) for log in none]
+    out: dict[str, Any] = {
+        "epoch_s": {v: spread([t for log in by_variant[v] for t in log.epoch_times()]) for v in epoch},
+        "phases_none": phase_shares(none),
+        "phases_s": {v: phase_seconds(by_variant[v]) for v in ("none", "da", "mv", "peer")},
+        "dpu_augment_s": spread(dpu_aug), "host_without_augmentation_s": spread(host_wo_aug),
+        "bound_s": spread(bound), "train_only_s": spread(train_only),
+        "bound_by": "DPU augmentation" if median(dpu_aug) > median(host_wo_aug) else "host compute",
+        "ratios": {"da_vs_bound": ratio_spread(epoch["da"], bound), "da_vs_peer": ratio_spread(epoch["da"], epoch["peer"]),
+                   "mv_vs_train_only": ratio_spread(epoch["mv"], train_only),
+                   "da_vs_none": ratio_spread(epoch["da"], epoch["none"]),
+                   "peer_vs_none": ratio_spread(epoch["peer"], epoch["none"]),
+                   "mv_vs_none": ratio_spread(epoch["mv"], epoch["none"])},
+        "peer_data_wait_ms_per_step": 1e3 * median(per_rep(peer, lambda log: per_step(log, "data"))),
+        "da_data_wait_ms_per_step": 1e3 * median(per_rep(da, lambda log: per_step(log, "data"))),
+    }
+    out["prediction"] = prediction_error(by_variant["auto"], out["epoch_s"])
+    out["diagnostics"] = diagnostics(out)
+    return out
+
+
+def diagnostics(r: dict[str, Any]) -> dict[str, Any]:
+    """Where the time goes, from one workload's report (pure; also works on a saved JSON).
+
+    Within-run shares do not suffer from run-to-run noise: the host's stall on the DPU in `da`
+    (0 = augmentation perfectly overlapped) and the host's validation hand-off in `mv`. The model's
+    parts for `none` (profile x counts) against the measured phases show which cost it mispredicts.
+    """
+    ph, prof = r["phases_s"], r["prediction"]["profile"]
+    steps = math.ceil(prof["n_train"] / (prof["host_ranks"] * prof["batch"]))
+    b = prof["batch"]
+    parts = {"data": (steps * b * prof["host_aug"], ph["none"]["data"]),
+             "forward_backward": (steps * b * prof["host_train"], ph["none"]["forward_backward"]),
+             "allreduce + optimizer": (steps * (prof["allreduce"] + prof["optimizer"]),
+                                       ph["none"]["allreduce"] + ph["none"]["optimizer"]),
+             "validation": (prof["n_val"] / prof["host_ranks"] * prof["host_eval"], ph["none"]["validation"])}
+    fwd = {v: ph[v]["forward_backward"] for v in ph}
+    return {"da_stall_share": ph["da"]["data"] / r["epoch_s"]["da"]["median"],
+            "da_data_removed": 1 - ph["da"]["data"] / ph["none"]["data"] if ph["none"]["data"] else None,
+            "mv_handoff_share": ph["mv"]["validation"] / r["epoch_s"]["mv"]["median"],
+            "forward_backward_vs_none": {v: fwd[v] / fwd["none"] for v in fwd},
+            "model_parts_none": {k: {"predicted_s": p, "measured_s": m} for k, (p, m) in parts.items()}}
+
+
+def da_bound(none: list[RunLog], da: list[RunLog]) -> tuple[list[float], list[float], list[float]]:
+    """Per repetition: none's host epoch without its data phase, da's DPU seconds to augment and
+    pack the epoch, and the ideal overlap bound, their max."""
+    host_wo_aug = [median(e - d for e, d in zip(log.epoch_times(), log.host_phase("data"))) for log in none]
+    dpu_aug = per_rep(da, lambda log: log.dpu_phase(("augment", "send")))
+    return host_wo_aug, dpu_aug, [max(h, d) for h, d in zip(host_wo_aug, dpu_aug)]
+
+
+def per_step(log: RunLog, phase: str) -> list[float]:
+    return [h["phases"].get(phase, 0.0) / max(h["steps"], 1) for h in log.steady(log.host)]
+
+
+def phase_seconds(logs: list[RunLog]) -> dict[str, float]:
+    """Median seconds per steady epoch in each host phase, plus what no phase timer covers."""
+    out = {p: median(t for log in logs for t in log.host_phase(p)) for p in PHASES}
+    out["other"] = max(0.0, median(t for log in logs for t in log.epoch_times()) - sum(out.values()))
+    return out
+
+
+def phase_shares(logs: list[RunLog]) -> dict[str, float]:
+    """Share of the epoch in each phase (medians of per-epoch shares; optimizer folded into 'other')."""
+    shares = {}
+    for p in PHASES:
+        shares[p] = median(h["phases"].get(p, 0.0) / h["epoch_time"] for log in logs for h in log.steady(log.host))
+    return shares
+
+
+def prediction_error(auto: list[RunLog], measured: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Predicted (the --mode auto profile of each repetition, median) vs measured epoch per mode."""
+    predicted = {m: median(log.auto["predicted"][m] for log in auto) for m in MODES}
+    return {"chosen": [log.auto["chosen"] for log in auto],
+            "modes": {m: {"predicted_s": predicted[m], "measured_s": measured[m]["median"],
+                          "error": (predicted[m] - measured[m]["median"]) / measured[m]["median"]} for m in MODES},
+            "profile": auto[-1].auto["profile"]}
+
+
+# --------------------------------------------------------------------------------------- output
+def verdict(value: float, target: float) -> str:
+    return "met" if value <= target else "missed"
+
+
+def markdown(report: dict[str, Any], settings: dict[str, Any]) -> str:
+    out = [f"Host rank on core 0, one DPU rank (or the peer's one DataLoader worker) on core 1 at --dpu-speed "
+           f"{settings['dpu_speed']}; batch 16, {settings['epochs']} epochs x {settings['reps']} interleaved "
+           "repetitions; epoch s = median over epochs 2.. (min–max).", ""]
+    out.append("**Phase shares of the epoch in `--mode none`** (host rank; data = loading + augmentation)\n")
+    out.append(table(["workload", "epoch s", *PHASES, "other"],
+                     [[w, f"{r['epoch_s']['none']['median']:.2f}", *(f"{r['phases_none'][p]:.0%}" for p in PHASES),
+                       f"{max(0.0, 1 - sum(r['phases_none'].values())):.0%}"] for w, r in report.items()]))
+    out.append("\n**Epoch time side by side, and the targets**\n")
+    rows = []
+    for w, r in report.items():
+        q = r["ratios"]
+        rows.append([w, *(fmt_spread(r["epoch_s"][v]) for v in ("none", "peer", "da", "mv")),
+                     f"{r['bound_s']['median']:.2f} ({r['bound_by']})", f"{r['train_only_s']['median']:.2f}",
+                     *(f"{fmt_spread(q[k], 3)} {verdict(q[k]['median'], TARGETS[k])}"
+                       for k in ("da_vs_bound", "da_vs_peer", "mv_vs_train_only"))])
+    out.append(table(["workload", "none s", "peer s", "da s", "mv s", "da bound s", "train-only s",
+                      "da / bound (≤1.05)", "da / peer (≤1.00)", "mv / train-only (≤1.03)"], rows))
+    out.append("\n**Where the host's time goes** (seconds per epoch, medians; data = the wait for a batch)\n")
+    rows = [[w, v, *(f"{r['phases_s'][v][p]:.3f}" for p in (*PHASES, "other"))]
+            for w, r in report.items() for v in ("none", "peer", "da", "mv")]
+    out.append(table(["workload", "run", *PHASES, "other"], rows))
+    out.append("\n**Performance model: predicted (`--mode auto` profile) vs measured epoch** (target |error| ≤ 10 %)\n")
+    rows = [[w, m, f"{p['predicted_s']:.2f}", f"{p['measured_s']:.2f}", f"{p['error']:+.1%}",
+             verdict(abs(p["error"]), TARGETS["prediction_error"])]
+            for w, r in report.items() for m, p in r["prediction"]["modes"].items()]
+    out.append(table(["workload", "mode", "predicted s", "measured s", "error", "target"], rows))
+    out.append("\n**Where the time goes** (within-run shares, free of run-to-run noise; forward/backward of each run "
+               "relative to none's, which would be 1.00 on a quiet machine; the model's parts of the none epoch)\n")
+    rows = []
+    for w, r in report.items():
+        d = r["diagnostics"]
+        fb = ", ".join(f"{v} {x:.2f}" for v, x in d["forward_backward_vs_none"].items() if v != "none")
+        parts = ", ".join(f"{k} {p['predicted_s']:.2f}/{p['measured_s']:.2f}" for k, p in d["model_parts_none"].items())
+        rows.append([w, f"{d['da_stall_share']:.1%}", f"{d['mv_handoff_share']:.1%}", fb, parts])
+    out.append(table(["workload", "da: host stall / epoch", "mv: hand-off / epoch", "fwd/bwd vs none",
+                      "model parts of none, predicted/measured s"], rows))
+    return "\n".join(out)
+
+
+def plots(report: dict[str, Any], outdir: Path, suffix: str = "") -> list[Path]:
+    plt = pyplot()
+    paths = []
+    names = list(report)
+    # 1. stacked phase shares (published Fig. 6 shape)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = [0.0] * len(names)
+    for p in (*PHASES, "other"):
+        vals = [report[w]["phases_none"].get(p, max(0.0, 1 - sum(report[w]["phases_none"].values())))
+                if p != "other" else max(0.0, 1 - sum(report[w]["phases_none"].values())) for w in names]
+        ax.bar(names, [100 * v for v in vals], bottom=[100 * b for b in bottom], label=p)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylabel("% of epoch (--mode none, host rank)")
+    ax.set_title("Where the epoch goes")
+    ax.legend(fontsize=8, loc="lower right")
+    paths.append(save_figure(fig, outdir / f"phases{suffix}.png"))
+    # 2. epoch time per variant with the bounds
+    fig, ax = plt.subplots(figsize=(8, 4))
+    variants = ("none", "peer", "da", "mv")
+    width = 0.8 / (len(variants) + 2)
+    for i, v in enumerate(variants):
+        meds = [report[w]["epoch_s"][v]["median"] for w in names]
+        lo = [m - report[w]["epoch_s"][v]["min"] for m, w in zip(meds, names)]
+        hi = [report[w]["epoch_s"][v]["max"] - m for m, w in zip(meds, names)]
+        ax.bar([j + i * width for j in range(len(names))], meds, width, yerr=[lo, hi], capsize=2, label=v)
+    for i, (key, label) in enumerate((("bound_s", "da bound"), ("train_only_s", "train-only"))):
+        ax.bar([j + (len(variants) + i) * width for j in range(len(names))],
+               [report[w][key]["median"] for w in names], width, label=label, hatch="//", alpha=0.6)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, fontsize=8)
+    ax.set_ylabel("epoch s (median, min–max)")
+    ax.set_title("Modes, the DataLoader peer and the ideal bounds")
+    ax.legend(fontsize=8)
+    paths.append(save_figure(fig, outdir / f"epoch_times{suffix}.png"))
+    # 3. predicted vs measured
+    fig, ax = plt.subplots(figsize=(5, 5))
+    top = 0.0
+    for m in MODES:
+        xs = [report[w]["prediction"]["modes"][m]["measured_s"] for w in names]
+        ys = [report[w]["prediction"]["modes"][m]["predicted_s"] for w in names]
+        ax.scatter(xs, ys, label=m)
+        top = max(top, *xs, *ys)
+    ax.plot([0, top * 1.1], [0, top * 1.1], "k-", lw=0.8)
+    ax.fill_between([0, top * 1.1], [0, top * 1.0], [0, top * 1.21], color="grey", alpha=0.15, label="±10 %")
+    ax.set_xlabel("measured epoch s")
+    ax.set_ylabel("predicted epoch s")
+    ax.set_title("Performance model")
+    ax.legend(fontsize=8)
+    paths.append(save_figure(fig, outdir / f"prediction{suffix}.png"))
+    return paths
+
+
+# ------------------------------------------------------------------------------------------ main
+def build_parser() -> argparse.ArgumentParser:
+    return bench_parser(__doc__, "workloads", "1 rep of 2 epochs, resnet20/cifar10 on 64 samples")
+
+
+def run(args: argparse.Namespace) -> Section:
+    workloads = dict(WORKLOADS)
+    if args.quick:
+        args.reps, args.epochs = 1, 2
+        workloads = {"resnet20/cifar10": {**WORKLOADS["resnet20/cifar10"], "train": 64, "val": 32}}
+    data = make_data()
+    runs = measure(args, workloads, data)
+    report = {w: analyze(runs[w]) for w in workloads}
+    payload = {"machine": machine(), "settings": settings(args), "targets": TARGETS, "report": report}
+    write_json(args.out, payload)
+    return Section("workloads", payload, markdown(report, settings(args)), plots(report, args.plots))
+
+
+def main() -> int:
+    section = run(build_parser().parse_args())
+    print(section.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
