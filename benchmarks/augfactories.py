@@ -33,7 +33,8 @@ def _train_steps(weight: str) -> list:
 
 
 def _build(weight: str, root: str, train: bool):
-    from torchvision import datasets, transforms as T
+    from torchvision import datasets
+    from torchvision import transforms as T
 
     steps = _train_steps(weight) if train else [T.Resize(64), T.CenterCrop(64)]
     transform = T.Compose(steps + [T.ToTensor(), T.Normalize(MEAN, STD)])

@@ -16,6 +16,7 @@ collate; each batch carries its epoch, since persistent workers keep their own c
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -94,9 +95,10 @@ class PeerFeed:
     def global_samples(self, step: int) -> Optional[int]:
         return None
 
-    def epoch(self, epoch: int) -> Iterator[Any]:
+    def epoch(self, epoch: int, start: int = 0, stop: Optional[int] = None) -> Iterator[Any]:
+        """Whole epochs only (`start`/`stop` are for resumed runs, which the peer never does)."""
         self.batches.set_epoch(epoch)
-        yield from self.loader
+        yield from itertools.islice(self.loader, start, stop)
 
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:

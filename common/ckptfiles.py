@@ -116,6 +116,18 @@ def plan_for(meta: Mapping[str, Any]) -> ShardPlan:
     return plan_shards([numel(s) for _, _, s in meta["catalog"]], int(meta["host_ranks"]), int(meta["threshold"]))
 
 
+def part_sizes(meta: Mapping[str, Any], sender: int, parts: int, nbytes: int) -> list[int]:
+    """Byte sizes of the messages a sender's shared slice came in (1 packed, or one per piece)."""
+    if parts == 1:
+        return [nbytes]
+    sizes = [(p.stop - p.start) * torch.empty((), dtype=dtype_of(meta["catalog"][p.tensor][1])).element_size()
+             for p in plan_for(meta).rank_pieces(sender)]
+    if len(sizes) != parts or sum(sizes) != nbytes:
+        raise CheckpointError(f"host rank {sender} sent {parts} parts / {nbytes} bytes, its slice plan has "
+                              f"{len(sizes)} / {sum(sizes)}")
+    return sizes
+
+
 def committed(root: str | Path) -> list[Path]:
     """Complete checkpoints under `root`, oldest first."""
     root = Path(root)

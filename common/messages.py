@@ -75,9 +75,11 @@ class StateKind(IntEnum):
 # The CKPT / CLONE message: this header, then `small_nbytes` bytes = `meta_nbytes` of UTF-8 JSON (run-level:
 # position, tensor catalog, optimizer groups, scheduler, config; identical from every host rank) followed by
 # the sender's local state (a safetensors blob: BatchNorm buffers, RNG states, epoch progress), then
-# `shared_nbytes` bytes: the sender's pieces of the sharded tensors (`common.sharding`, catalog order).
+# `shared_nbytes` bytes: the sender's pieces of the sharded tensors (`common.sharding`, catalog order), in
+# `shared_parts` messages: 1 (staged: one packed buffer) or one per piece (zero-copy: each piece straight from
+# tensor memory, so Open MPI's single-copy path lets the receiver pull it while the sender computes).
 CKPT_HEADER = HeaderLayout("ckpt", Tag.CKPT, ("kind", "global_step", "sender", "senders", "meta_nbytes",
-                                              "small_nbytes", "shared_nbytes"))
+                                              "small_nbytes", "shared_nbytes", "shared_parts"))
 
 # The METRICS message: float64 [epoch, loss sum, correct, count] over the DPU ranks' validation part.
 METRICS_FIELDS = ("epoch", "loss_sum", "correct", "count")

@@ -137,6 +137,7 @@ class Trainer:
         self.global_step = 0
         self.resumed_progress: Optional[EpochProgress] = None
         self.label = ""  # printed before each epoch line ("[clone] " in a clone group)
+        self.step_times: list[float] = []  # seconds of each step of the epoch in flight
 
     @property
     def is_leader(self) -> bool:
@@ -185,7 +186,8 @@ class Trainer:
         self.phase_log.write({"epoch": epoch, "world_rank": self.topo.world_rank, "role": self.topo.role.name.lower(),
                               "epoch_time": epoch_time, "steps": span.stop - span.start,
                               "phases": dict(self.timer.totals), "batch_digest": batch_digest,
-                              "samples": samples})
+                              "samples": samples, "first_global_step": self.global_step - len(self.step_times) + 1,
+                              "step_times": self.step_times})
         self.partial[epoch] = self.train_record(epoch, train_sums, losses, epoch_time, share)
 
     def dpu_share(self, train_time: float) -> float:
@@ -216,6 +218,7 @@ class Trainer:
                    # hides the terminal size from ranks and tqdm would hide a bar it thinks off-screen
                    disable=not (self.cfg.progress and self.is_leader and env.progress_wanted()))
         batches = self.feed.epoch(span.epoch, span.start, span.stop)
+        self.step_times, t_step = [], time.perf_counter()
         for i, (x, y) in enumerate(self.timed(batches), start=span.start):
             if digest is not None:
                 digest.update(x.numpy().tobytes())
@@ -225,6 +228,9 @@ class Trainer:
             progress.sums += (loss * len(y), correct, len(y))
             self.global_step += 1
             self.handoff(lambda: self.hooks.after_step(Position(span.epoch, i + 1, self.global_step), progress))
+            now = time.perf_counter()
+            self.step_times.append(now - t_step)  # data + compute + hand-off: what a checkpoint costs a step
+            t_step = now
             bar.update(1)
         bar.close()
         return (allreduce_sums(self.comm, progress.sums), progress.losses,

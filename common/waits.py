@@ -48,6 +48,20 @@ def wait(req: "MPI.Request", timeout: Optional[float], what: str, max_sleep: flo
     return time.perf_counter() - t0
 
 
+def wait_all(reqs: "list[MPI.Request]", timeout: Optional[float], what: str, max_sleep: float = _MAX_SLEEP) -> float:
+    """`wait` for every request of `reqs` (one `Testall` per poll progresses them all)."""
+    from mpi4py import MPI
+
+    t0, sleep = time.perf_counter(), 0.0
+    while not MPI.Request.Testall(reqs):
+        if timeout is not None and time.perf_counter() - t0 > timeout:
+            raise PeerError(f"timed out after {timeout:.0f} s waiting for {what}; the peer rank is dead, hung "
+                            "or far slower than expected (raise --peer-timeout if it is slow)")
+        time.sleep(sleep)
+        sleep = min(max(sleep * 2, 1e-4), max_sleep)
+    return time.perf_counter() - t0
+
+
 def wait_object(req: "MPI.Request", timeout: Optional[float], what: str) -> Any:
     """`wait` for a pickled (lower-case mpi4py) request; returns the object received."""
     t0, sleep = time.perf_counter(), 0.0

@@ -36,12 +36,13 @@ from dpuoffload.common.failure import PREFIX
 from dpuoffload.common.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.metrics import JsonlLog
 from dpuoffload.common.roles import Topology, feeders
-from dpuoffload.common.waits import wait, wait_object
+from dpuoffload.common.waits import wait, wait_all, wait_object
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-HANDOFF_POLL_MAX_SLEEP = 0.05
+HANDOFF_POLL_MAX_SLEEP = 0.05   # between hand-offs: may be hours apart
+SLICE_POLL_MAX_SLEEP = 0.002    # a hand-off in flight: each poll lets Open MPI pull the next pieces
 
 
 @dataclass
@@ -122,9 +123,13 @@ class Keeper:
         small = np.empty(head["small_nbytes"], dtype=np.uint8)
         shared = np.empty(head["shared_nbytes"], dtype=np.uint8)
         if head["kind"] != StateKind.END:
-            reqs = [world.Irecv(small, source=host, tag=Tag.CKPT), world.Irecv(shared, source=host, tag=Tag.CKPT)]
-            for req in reqs:
-                wait(req, self.cfg.peer_timeout, f"the state slices of {self.topo.describe(host)}")
+            what = f"the state slices of {self.topo.describe(host)}"
+            wait(world.Irecv(small, source=host, tag=Tag.CKPT), self.cfg.peer_timeout, what)
+            sizes = ckptfiles.part_sizes(Received(head, small, shared).meta, head["sender"], head["shared_parts"],
+                                         shared.nbytes)
+            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
+            reqs = [world.Irecv(shared[a:b], source=host, tag=Tag.CKPT) for a, b in zip(offsets[:-1], offsets[1:])]
+            wait_all(reqs, self.cfg.peer_timeout, what, max_sleep=SLICE_POLL_MAX_SLEEP)
         return Received(head, small, shared)
 
     # ------------------------------------------------------------------------- checkpoint
@@ -202,7 +207,7 @@ class Keeper:
         reqs = []
         for host, r in zip(self.hosts, batch):
             dest = clone_target(self.topo, host)
-            header = CKPT_HEADER.pack(**r.head)
+            header = CKPT_HEADER.pack(**{**r.head, "shared_parts": 1})  # forwarded as one buffer
             reqs += [self.topo.world.Isend(buf, dest=dest, tag=Tag.CLONE) for buf in (header, r.small, r.shared)]
         for req in reqs:
             wait(req, self.cfg.peer_timeout, "a clone rank to receive the forwarded state")

@@ -45,7 +45,9 @@ from dpuoffload.common.trainstate import (
     set_rng,
     shared_tensors,
 )
-from dpuoffload.common.waits import wait
+from dpuoffload.common.waits import wait, wait_all
+
+ZERO_POLL_MAX_SLEEP = 0.0005  # the next optimizer step waits on these: poll often
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -89,7 +91,8 @@ class StateHandoff:
         self.keeper = keeper_of(topo)
         self.rank, self.size = topo.side_rank, topo.side_comm.Get_size()
         self.inflight: list[tuple["MPI.Request", Any]] = []   # requests and the buffers they read
-        self.zero_pending: Optional[tuple["MPI.Request", Any]] = None
+        self.zero_pending: list["MPI.Request"] = []   # zero-copy sends straight from tensor memory
+        self.zero_views: list[np.ndarray] = []
         self.staging: Optional[np.ndarray] = None
         self.deferred: set[StateKind] = set()
         self.log = JsonlLog(cfg.log_dir, f"handoff-rank{topo.world_rank}.jsonl")
@@ -121,13 +124,12 @@ class StateHandoff:
             self.send(kind, pos, EpochProgress())
 
     def before_optimizer_step(self) -> None:
-        """Zero-copy: the bytes of the last slice must be on their way before the weights change."""
-        if self.zero_pending is not None:
+        """Zero-copy: the keeper must have the bytes of the last slice before the weights change."""
+        if self.zero_pending:
             t0 = time.perf_counter()
-            req, dtype = self.zero_pending
-            wait(req, self.cfg.peer_timeout, f"{self.topo.describe(self.keeper)} to receive the state slice")
-            dtype.Free()
-            self.zero_pending = None
+            wait_all(self.zero_pending, self.cfg.peer_timeout,
+                     f"{self.topo.describe(self.keeper)} to receive the state slice", max_sleep=ZERO_POLL_MAX_SLEEP)
+            self.zero_pending, self.zero_views = [], []
             self.blocked[-1] += time.perf_counter() - t0
 
     def finish(self) -> None:
@@ -151,7 +153,8 @@ class StateHandoff:
         small = np.frombuffer(meta + capture_local(self.model, progress), dtype=np.uint8)
         shared_nbytes = packed_nbytes(list(tensors.values()), pieces)
         self._post(CKPT_HEADER.pack(kind=kind, global_step=pos.global_step, sender=self.rank, senders=self.size,
-                                    meta_nbytes=len(meta), small_nbytes=small.nbytes, shared_nbytes=shared_nbytes))
+                                    meta_nbytes=len(meta), small_nbytes=small.nbytes, shared_nbytes=shared_nbytes,
+                                    shared_parts=len(pieces) if self.cfg.ckpt_copy == "zero" else 1))
         self._post(small)
         if self.cfg.ckpt_copy == "zero":
             self._send_zero_copy(list(tensors.values()), pieces)
@@ -167,14 +170,12 @@ class StateHandoff:
                         "small_bytes": small.nbytes, "copy": self.cfg.ckpt_copy})
 
     def _send_zero_copy(self, tensors: list, pieces: tuple) -> None:
-        """One message straight from tensor memory: an hindexed datatype of absolute addresses."""
-        from mpi4py import MPI
-
-        lengths = [(p.stop - p.start) * tensors[p.tensor].element_size() for p in pieces]
-        addrs = [tensors[p.tensor].data_ptr() + p.start * tensors[p.tensor].element_size() for p in pieces]
-        dtype = MPI.BYTE.Create_hindexed(lengths, addrs).Commit()
-        req = self.topo.world.Isend([MPI.BOTTOM, 1, dtype], dest=self.keeper, tag=Tag.CKPT)
-        self.zero_pending = (req, dtype)
+        """One message per piece, straight from tensor memory (contiguous, so large pieces take
+        Open MPI's single-copy path: the keeper pulls them while this rank computes the next step)."""
+        for p in pieces:
+            view = tensors[p.tensor].reshape(-1)[p.start: p.stop].numpy().view(np.uint8)
+            self.zero_views.append(view)
+            self.zero_pending.append(self.topo.world.Isend(view, dest=self.keeper, tag=Tag.CKPT))
 
     def _post(self, buf: np.ndarray) -> None:
         self.inflight.append((self.topo.world.Isend(buf, dest=self.keeper, tag=Tag.CKPT), buf))

@@ -133,3 +133,28 @@ def test_transport_benchmark_quick(tmp_path):
     assert [r["size"] for r in results] == ["cifar 16x3x32x32", "cifar 64x3x32x32"]
     assert all(r["raw_GBps"] > 0 and r["ours_GBps"] > 0 for r in results)
     assert "| ours / raw |" in res.stdout
+
+
+def test_checkpoint_overhead_is_ckpt_step_and_next_minus_ordinary():
+    from benchmarks import checkpoint
+
+    phases = [{"first_global_step": 1, "step_times": [9.0, 9.0, 1.0, 3.0, 2.0, 1.0, 1.0]},
+              {"first_global_step": 8, "step_times": [1.0, 1.0]}]
+    handoffs = [{"global_step": 4, "blocked_s": 0.5}, {"global_step": 9, "blocked_s": 0.25}]
+    s = checkpoint.summarize(phases, handoffs)
+    assert s["ordinary_step_s"] == 1.0                 # steps 3, 6, 7, 8 (1-2 are warm-up; 4-5 and 9 have ckpts)
+    assert s["overhead_s"] == [1.5]                    # (3 + 2) / 2 - 1; step 9 has no next step: skipped
+    assert s["blocked_s"] == [0.5, 0.25] and s["checkpoints"] == 2
+
+
+@pytest.mark.mpi
+def test_checkpoint_benchmark_quick(tmp_path):
+    out = tmp_path / "checkpoint.json"
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "checkpoint.py"), "--quick", "--reps", "1",
+                          "--models", "resnet20", "--out", str(out)],
+                         capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    by = json.loads(out.read_text())["results"]["resnet20"]
+    assert set(by) == {"ours-staged", "ours-zero", "rank0-torch.save", "slices-torch.save"}
+    assert all(r[0]["checkpoints"] == 3 and all(b > 0 for b in r[0]["blocked_s"]) for r in by.values())
+    assert "| ours-staged |" in res.stdout

@@ -1,0 +1,105 @@
+"""The baselines of the checkpoint benchmark: host ranks write checkpoints themselves (no DPU).
+
+    mpirun -np N python benchmarks/ckpt_host.py --how rank0|slices --every K --dir DIR -- <training flags>
+
+It is the project's host program (`dpuoffload.host.main`) with its state hooks replaced, after the
+optimizer step of every K-th step, by what a user does without DPUs (DeepFreeze's baselines):
+
+- rank0: host rank 0 `torch.save`s the full state (model + optimizer state_dict); the others go on;
+- slices: every host rank `torch.save`s its 1/N slice (the same slicing as ours, `common.sharding`).
+
+Both write to a temporary name, fsync and rename, like ours, so all three are equally durable. The
+blocking time of each checkpoint goes to `handoff-rank<R>.jsonl`, as for ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+class TorchSaveHooks:
+    """`common.training.StateHooks` that save with `torch.save` on the host ranks."""
+
+    def __init__(self, trainer: Any, opts: argparse.Namespace) -> None:
+        from dpuoffload.common.metrics import JsonlLog
+
+        self.trainer, self.opts = trainer, opts
+        self.rank, self.size = trainer.comm.Get_rank(), trainer.comm.Get_size()
+        self.log = JsonlLog(trainer.cfg.log_dir, f"handoff-rank{trainer.topo.world_rank}.jsonl")
+
+    def after_step(self, pos: Any, progress: Any) -> None:
+        if pos.global_step % self.opts.every == 0:
+            self.save(pos)
+
+    def after_epoch(self, pos: Any) -> None:
+        pass
+
+    def before_optimizer_step(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+    def state(self) -> dict[str, Any]:
+        model, opt = self.trainer.model, self.trainer.optimizer
+        if self.opts.how == "rank0":
+            return {"model": model.state_dict(), "optimizer": opt.state_dict()}
+        from dpuoffload.common.sharding import plan_shards
+        from dpuoffload.common.trainstate import shared_tensors
+
+        tensors = shared_tensors(model, opt)
+        names, values = list(tensors), list(tensors.values())
+        plan = plan_shards([t.numel() for t in values], self.size)
+        return {f"{names[p.tensor]}[{p.start}:{p.stop}]": values[p.tensor].reshape(-1)[p.start:p.stop]
+                for p in plan.rank_pieces(self.rank)} | {"buffers": dict(model.named_buffers())}
+
+    def save(self, pos: Any) -> None:
+        t0 = time.perf_counter()
+        if self.opts.how == "slices" or self.rank == 0:
+            target = Path(self.opts.dir) / f"step-{pos.global_step:09d}-rank{self.rank}.pt"
+            tmp = target.with_name(f".{target.name}.tmp")
+            with open(tmp, "wb") as f:
+                torch.save(self.state(), f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        self.log.write({"kind": self.opts.how, "global_step": pos.global_step, "blocked_s": time.perf_counter() - t0})
+
+
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--how", choices=("rank0", "slices"), required=True)
+    p.add_argument("--every", type=int, required=True, help="checkpoint after every K-th step")
+    p.add_argument("--dir", required=True, help="directory for the checkpoint files")
+    opts = p.parse_args(argv[:split])
+    Path(opts.dir).mkdir(parents=True, exist_ok=True)
+    return opts, argv[split + 1:]
+
+
+def main() -> None:
+    from dpuoffload.host import main as host
+
+    opts, training = parse(sys.argv[1:])
+
+    class Baseline(host.Trainer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.hooks = TorchSaveHooks(self, opts)
+
+    host.Trainer = Baseline
+    host.run(training)
+
+
+if __name__ == "__main__":
+    main()
