@@ -12,7 +12,7 @@ from dpuoffload.launch import cli
 LAUNCHER_FLAGS = {
     "-h", "--help",
     "--host-ranks", "--dpu-ranks", "--dpu-cores", "--dpu-speed", "--host-threads", "--dpu-threads",
-    "--oversubscribe",
+    "--oversubscribe", "--clone-ranks",
     "--hosts", "--dpus", "--hostfile", "--dpu-hostfile",
     "--mpi-flavor", "--mpirun", "--python", "--dpu-python", "--mpirun-arg", "--dry-run",
 }
@@ -24,6 +24,8 @@ TRAINING_FLAGS = {
     "--lr", "--momentum", "--weight-decay", "--lr-schedule", "--seed", "--allreduce", "--log-dir",
     "--no-progress", "--peer-timeout", "--digest-batches", "--da-buffers", "--mv-dpu-fraction",
     "--dpu-da-ranks", "--dpu-mv-ranks", "--da-fanout", "--dpu-batch-size", "--save-weights", "--trace",
+    "--ckpt-dir", "--ckpt-every", "--ckpt-every-epoch", "--ckpt-keep", "--ckpt-copy", "--resume", "--stop-at-step",
+    "--clone-at", "--clone-override",
 }
 
 

@@ -307,3 +307,11 @@ def test_detect_flavor(tmp_path):
     fake.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 5.0.11'\n")
     assert cli.detect_flavor(str(fake)) == "openmpi"
     assert cli.detect_flavor(str(tmp_path / "missing")) == "openmpi"
+
+
+def test_clone_ranks_are_a_third_app_context_on_the_host_cores():
+    cmd = build_command(local_spec(clone_ranks=2))
+    contexts = " ".join(cmd).split(" : ")
+    assert len(contexts) == 3
+    assert contexts[2].startswith("-np 2 env ") and "taskset -c 0" in contexts[2]
+    assert contexts[2].endswith(f"{PY} -m dpuoffload.host {' '.join(TRAIN)}")

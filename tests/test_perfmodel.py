@@ -4,8 +4,7 @@ import math
 
 import pytest
 
-from dpuoffload.common.perfmodel import (Profile, choose, format_table, predict, predict_all, project,
-                                         ring_allreduce_s)
+from dpuoffload.common.perfmodel import Profile, choose, format_table, predict, predict_all, project, ring_allreduce_s
 
 
 def profile(**over):

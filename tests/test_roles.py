@@ -58,5 +58,8 @@ def test_role_from_appnum():
     assert role_from_appnum(None, Role.DPU) is Role.DPU
     with pytest.raises(ConfigError, match="put the host program first"):
         role_from_appnum(0, Role.DPU)
-    with pytest.raises(ConfigError, match="exactly two"):
-        role_from_appnum(2, Role.HOST)
+    assert role_from_appnum(2, Role.HOST) is Role.CLONE  # the clone group runs the host program
+    with pytest.raises(ConfigError, match="context 1 is reserved"):
+        role_from_appnum(2, Role.DPU)
+    with pytest.raises(ConfigError, match="two or three"):
+        role_from_appnum(3, Role.HOST)

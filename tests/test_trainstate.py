@@ -16,6 +16,7 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.resume import config_dict
 from dpuoffload.common.sharding import pack_pieces, packed_nbytes, plan_shards
+from dpuoffload.common.training import build_optimizer, lr_factor
 from dpuoffload.common.trainstate import (
     EpochProgress,
     EpochSpan,
@@ -31,7 +32,6 @@ from dpuoffload.common.trainstate import (
     set_rng,
     shared_tensors,
 )
-from dpuoffload.common.training import build_optimizer, lr_factor
 from dpuoffload.host.clone import clone_config, state_sha256
 from dpuoffload.launch import export as export_cli
 
