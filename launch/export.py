@@ -9,7 +9,7 @@ and `model.load_state_dict(ckpt["model"])` — no dpuoffload, MPI or DPU needed.
 from __future__ import annotations
 
 import argparse
-import os
+import io
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -39,16 +39,9 @@ def export(checkpoint: str, out: str) -> str:
     plain = ckptfiles.plain_state_dicts(ckpt)
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(plain, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    buffer = io.BytesIO()
+    torch.save(plain, buffer)
+    ckptfiles.write_atomic(target, buffer.getbuffer())  # temp file, fsync, rename: never half a file
     n_params = sum(t.numel() for t in plain["model"].values())
     pos = describe_position(Position(plain["epoch"], plain["step"], plain["global_step"]))
     return (f"exported {path} (model {plain['model_name']}, {pos}, {len(plain['model'])} tensors / {n_params:,} values, "
