@@ -167,7 +167,8 @@ class StateHandoff:
         self.blocked.append(blocked)
         self.log.write({"kind": kind.name.lower(), "global_step": pos.global_step, "epoch": pos.epoch,
                         "step": pos.step, "blocked_s": blocked, "shared_bytes": shared_nbytes,
-                        "small_bytes": small.nbytes, "copy": self.cfg.ckpt_copy})
+                        "small_bytes": small.nbytes, "copy": self.cfg.ckpt_copy,
+                        "wall_time": time.time()})  # wall clock: clone readiness = clone's ready_time - this
 
     def _send_zero_copy(self, tensors: list, pieces: tuple) -> None:
         """One message per piece, straight from tensor memory (contiguous, so large pieces take

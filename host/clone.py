@@ -141,7 +141,8 @@ def adopt(trainer: Trainer, topo: Topology, original: RunConfig, clone: RunConfi
     set_rng(local.rng)
     return {"event": "clone_start", "global_step": pos.global_step, "epoch": start.epoch, "step": start.step,
             "standby_s": received - t0, "rebuild_s": time.perf_counter() - received,
-            "state_sha256": state_sha256(trainer.model, trainer.optimizer), "overrides": list(original.clone_override)}
+            "state_sha256": state_sha256(trainer.model, trainer.optimizer), "overrides": list(original.clone_override),
+            "ready_time": time.time()}  # wall clock, comparable with the originals' hand-off `wall_time`
 
 
 def apply_hyperparameters(trainer: Trainer, original: RunConfig, clone: RunConfig) -> None:

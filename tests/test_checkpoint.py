@@ -129,6 +129,9 @@ def test_clone_starts_from_the_same_state_and_trains_identically(job, root):
         assert clone_epochs[e]["step_losses"] == r["epochs"][e]["step_losses"]
     assert r["clone"][-1]["weights_sha256"] == r["end"]["weights_sha256"]
     assert "[clone] epoch 2/2" in r["out"]
+    handed = [h for h in read_jsonl(r["log"] / "handoff-rank0.jsonl") if h["kind"] == "clone"]
+    assert [h["global_step"] for h in handed] == [6]
+    assert 0 < start["ready_time"] - handed[0]["wall_time"] < 60  # readiness: hand-off end -> clones ready
 
 
 def test_clone_overrides_change_only_the_clone(job):
