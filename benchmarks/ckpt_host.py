@@ -25,9 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dpuoffload.common.training import NoHooks  # noqa: E402
 
-class TorchSaveHooks:
-    """`common.training.StateHooks` that save with `torch.save` on the host ranks."""
+
+class TorchSaveHooks(NoHooks):
+    """`common.training.StateHooks` that save with `torch.save` on the host ranks (after a step only)."""
 
     def __init__(self, trainer: Any, opts: argparse.Namespace) -> None:
         from dpuoffload.common.metrics import JsonlLog
@@ -39,15 +41,6 @@ class TorchSaveHooks:
     def after_step(self, pos: Any, progress: Any) -> None:
         if pos.global_step % self.opts.every == 0:
             self.save(pos)
-
-    def after_epoch(self, pos: Any) -> None:
-        pass
-
-    def before_optimizer_step(self) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
 
     def state(self) -> dict[str, Any]:
         model, opt = self.trainer.model, self.trainer.optimizer
