@@ -111,6 +111,24 @@ def write_manifest(directory: Path, meta: Mapping[str, Any], files: Mapping[str,
     fsync_dir(directory)
 
 
+@dataclass
+class Received:
+    """One host rank's hand-off, as it arrived (header fields, meta + local bytes, shared bytes):
+    what a keeper receives from a host rank, and a clone rank from a keeper."""
+
+    head: dict[str, int]
+    small: np.ndarray
+    shared: np.ndarray
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return json.loads(self.small[: self.head["meta_nbytes"]].tobytes())
+
+    @property
+    def local(self) -> memoryview:
+        return memoryview(self.small)[self.head["meta_nbytes"]:]
+
+
 def plan_for(meta: Mapping[str, Any]) -> ShardPlan:
     """The slicing a checkpoint was written with (pure: from its catalog and sender count)."""
     return plan_shards([numel(s) for _, _, s in meta["catalog"]], int(meta["host_ranks"]), int(meta["threshold"]))

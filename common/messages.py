@@ -69,7 +69,8 @@ class StateKind(IntEnum):
     CHECKPOINT = 1     # persist it (keepers write shards, keeper 0 commits)
     CLONE = 2          # forward it to the clone ranks, no disk
     END = 3            # no more state from this host rank (payload sizes 0)
-    NO_CLONE = 4       # DPU -> clone ranks: training ended before --clone-at; clones exit
+    PREPARE = 4        # after the first step: `shared_nbytes` of this rank's future hand-offs, so the keeper
+                       # (and, forwarded, the clone rank) can fault in its receive buffer off the critical path
 
 
 # The CKPT / CLONE message: this header, then `small_nbytes` bytes = `meta_nbytes` of UTF-8 JSON (run-level:

@@ -88,6 +88,25 @@ def packed_nbytes(tensors: Sequence[torch.Tensor], pieces: Sequence[Piece]) -> i
     return sum((p.stop - p.start) * tensors[p.tensor].element_size() for p in pieces)
 
 
+def byte_buffer(nbytes: int, touch: bool = False) -> np.ndarray:
+    """A fresh uint8 buffer for state bytes that MPI or a staging copy will overwrite entirely.
+
+    Allocated by torch rather than numpy: torch aligns large blocks to 2 MB and advises
+    transparent huge pages, so first touch faults 2 MB pages instead of 4 KB ones (188 MB on
+    this VM: numpy `np.empty` + fill 0.55 s, this 0.07-0.14 s). Deterministic mode's NaN fill
+    of fresh tensors is skipped (every byte is written anyway); `touch` faults the pages in now,
+    to keep that cost off a later critical path."""
+    det = torch.utils.deterministic
+    fill, det.fill_uninitialized_memory = det.fill_uninitialized_memory, False
+    try:
+        buf = torch.empty(nbytes, dtype=torch.uint8).numpy()
+    finally:
+        det.fill_uninitialized_memory = fill
+    if touch:
+        buf.fill(0)
+    return buf
+
+
 def pack_pieces(tensors: Sequence[torch.Tensor], pieces: Sequence[Piece], out: np.ndarray) -> int:
     """Copy `pieces` of `tensors` into the uint8 buffer `out` (the staging copy); return bytes used."""
     offset = 0

@@ -18,48 +18,31 @@ deadline (checkpoints may be hours apart); a dead host rank makes Open MPI end t
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
 from dpuoffload.common import ckptfiles
+from dpuoffload.common.ckptfiles import Received
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import PeerError
 from dpuoffload.common.failure import PREFIX
 from dpuoffload.common.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.metrics import JsonlLog
 from dpuoffload.common.roles import Topology, feeders
+from dpuoffload.common.sharding import byte_buffer
 from dpuoffload.common.waits import wait, wait_all, wait_object
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-HANDOFF_POLL_MAX_SLEEP = 0.05   # between hand-offs: may be hours apart
+HANDOFF_POLL_MAX_SLEEP = 0.01   # between hand-offs (may be hours apart): ~100 cheap polls/s, 10 ms latency
 SLICE_POLL_MAX_SLEEP = 0.002    # a hand-off in flight: each poll lets Open MPI pull the next pieces
-
-
-@dataclass
-class Received:
-    """One host rank's hand-off, as it arrived (header fields, meta + local bytes, shared bytes)."""
-
-    head: dict[str, int]
-    small: np.ndarray
-    shared: np.ndarray
-
-    @property
-    def meta(self) -> dict[str, Any]:
-        return json.loads(self.small[: self.head["meta_nbytes"]].tobytes())
-
-    @property
-    def local(self) -> memoryview:
-        return memoryview(self.small)[self.head["meta_nbytes"]:]
 
 
 def hosts_kept_by(topo: Topology, dpu: int) -> tuple[int, ...]:
@@ -76,6 +59,7 @@ class Keeper:
         self.cfg, self.topo, self.comm = cfg, topo, comm  # comm: the keepers only (keeper 0 commits)
         self.hosts = hosts_kept_by(topo, topo.world_rank)
         self.latest: Optional[list[Received]] = None
+        self.spare: dict[int, np.ndarray] = {}   # host rank -> warm receive buffer for its next hand-off
         self.log = JsonlLog(cfg.log_dir, f"keeper-rank{topo.world_rank}.jsonl")
         self.thread = threading.Thread(target=self._main, name="dpuoffload-keeper", daemon=True)
         self.records: list[dict[str, Any]] = []
@@ -108,11 +92,15 @@ class Keeper:
             kind = StateKind(kinds.pop())
             if kind is StateKind.END:
                 return
+            if kind is StateKind.PREPARE:
+                self.prepare(batch)
+                continue
+            self.recycle(self.latest)
             self.latest = batch
             if kind is StateKind.CHECKPOINT:
                 self.persist(batch)
             elif kind is StateKind.CLONE:
-                self.forward(batch)
+                self.forward(batch, received=time.time())
 
     def receive(self, host: int) -> Received:
         world = self.topo.world
@@ -120,17 +108,40 @@ class Keeper:
         wait(world.Irecv(header, source=host, tag=Tag.CKPT), None, f"state from {self.topo.describe(host)}",
              max_sleep=HANDOFF_POLL_MAX_SLEEP)
         head = dict(CKPT_HEADER.unpack(header))
-        small = np.empty(head["small_nbytes"], dtype=np.uint8)
-        shared = np.empty(head["shared_nbytes"], dtype=np.uint8)
-        if head["kind"] != StateKind.END:
-            what = f"the state slices of {self.topo.describe(host)}"
-            wait(world.Irecv(small, source=host, tag=Tag.CKPT), self.cfg.peer_timeout, what)
-            sizes = ckptfiles.part_sizes(Received(head, small, shared).meta, head["sender"], head["shared_parts"],
-                                         shared.nbytes)
-            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
-            reqs = [world.Irecv(shared[a:b], source=host, tag=Tag.CKPT) for a, b in zip(offsets[:-1], offsets[1:])]
-            wait_all(reqs, self.cfg.peer_timeout, what, max_sleep=SLICE_POLL_MAX_SLEEP)
+        if head["kind"] in (StateKind.END, StateKind.PREPARE):  # a header only
+            return Received(head, byte_buffer(0), byte_buffer(0))
+        small = byte_buffer(head["small_nbytes"])
+        shared = self.buffer(host, head["shared_nbytes"])
+        what = f"the state slices of {self.topo.describe(host)}"
+        wait(world.Irecv(small, source=host, tag=Tag.CKPT), self.cfg.peer_timeout, what)
+        sizes = ckptfiles.part_sizes(Received(head, small, shared).meta, head["sender"], head["shared_parts"],
+                                     shared.nbytes)
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
+        reqs = [world.Irecv(shared[a:b], source=host, tag=Tag.CKPT) for a, b in zip(offsets[:-1], offsets[1:])]
+        wait_all(reqs, self.cfg.peer_timeout, what, max_sleep=SLICE_POLL_MAX_SLEEP)
         return Received(head, small, shared)
+
+    # ------------------------------------------------------------------------- buffers
+    def prepare(self, batch: list[Received]) -> None:
+        """PREPARE: fault in a receive buffer per host rank now, and pass the size on to the clone
+        ranks, so the first hand-off lands in warm memory (DPU cores fault pages slowly)."""
+        for host, r in zip(self.hosts, batch):
+            self.spare[host] = byte_buffer(r.head["shared_nbytes"], touch=True)
+        if self.topo.clone_ranks and self.cfg.clone_at is not None:
+            reqs = [self.topo.world.Isend(CKPT_HEADER.pack(**r.head), dest=clone_target(self.topo, host),
+                                          tag=Tag.CLONE) for host, r in zip(self.hosts, batch)]
+            wait_all(reqs, self.cfg.peer_timeout, "a clone rank to receive the hand-off size")
+
+    def buffer(self, host: int, nbytes: int) -> np.ndarray:
+        """A receive buffer for `host`'s shared bytes: the warm spare when its size fits."""
+        spare = self.spare.pop(host, None)
+        return spare if spare is not None and spare.nbytes == nbytes else byte_buffer(nbytes)
+
+    def recycle(self, batch: Optional[list[Received]]) -> None:
+        """The previous hand-off's buffers become the spares of the next one (double buffering:
+        `latest` stays intact while the next hand-off arrives)."""
+        for host, r in zip(self.hosts, batch or []):
+            self.spare.setdefault(host, r.shared)
 
     # ------------------------------------------------------------------------- checkpoint
     def persist(self, batch: list[Received]) -> None:
@@ -201,8 +212,9 @@ class Keeper:
         self.log.write(record)
 
     # ----------------------------------------------------------------------------- clone
-    def forward(self, batch: list[Received]) -> None:
-        """Send each host rank's hand-off, unchanged, to its clone rank."""
+    def forward(self, batch: list[Received], received: float) -> None:
+        """Send each host rank's hand-off, unchanged, to its clone rank. `received`: wall-clock time
+        the hand-off was complete here (with `forwarded_time`, it splits the clone's readiness)."""
         t0 = time.perf_counter()
         reqs = []
         for host, r in zip(self.hosts, batch):
@@ -211,6 +223,7 @@ class Keeper:
             reqs += [self.topo.world.Isend(buf, dest=dest, tag=Tag.CLONE) for buf in (header, r.small, r.shared)]
         for req in reqs:
             wait(req, self.cfg.peer_timeout, "a clone rank to receive the forwarded state")
-        self.records.append({"forwarded_step": batch[0].head["global_step"], "forward_s": time.perf_counter() - t0})
+        self.records.append({"forwarded_step": batch[0].head["global_step"], "forward_s": time.perf_counter() - t0,
+                             "received_time": received, "forwarded_time": time.time()})
         self.log.write(self.records[-1])
 

@@ -28,6 +28,7 @@ from dpuoffload.common.messages import STATE_HEADER, STATE_HEADER_BYTES, Tag
 from dpuoffload.common.metrics import PhaseTimer
 from dpuoffload.common.roles import Topology
 from dpuoffload.common.sharding import (
+    byte_buffer,
     packed_nbytes,
     plan_shards,
     state_digest,
@@ -91,7 +92,7 @@ class Validator:
         """The packed slices of every paired host rank, concatenated in host order."""
         bufs, reqs = [], []
         for h in self.hosts:
-            buf = np.empty(self.sizes[self.topo.host_ranks.index(h)], dtype=np.uint8)
+            buf = byte_buffer(self.sizes[self.topo.host_ranks.index(h)])
             bufs.append(buf)
             reqs.append(self.topo.world.Irecv(buf, source=h, tag=Tag.STATE))
         for h, req in zip(self.hosts, reqs):
@@ -101,7 +102,7 @@ class Validator:
     def allgather(self, mine: bytes) -> np.ndarray:
         """Every validation rank's received slices, on every validation rank (raw Allgatherv)."""
         counts = self.comm.allgather(len(mine))
-        out = np.empty(sum(counts), dtype=np.uint8)
+        out = byte_buffer(sum(counts))
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
         self.comm.Allgatherv(np.frombuffer(mine, dtype=np.uint8), [out, counts, displs, _byte_type()])
         return out

@@ -12,20 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 import torch
 
-from dpuoffload.common.ckptfiles import plan_for
+from dpuoffload.common.ckptfiles import Received, plan_for
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError, PeerError
 from dpuoffload.common.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.roles import Topology, feeders
-from dpuoffload.common.sharding import unpack_pieces
+from dpuoffload.common.sharding import Piece, byte_buffer
 from dpuoffload.common.training import Trainer
 from dpuoffload.common.trainstate import (
     EpochProgress,
@@ -37,14 +36,18 @@ from dpuoffload.common.trainstate import (
     restore,
     set_rng,
 )
-from dpuoffload.common.waits import wait
+from dpuoffload.common.waits import wait, wait_all
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 # flag -> how to read its value; the clone keeps its model, data set and mode
 OVERRIDABLE: dict[str, Callable[[str], Any]] = {
     "lr": float, "momentum": float, "weight_decay": float, "lr_schedule": str, "seed": int, "epochs": int,
     "batch_size": int, "train_subset": int, "val_subset": int, "drop_last": lambda v: v.lower() in ("1", "true", "yes"),
     "allreduce": str, "save_weights": str, "stop_at_step": int}
-CLONE_POLL_MAX_SLEEP = 0.2
+CLONE_POLL_MAX_SLEEP = 0.01  # standing by: ~100 cheap polls/s bound the readiness latency to 10 ms
+RECEIVE_POLL_MAX_SLEEP = 0.002  # the state in flight: each poll lets Open MPI move the next part
 
 
 def clone_config(cfg: RunConfig) -> RunConfig:
@@ -73,39 +76,78 @@ def expected_sources(topo: Topology) -> list[tuple[int, int]]:
     return [(k, keepers[h]) for k, h in enumerate(topo.host_ranks) if k % m == me]
 
 
-def receive_forwarded(topo: Topology, timeout: float) -> list[bytes]:
-    """This clone rank's forwarded hand-offs, each packed as header + small + shared bytes."""
-    out = []
-    for k, keeper in expected_sources(topo):
+def receive_forwarded(topo: Topology, timeout: float) -> list[Received]:
+    """This clone rank's forwarded hand-offs, as they arrived (no copies)."""
+    warm: dict[int, np.ndarray] = {}
+    return [receive_handoff(topo, keeper, Tag.CLONE, k, timeout, f"host rank {k}'s state from {topo.describe(keeper)}",
+                            warm) for k, keeper in expected_sources(topo)]
+
+
+def receive_handoff(topo: Topology, source: int, tag: int, sender: int, timeout: float, what: str,
+                    warm: Optional[dict[int, np.ndarray]] = None) -> Received:
+    """Stand by for host rank `sender`'s CLONE hand-off from `source`. PREPAREs before it give the
+    sizes (per sender, into `warm`): those buffers are faulted in while standing by, so the state
+    lands in warm memory."""
+    warm = {} if warm is None else warm
+    while True:
         header = CKPT_HEADER.empty()
-        wait(topo.world.Irecv(header, source=keeper, tag=Tag.CLONE), None,
-             f"the state of host rank {k} from {topo.describe(keeper)}", max_sleep=CLONE_POLL_MAX_SLEEP)
-        head = CKPT_HEADER.unpack(header)
-        if head["kind"] != StateKind.CLONE or head["sender"] != k:
-            raise PeerError(f"expected host rank {k}'s clone state from {topo.describe(keeper)}, got {dict(head)}")
-        small = np.empty(head["small_nbytes"], dtype=np.uint8)
-        shared = np.empty(head["shared_nbytes"], dtype=np.uint8)
-        for buf in (small, shared):
-            wait(topo.world.Irecv(buf, source=keeper, tag=Tag.CLONE), timeout, f"host rank {k}'s state slices")
-        out.append(header.tobytes() + small.tobytes() + shared.tobytes())
+        wait(topo.world.Irecv(header, source=source, tag=tag), None, what, max_sleep=CLONE_POLL_MAX_SLEEP)
+        head = dict(CKPT_HEADER.unpack(header))
+        if head["kind"] != StateKind.PREPARE:
+            break
+        warm[head["sender"]] = byte_buffer(head["shared_nbytes"], touch=True)
+    if head["kind"] != StateKind.CLONE or head["sender"] != sender:
+        raise PeerError(f"expected host rank {sender}'s clone state from {topo.describe(source)}, got {head}")
+    small = byte_buffer(head["small_nbytes"])
+    shared = warm.pop(sender, None)
+    if shared is None or shared.nbytes != head["shared_nbytes"]:
+        shared = byte_buffer(head["shared_nbytes"])
+    reqs = [topo.world.Irecv(buf, source=source, tag=tag) for buf in (small, shared)]
+    wait_all(reqs, timeout, what, max_sleep=RECEIVE_POLL_MAX_SLEEP)
+    return Received(head, small, shared)
+
+
+def gather_handoffs(comm: "MPI.Comm", mine: list[Received]) -> list[Received]:
+    """Every clone rank gets every host rank's hand-off (DeepClone, Alg. 2): headers and the small
+    parts as objects, the slices with one `Allgatherv` into one buffer (no pickling of the state)."""
+    if comm.Get_size() == 1:
+        return mine
+    parts = comm.allgather([(r.head, r.small) for r in mine])
+    counts = [sum(head["shared_nbytes"] for head, _ in part) for part in parts]
+    send = np.concatenate([r.shared for r in mine]) if mine else np.empty(0, dtype=np.uint8)
+    everything = byte_buffer(sum(counts))
+    comm.Allgatherv(send, [everything, counts])
+    out, offset = [], 0
+    for head, small in (item for part in parts for item in part):
+        out.append(Received(head, small, everything[offset: offset + head["shared_nbytes"]]))
+        offset += head["shared_nbytes"]
     return out
 
 
-def split_handoff(blob: bytes) -> tuple[dict[str, int], bytes, bytes, bytes]:
-    """(header, meta JSON, local blob, shared bytes) of one packed hand-off."""
-    n = 8 * len(CKPT_HEADER.fields)
-    head = CKPT_HEADER.unpack(np.frombuffer(blob[:n], dtype=np.int64).copy())
-    small_end = n + head["small_nbytes"]
-    return head, blob[n: n + head["meta_nbytes"]], blob[n + head["meta_nbytes"]: small_end], blob[small_end:]
-
-
-def rebuild_shared(meta: dict[str, Any], slices: dict[int, bytes]) -> dict[str, torch.Tensor]:
-    """Every shared tensor, reassembled from all host ranks' packed slices."""
-    tensors = [torch.empty(numel(shape), dtype=dtype_of(dtype)) for _, dtype, shape in meta["catalog"]]
-    plan = plan_for(meta)
-    for k, data in slices.items():
-        unpack_pieces(np.frombuffer(bytearray(data), dtype=np.uint8), plan.rank_pieces(k), tensors)
-    return {name: t.reshape(shape) for (name, _, shape), t in zip(meta["catalog"], tensors)}
+def rebuild_shared(meta: dict[str, Any], slices: dict[int, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Every shared tensor, reassembled from all host ranks' packed slices. A tensor that came whole
+    from one host rank is a view of the received bytes; only sliced tensors are copied together."""
+    catalog, plan = meta["catalog"], plan_for(meta)
+    located: dict[int, list[tuple[Piece, np.ndarray, int]]] = {}
+    for k, buf in slices.items():
+        offset = 0
+        for p in plan.rank_pieces(k):
+            located.setdefault(p.tensor, []).append((p, buf, offset))
+            offset += (p.stop - p.start) * dtype_of(catalog[p.tensor][1]).itemsize
+    out = {}
+    for i, (name, dtype, shape) in enumerate(catalog):
+        dt, n = dtype_of(dtype), numel(shape)
+        pieces = located.get(i, [])
+        if len(pieces) == 1 and (pieces[0][0].start, pieces[0][0].stop) == (0, n):
+            _, buf, offset = pieces[0]
+            out[name] = torch.frombuffer(buf, dtype=dt, count=n, offset=offset).reshape(shape) if n else \
+                torch.empty(shape, dtype=dt)
+            continue
+        flat = torch.empty(n, dtype=dt)
+        for p, buf, offset in pieces:
+            flat[p.start: p.stop] = torch.frombuffer(buf, dtype=dt, count=p.stop - p.start, offset=offset)
+        out[name] = flat.reshape(shape)
+    return out
 
 
 def state_sha256(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
@@ -113,25 +155,31 @@ def state_sha256(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> st
     h = hashlib.sha256()
     for name, t in model.state_dict().items():
         h.update(name.encode())
-        h.update(t.detach().contiguous().numpy().tobytes())
+        h.update(memoryview(t.detach().contiguous().numpy()).cast("B"))
     for i, st in sorted(optimizer.state_dict()["state"].items()):
         for key, t in sorted(st.items()):
             h.update(f"{i}.{key}".encode())
-            h.update(t.detach().contiguous().numpy().tobytes() if torch.is_tensor(t) else repr(t).encode())
+            h.update(memoryview(t.detach().contiguous().numpy()).cast("B") if torch.is_tensor(t) else repr(t).encode())
     return h.hexdigest()
 
 
-def adopt(trainer: Trainer, topo: Topology, original: RunConfig, clone: RunConfig) -> dict[str, Any]:
-    """Stand by, receive, rebuild, apply overrides; return the clone-start record."""
+Receive = Callable[[Topology, float], list[Received]]
+
+
+def adopt(trainer: Trainer, topo: Topology, original: RunConfig, clone: RunConfig,
+          receive: Receive = receive_forwarded) -> dict[str, Any]:
+    """Stand by, receive, rebuild, apply overrides; return the clone-start record.
+
+    `receive` yields this clone rank's hand-offs; the default takes them from the DPU keepers.
+    The clone benchmark passes its point-to-point one."""
     t0 = time.perf_counter()
-    mine = receive_forwarded(topo, original.peer_timeout)
+    mine = receive(topo, original.peer_timeout)
     received = time.perf_counter()
-    everything = [blob for part in topo.side_comm.allgather(mine) for blob in part]
-    parts = {split_handoff(b)[0]["sender"]: split_handoff(b) for b in everything}
-    meta = json.loads(parts[0][1])
-    shared = rebuild_shared(meta, {k: p[3] for k, p in parts.items()})
+    parts = {r.head["sender"]: r for r in gather_handoffs(topo.side_comm, mine)}
+    meta = parts[0].meta
+    shared = rebuild_shared(meta, {k: r.shared for k, r in parts.items()})
     n_orig = int(meta["host_ranks"])
-    local = parse_local(parts[topo.side_rank % n_orig][2])
+    local = parse_local(bytes(parts[topo.side_rank % n_orig].local))
     restore(trainer.model, trainer.optimizer, trainer.scheduler, meta, shared, local)
     apply_hyperparameters(trainer, original, clone)
     pos = position_of(meta)
@@ -139,10 +187,10 @@ def adopt(trainer: Trainer, topo: Topology, original: RunConfig, clone: RunConfi
                              trainer.feed.steps())
     trainer.resume_at(start, local.progress if start == pos else EpochProgress())
     set_rng(local.rng)
+    ready = time.time()  # wall clock, comparable with the originals' hand-off `wall_time`
     return {"event": "clone_start", "global_step": pos.global_step, "epoch": start.epoch, "step": start.step,
-            "standby_s": received - t0, "rebuild_s": time.perf_counter() - received,
-            "state_sha256": state_sha256(trainer.model, trainer.optimizer), "overrides": list(original.clone_override),
-            "ready_time": time.time()}  # wall clock, comparable with the originals' hand-off `wall_time`
+            "standby_s": received - t0, "rebuild_s": time.perf_counter() - received, "ready_time": ready,
+            "state_sha256": state_sha256(trainer.model, trainer.optimizer), "overrides": list(original.clone_override)}
 
 
 def apply_hyperparameters(trainer: Trainer, original: RunConfig, clone: RunConfig) -> None:

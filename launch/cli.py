@@ -83,6 +83,9 @@ def _add_rank_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--clone-ranks", type=int, default=0, metavar="C",
                    help="extra host program ranks that stand by and continue a clone of the training "
                         "from --clone-at STEP (on the host cores/nodes) (default: 0)")
+    g.add_argument("--clone-cores", metavar="LIST",
+                   help="cores for the clone ranks when emulating, e.g. 1: a stand-in for the other "
+                        "nodes clones run on in a cluster (default: the host ranks' cores)")
     g.add_argument("--oversubscribe", action="store_true",
                    help="allow more ranks than cores (local) or slots (cluster) (default: off)")
 
@@ -141,6 +144,8 @@ def parse_launcher_args(argv: Sequence[str]) -> argparse.Namespace:
         raise ConfigError(f"--dpu-ranks must be >= 0, got {args.dpu_ranks}")
     if args.clone_ranks < 0:
         raise ConfigError(f"--clone-ranks must be >= 0, got {args.clone_ranks}")
+    if args.clone_cores and not args.clone_ranks:
+        raise ConfigError("--clone-cores places clone ranks, but --clone-ranks is 0: add --clone-ranks C")
     return args
 
 
@@ -280,6 +285,9 @@ def _cluster_spec(args: argparse.Namespace, base: dict[str, Any]) -> LaunchSpec:
     if args.dpu_cores:
         raise ConfigError("--dpu-cores is for local emulation; in cluster mode the DPUs are "
                           "separate machines (drop --dpu-cores)")
+    if args.clone_cores:
+        raise ConfigError("--clone-cores is for local emulation; in cluster mode clone ranks go to the "
+                          "host nodes (drop --clone-cores)")
     if args.dpu_speed is not None:
         throttle.check_speed(args.dpu_speed, local=False)
     plan = placement.plan_cluster(args.host_ranks, args.dpu_ranks, hosts, dpus, args.oversubscribe)
@@ -308,10 +316,22 @@ def _local_spec(args: argparse.Namespace,
     host_threads = placement.default_threads(len(plan.host_cores), args.host_ranks)
     dpu_threads = placement.default_threads(len(plan.dpu_cores), args.dpu_ranks)
     spec = LaunchSpec(**base, host_cores=plan.host_cores, dpu_cores=plan.dpu_cores or None,
+                      clone_cores=_clone_cores(args.clone_cores),
                       host_threads=args.host_threads or host_threads,
                       dpu_threads=args.dpu_threads or dpu_threads,
                       cgroup=cgroup.path if cgroup else None)
     return spec, cgroup
+
+
+def _clone_cores(text: Optional[str]) -> Optional[tuple[int, ...]]:
+    if not text:
+        return None
+    cores, available = placement.parse_core_list(text, "--clone-cores"), set(os.sched_getaffinity(0))
+    missing = sorted(set(cores) - available)
+    if missing:
+        raise ConfigError(f"--clone-cores {text}: core(s) {placement.format_core_list(missing)} are not "
+                          f"available here (this box offers {placement.format_core_list(sorted(available))})")
+    return cores
 
 
 def _plan_throttle(args: argparse.Namespace, ncores: int) -> Optional[throttle.CgroupPlan]:

@@ -56,6 +56,7 @@ class LaunchSpec:
     run_as_root: bool = False
     progress_tty: bool = False  # dpurun's stdout is a terminal: host rank 0 may draw a progress bar
     clone_ranks: int = 0        # host program ranks of the clone group (--clone-at), on the host side
+    clone_cores: Optional[tuple[int, ...]] = None  # local emulation: their cores (default: host_cores)
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
@@ -149,7 +150,7 @@ def _host_argv(spec: LaunchSpec) -> list[str]:
 
 
 def _clone_argv(spec: LaunchSpec) -> list[str]:
-    return [*_env_prefix(spec, spec.host_threads), *_pin(spec.host_cores),
+    return [*_env_prefix(spec, spec.host_threads), *_pin(spec.clone_cores or spec.host_cores),
             spec.host_python, "-m", HOST_MODULE, *spec.training_args]
 
 

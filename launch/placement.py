@@ -111,13 +111,13 @@ def _check_unique(nodes: tuple[Node, ...], flag: str) -> tuple[Node, ...]:
     return nodes
 
 
-def parse_core_list(text: str) -> tuple[int, ...]:
+def parse_core_list(text: str, flag: str = "--dpu-cores") -> tuple[int, ...]:
     """Parse a Linux cpu list as `taskset -c` takes it: `1`, `2-3`, `2,3`, `0-1,4`."""
     cores: set[int] = set()
     for item in (part.strip() for part in text.split(",")):
         match = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
         if not match or (match[2] is not None and int(match[2]) < int(match[1])):
-            raise ConfigError(f"--dpu-cores: bad entry {item!r}; expected core numbers and ranges "
+            raise ConfigError(f"{flag}: bad entry {item!r}; expected core numbers and ranges "
                               "like 1, 2-3 or 2,3")
         cores.update(range(int(match[1]), int(match[2] or match[1]) + 1))
     return tuple(sorted(cores))

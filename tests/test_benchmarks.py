@@ -158,3 +158,31 @@ def test_checkpoint_benchmark_quick(tmp_path):
     assert set(by) == {"ours-staged", "ours-zero", "rank0-torch.save", "slices-torch.save"}
     assert all(r[0]["checkpoints"] == 3 and all(b > 0 for b in r[0]["blocked_s"]) for r in by.values())
     assert "| ours-staged |" in res.stdout
+
+
+def test_clone_metrics_from_step_times_and_wall_clock_stamps():
+    from benchmarks import clone
+
+    phases = [{"first_global_step": 1, "step_times": [9.0, 9.0, 1.0, 1.0, 4.0, 2.0, 1.0, 1.0]}]
+    handoffs = [{"kind": "clone", "global_step": 5, "blocked_s": 0.5, "wall_time": 100.5}]
+    start = {"standby_s": 7.0, "ready_time": 100.75, "state_sha256": "ab"}
+    s = clone.summarize(phases, handoffs, start)
+    assert s["ordinary_step_s"] == 1.0            # steps 3, 4, 7, 8 (1-2 warm-up, 5-6 clone step and next)
+    assert s["overhead_s"] == 2.0                 # (4 + 2) / 2 - 1
+    assert s["readiness_s"] == 0.75               # ready at 100.75, hand-off began at 100.5 - 0.5
+    assert (s["blocked_s"], s["standby_s"], s["clone_step"]) == (0.5, 7.0, 5)
+
+
+@pytest.mark.mpi
+def test_clone_benchmark_quick(tmp_path):
+    out = tmp_path / "clone.json"
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "clone.py"), "--quick", "--reps", "1",
+                          "--models", "resnet20", "--out", str(out)],
+                         capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    payload = json.loads(out.read_text())
+    by = payload["results"]["resnet20"]
+    assert set(by) == {"ours", "file", "p2p"}
+    assert all(r[0]["clone_step"] == 6 and r[0]["readiness_s"] > 0 and r[0]["standby_s"] > 0 for r in by.values())
+    assert payload["same_state"]["resnet20"], "the three methods forked different states"
+    assert "| ours |" in res.stdout and "identical across methods" in res.stdout

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dpuoffload.common import env
+from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.roles import RankInfo, Role, node_of, pair_ranks
 from dpuoffload.launch import cli, placement, throttle
 from dpuoffload.launch.command import LaunchSpec, build_command
@@ -315,3 +316,19 @@ def test_clone_ranks_are_a_third_app_context_on_the_host_cores():
     assert len(contexts) == 3
     assert contexts[2].startswith("-np 2 env ") and "taskset -c 0" in contexts[2]
     assert contexts[2].endswith(f"{PY} -m dpuoffload.host {' '.join(TRAIN)}")
+
+
+def test_clone_cores_pin_the_clone_context_only():
+    contexts = " ".join(build_command(local_spec(clone_ranks=1, clone_cores=(1,)))).split(" : ")
+    assert "taskset -c 0 " in contexts[0] and "taskset -c 1 " in contexts[2]
+
+
+def test_clone_cores_errors_name_the_fix():
+    with pytest.raises(ConfigError, match="--clone-ranks is 0"):
+        cli.parse_launcher_args(["--clone-cores", "1"])
+    args = cli.parse_launcher_args(["--clone-ranks", "1", "--clone-cores", "4096"])
+    with pytest.raises(ConfigError, match=r"--clone-cores 4096: core\(s\) 4096 are not available here"):
+        cli.resolve_spec(args, TRAIN)
+    args = cli.parse_launcher_args(["--clone-ranks", "1", "--clone-cores", "1", "--hosts", "n0:2"])
+    with pytest.raises(ConfigError, match="drop --clone-cores"):
+        cli.resolve_spec(args, TRAIN)
