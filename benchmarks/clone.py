@@ -1,5 +1,6 @@
-"""Clone cost: ours (slices handed to the DPU, forwarded to the clones) vs the file path (host rank
-0 `torch.save`s, the clones load) vs point-to-point (each host rank sends its whole state to its clone).
+"""Clone cost: ours (slices handed to the DPU, staged or zero-copy, forwarded to the clones) vs the
+file path (host rank 0 `torch.save`s, the clones load) vs point-to-point (each host rank sends its
+whole state to its clone).
 
     python benchmarks/clone.py [--quick] [--reps 3] [--models resnet20 resnet50]
 
@@ -49,7 +50,7 @@ from benchmarks.harness import (  # noqa: E402
     write_json,
 )
 
-METHODS = ("ours", "file", "p2p")
+METHODS = ("ours-staged", "ours-zero", "file", "p2p")
 WARMUP = 2
 
 
@@ -57,8 +58,8 @@ def command(method: str, training: list[str], log: Path, speed: float) -> tuple[
     """The job's argv and environment: dpurun for ours, dpurun via clone_host for the baselines."""
     launcher = [*emulated_node(1, speed), "--clone-ranks", "1", "--clone-cores", "1", "--", *training,
                 "--log-dir", str(log)]
-    if method == "ours":
-        return [str(BIN / "dpurun"), *launcher], job_env()
+    if method.startswith("ours"):
+        return [str(BIN / "dpurun"), *launcher, "--ckpt-copy", method.split("-")[1]], job_env()
     how = f"file:{log / 'files'}" if method == "file" else "p2p"
     (log / "files").mkdir()
     return ([sys.executable, str(Path(__file__).with_name("clone_host.py")), "launch", *launcher],
@@ -136,7 +137,7 @@ def markdown(payload: dict[str, Any]) -> str:
                  f"{med(runs, 'ordinary_step_s') * 1e3:.0f}"]
                 for method, runs in by.items()]
         same = "identical" if payload["same_state"][model] else "DIFFERENT"
-        out += [f"**{model}** (medians of {len(by['ours'])} repetition(s); clone state sha256 {same} across "
+        out += [f"**{model}** (medians of {len(by['file'])} repetition(s); clone state sha256 {same} across "
                 "methods and repetitions)", "",
                 table(["method", "host blocking ms", "overhead ms", "standby s", "readiness ms",
                        "less overhead than file", "faster ready than file", "ordinary step ms"], rows), ""]

@@ -182,7 +182,7 @@ def test_clone_benchmark_quick(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     payload = json.loads(out.read_text())
     by = payload["results"]["resnet20"]
-    assert set(by) == {"ours", "file", "p2p"}
+    assert set(by) == {"ours-staged", "ours-zero", "file", "p2p"}
     assert all(r[0]["clone_step"] == 6 and r[0]["readiness_s"] > 0 and r[0]["standby_s"] > 0 for r in by.values())
     assert payload["same_state"]["resnet20"], "the three methods forked different states"
-    assert "| ours |" in res.stdout and "identical across methods" in res.stdout
+    assert "| ours-staged |" in res.stdout and "identical across methods" in res.stdout
