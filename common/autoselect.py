@@ -25,6 +25,7 @@ from dpuoffload.common.naive import train_seconds_per_sample
 from dpuoffload.common.perfmodel import Prediction, Profile, choose, format_table, predict_all
 from dpuoffload.common.roles import Role, Topology
 from dpuoffload.common.sampling import PerSampleSeeded
+from dpuoffload.common.training import optimizer_seconds_per_step
 from dpuoffload.common.waits import wait
 
 
@@ -41,6 +42,7 @@ def local_costs(cfg: RunConfig, topo: Topology) -> dict[str, Any]:
     sample = batch[0][0]
     return {"aug": aug, "train": train_seconds_per_sample(model, train, cfg.batch_size),
             "eval": eval_seconds_per_sample(model, data.val, cfg.val_batch_size),
+            "opt": optimizer_seconds_per_step(cfg, model),
             "n_train": len(train), "n_val": len(data.val),
             "grad_elems": sum(p.numel() for p in model.parameters()),
             "batch_bytes": cfg.batch_size * sample.numel() * sample.element_size()}
@@ -84,7 +86,7 @@ def gather_profile(cfg: RunConfig, topo: Topology, label: str) -> Profile:
                    dpu_ranks=len(topo.dpu_ranks), batch=cfg.batch_size, host_aug=host["aug"],
                    host_train=host["train"], host_eval=host["eval"], dpu_aug=dpu.get("aug", 0.0),
                    dpu_train=dpu.get("train", 0.0), dpu_eval=dpu.get("eval", 0.0), allreduce=timing[0],
-                   allreduce_all=timing[1], transfer=timing[2], grad_bytes=4 * elems,
+                   allreduce_all=timing[1], optimizer=host["opt"], transfer=timing[2], grad_bytes=4 * elems,
                    dpu_batch=cfg.dpu_batch_size if isinstance(cfg.dpu_batch_size, int) else None,
                    mv_fraction=cfg.mv_dpu_fraction if isinstance(cfg.mv_dpu_fraction, float) else None)
 
