@@ -57,7 +57,10 @@ class BatchLayout:
         static = [_CODES[np.dtype(self.dtype)], len(self.sample_shape), *self.sample_shape]
         static += [0] * (MAX_DIMS - len(self.sample_shape))
         object.__setattr__(self, "_static", np.array(static, dtype=np.int64))
+        object.__setattr__(self, "_static_list", static)
         object.__setattr__(self, "_torch_dtype", torch.from_numpy(np.empty(0, self.dtype)).dtype)
+        object.__setattr__(self, "_sample_bytes",
+                           int(np.prod(self.sample_shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -76,11 +79,24 @@ class BatchLayout:
         return HEADER_BYTES + 8 * self.max_batch
 
     def nbytes(self, count: int) -> int:
-        return self.samples_offset + count * self.sample_items * np.dtype(self.dtype).itemsize
+        return HEADER_BYTES + 8 * self.max_batch + count * self._sample_bytes  # type: ignore[attr-defined]
 
     def empty(self) -> np.ndarray:
         """A buffer for the largest batch (what receivers post and senders fill)."""
         return np.zeros(self.nbytes(self.max_batch), dtype=np.uint8)
+
+    def buffer(self) -> "BatchBuffer":
+        """`empty()` with its typed views built once: what the hot paths (send ring, receive
+        feed) reuse, since building the views costs more per batch than the header itself."""
+        return self.views(self.empty())
+
+    def views(self, buf: "np.ndarray | BatchBuffer") -> "BatchBuffer":
+        if isinstance(buf, BatchBuffer):
+            return buf
+        samples = buf[self.samples_offset: self.nbytes(self.max_batch)].view(self.dtype).reshape(self.max_batch, *self.sample_shape)
+        labels = buf[self.labels_offset: self.samples_offset].view(np.int64)
+        return BatchBuffer(buf, buf[:HEADER_BYTES].view(np.int64), labels, torch.from_numpy(labels),
+                           torch.from_numpy(samples))
 
     def header(self, kind: BatchKind, epoch: int, step: int, count: int) -> np.ndarray:
         """The BATCH_HEADER fields: kind, epoch, step, count, then dtype, ndim, dim0..dim3."""
@@ -100,52 +116,75 @@ class BatchLayout:
                              f"[n, {', '.join(map(str, self.sample_shape))}] {np.dtype(self.dtype)}")
         if count > self.max_batch:
             raise ValueError(f"batch of {count} samples exceeds the layout's {self.max_batch}")
-        self._write_header(buf[:HEADER_BYTES].view(np.int64), BatchKind.BATCH, epoch, step, count)
-        buf[self.labels_offset: self.labels_offset + 8 * count].view(np.int64)[:] = labels.numpy()
-        end = self.nbytes(count)
-        buf[self.samples_offset: end].view(self.dtype)[:] = samples.numpy().reshape(-1)
-        return end
+        v = self.views(buf)
+        self._write_header(v.head, BatchKind.BATCH, epoch, step, count)
+        v.labels[:count] = labels.numpy()
+        v.samples[:count] = samples
+        return self.nbytes(count)
 
-    def pack_items(self, buf: np.ndarray, epoch: int, step: int, items: list) -> int:
+    def pack_items(self, buf: "np.ndarray | BatchBuffer", epoch: int, step: int, items: list) -> int:
         """Stack a batch's (sample, label) items straight into `buf` (what `default_collate` would
         build, bit for bit, without the intermediate batch tensor); return the bytes to send."""
         count = len(items)
         if count > self.max_batch:
             raise ValueError(f"batch of {count} samples exceeds the layout's {self.max_batch}")
         samples = [x for x, _ in items]
-        for x in samples:
-            if tuple(x.shape) != self.sample_shape or x.dtype != self.torch_dtype:
-                raise ValueError(f"a sample of shape {tuple(x.shape)} {x.dtype}; every sample must be "
-                                 f"[{', '.join(map(str, self.sample_shape))}] {np.dtype(self.dtype)}")
-        end = self.nbytes(count)
-        out = torch.from_numpy(buf[self.samples_offset: end].view(self.dtype)).view(count, *self.sample_shape)
-        torch.stack(samples, out=out)
-        buf[self.labels_offset: self.labels_offset + 8 * count].view(np.int64)[:] = [int(y) for _, y in items]
-        self._write_header(buf[:HEADER_BYTES].view(np.int64), BatchKind.BATCH, epoch, step, count)
-        return end
+        # One shape check (torch.stack itself refuses samples of unequal shapes) and a dtype check
+        # of all (stack would cast silently into the buffer's dtype, unlike default_collate).
+        first = samples[0]
+        if tuple(first.shape) != self.sample_shape or any(x.dtype != self.torch_dtype for x in samples):
+            bad = next((x for x in samples if x.dtype != self.torch_dtype), first)
+            raise ValueError(f"a sample of shape {tuple(bad.shape)} {bad.dtype}; every sample must be "
+                             f"[{', '.join(map(str, self.sample_shape))}] {np.dtype(self.dtype)}")
+        v = self.views(buf)
+        try:
+            torch.stack(samples, out=v.samples[:count])
+        except RuntimeError as e:  # unequal shapes
+            raise ValueError(f"samples of different shapes in one batch ({e}); every sample must be "
+                             f"[{', '.join(map(str, self.sample_shape))}] {np.dtype(self.dtype)}") from None
+        v.labels[:count] = [int(y) for _, y in items]
+        self._write_header(v.head, BatchKind.BATCH, epoch, step, count)
+        return self.nbytes(count)
 
-    def pack_end(self, buf: np.ndarray, epoch: int) -> int:
-        self._write_header(buf[:HEADER_BYTES].view(np.int64), BatchKind.EPOCH_END, epoch, -1, 0)
+    def pack_header(self, buf: "np.ndarray | BatchBuffer", epoch: int, step: int, count: int) -> int:
+        """Only the header of a batch whose samples and labels are already in `buf`; the bytes to send."""
+        self._write_header(self.views(buf).head, BatchKind.BATCH, epoch, step, count)
+        return self.nbytes(count)
+
+    def pack_end(self, buf: "np.ndarray | BatchBuffer", epoch: int) -> int:
+        head = buf.head if isinstance(buf, BatchBuffer) else buf[:HEADER_BYTES].view(np.int64)
+        self._write_header(head, BatchKind.EPOCH_END, epoch, -1, 0)
         return HEADER_BYTES
 
-    def unpack_header(self, buf: np.ndarray) -> Mapping[str, int]:
-        raw = buf[:HEADER_BYTES].view(np.int64)
-        kind, epoch, step, count = (int(v) for v in raw[:4])
+    def unpack_header(self, buf: "np.ndarray | BatchBuffer") -> Mapping[str, int]:
+        raw = buf.head if isinstance(buf, BatchBuffer) else buf[:HEADER_BYTES].view(np.int64)
+        kind, epoch, step, count, *static = raw.tolist()  # one conversion: this runs once per batch
         head = {"kind": kind, "epoch": epoch, "step": step, "count": count}
         if kind not in _KINDS:
             raise PeerError(f"batch message of unknown kind {kind}: host and DPU programs disagree "
                             "on the protocol")
-        if kind == BatchKind.BATCH and not np.array_equal(raw[4:], self._static):  # type: ignore[attr-defined]
+        if kind == BatchKind.BATCH and static != self._static_list:  # type: ignore[attr-defined]
             head = dict(BATCH_HEADER.unpack(raw))
             raise PeerError(f"batch header {dict(head)} does not match this run's layout "
                             f"({self.sample_shape} {np.dtype(self.dtype)}); host and DPU disagree on the data")
         return head
 
-    def unpack(self, buf: np.ndarray, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def unpack(self, buf: "np.ndarray | BatchBuffer", count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views (no copy) of the samples and labels of a received batch of `count` samples."""
-        labels = buf[self.labels_offset: self.labels_offset + 8 * count].view(np.int64)
-        samples = buf[self.samples_offset: self.nbytes(count)].view(self.dtype).reshape(count, *self.sample_shape)
-        return torch.from_numpy(samples), torch.from_numpy(labels)
+        v = self.views(buf)
+        return v.samples[:count], v.labels_t[:count]
+
+
+@dataclass(frozen=True)
+class BatchBuffer:
+    """One batch buffer (`raw`, what MPI sends or receives into) and typed views of its parts,
+    built once per buffer by `BatchLayout.buffer()`. Every view shares `raw`'s memory."""
+
+    raw: np.ndarray             # uint8[nbytes(max_batch)]
+    head: np.ndarray            # int64 BATCH_HEADER fields
+    labels: np.ndarray          # int64[max_batch]
+    labels_t: torch.Tensor      # the same labels as a tensor
+    samples: torch.Tensor       # dtype[max_batch, *sample_shape]
 
 
 def layout_for(sample: torch.Tensor, max_batch: int) -> BatchLayout:

@@ -13,9 +13,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-import numpy as np
 
-from dpuoffload.common.batches import BatchLayout
+from dpuoffload.common.batches import BatchBuffer, BatchLayout
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.loaders import RankLoader
@@ -39,19 +38,19 @@ class SendRing:
 
     def __init__(self, world: "MPI.Comm", layout: BatchLayout, k: int, timeout: float) -> None:
         self.world, self.timeout = world, timeout
-        self.buffers = [layout.empty() for _ in range(k)]
+        self.buffers = [layout.buffer() for _ in range(k)]
         self.pending: list[Optional["MPI.Request"]] = [None] * k
         self.dests: list[int] = [-1] * k
         self.next = 0
 
-    def acquire(self) -> tuple[int, np.ndarray]:
+    def acquire(self) -> tuple[int, BatchBuffer]:
         slot = self.next
         self.next = (self.next + 1) % len(self.buffers)
         self._complete(slot)
         return slot, self.buffers[slot]
 
     def send(self, slot: int, nbytes: int, dest: int) -> None:
-        self.pending[slot] = self.world.Isend(self.buffers[slot][:nbytes], dest=dest, tag=Tag.BATCH)
+        self.pending[slot] = self.world.Isend(self.buffers[slot].raw[:nbytes], dest=dest, tag=Tag.BATCH)
         self.dests[slot] = dest
 
     def drain(self) -> None:
@@ -60,10 +59,12 @@ class SendRing:
 
     def _complete(self, slot: int) -> None:
         req = self.pending[slot]
-        if req is not None:
+        if req is None:
+            return
+        if not req.Test():  # (a completed send skips building the wait's message)
             wait(req, self.timeout, f"host world rank {self.dests[slot]} to receive a batch",
                  max_sleep=RING_POLL_MAX_SLEEP, spin=RING_POLL_SPIN)
-            self.pending[slot] = None
+        self.pending[slot] = None
 
 
 def transform_name(dataset: Any) -> str:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator, Optional
 
-import numpy as np
-
-from dpuoffload.common.batches import BatchKind, BatchLayout
+from dpuoffload.common.batches import BatchBuffer, BatchKind, BatchLayout
 from dpuoffload.common.errors import PeerError
 from dpuoffload.common.feeds import Batch
 from dpuoffload.common.messages import Tag
@@ -35,7 +33,7 @@ class RemoteFeed:
                  steps: int, timeout: float) -> None:
         self.world, self.source, self.source_label = world, source, source_label
         self.layout, self._steps, self.timeout = layout, steps, timeout
-        self.buffers = [layout.empty(), layout.empty()]
+        self.buffers = [layout.buffer(), layout.buffer()]
 
     def steps(self) -> int:
         return self._steps
@@ -58,11 +56,12 @@ class RemoteFeed:
         self._check(end, BatchKind.EPOCH_END, epoch, -1)
 
     def _post(self, slot: int) -> "MPI.Request":
-        return self.world.Irecv(self.buffers[slot], source=self.source, tag=Tag.BATCH)
+        return self.world.Irecv(self.buffers[slot].raw, source=self.source, tag=Tag.BATCH)
 
-    def _wait(self, req: "MPI.Request", epoch: int, step: int) -> np.ndarray:
-        wait(req, self.timeout, f"batch {step} of epoch {epoch} from {self.source_label}",
-             max_sleep=BATCH_POLL_MAX_SLEEP, spin=BATCH_POLL_SPIN)
+    def _wait(self, req: "MPI.Request", epoch: int, step: int) -> BatchBuffer:
+        if not req.Test():  # (a batch already here skips building the wait's message)
+            wait(req, self.timeout, f"batch {step} of epoch {epoch} from {self.source_label}",
+                 max_sleep=BATCH_POLL_MAX_SLEEP, spin=BATCH_POLL_SPIN)
         return self.buffers[step % 2]
 
     def _check(self, head: dict, kind: BatchKind, epoch: int, step: int) -> None:
