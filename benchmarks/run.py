@@ -94,9 +94,10 @@ def targets(sections: dict[str, Section]) -> str:
             rows.append(["prediction error (worst mode)", w, "≤ 10 %", f"{worst[1]['error']:+.1%} ({worst[0]})",
                          "met" if abs(worst[1]["error"]) <= limits["prediction_error"] else "missed"])
     if "transport" in sections:
-        for r in sections["transport"].payload["results"]:
-            rows.append(["transport / raw MPI", r["size"], "≥ 0.80", f"{r['ratio']:.2f}",
-                         "met" if r["ratio"] >= 0.8 else "missed"])
+        for key, label in (("ratio", "transport / raw MPI (collate + send)"),
+                           ("ratio_send_only", "transport / raw MPI (send only)")):
+            for r in sections["transport"].payload["results"]:
+                rows.append([label, r["size"], "≥ 0.80", f"{r[key]:.2f}", "met" if r[key] >= 0.8 else "missed"])
     return table(["target", "workload", "limit", "measured (median)", ""], rows) if rows else ""
 
 
