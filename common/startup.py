@@ -25,6 +25,7 @@ from dpuoffload.common.autoselect import resolve_auto
 from dpuoffload.common.config import RunConfig, parse_run_config
 from dpuoffload.common.failure import collective_call, set_rank_label
 from dpuoffload.common.handshake import check_peers
+from dpuoffload.common.malloc import tune_malloc
 from dpuoffload.common.roles import Role, Topology, build_topology
 
 T = TypeVar("T")
@@ -33,6 +34,7 @@ T = TypeVar("T")
 def configure(argv: Optional[Sequence[str]], prog: str) -> RunConfig:
     """Parse the training flags and apply this side's thread count."""
     cfg = parse_run_config(argv, prog=prog)
+    tune_malloc()  # steps re-fault their activations otherwise (common/malloc.py)
     threads = env.threads_from_env()
     if threads is not None:
         torch.set_num_threads(threads)

@@ -1,0 +1,51 @@
+"""Keep freed tensor memory in the process instead of returning it to the OS after every step.
+
+PyTorch on the CPU allocates each activation and gradient with the C library's `malloc`. glibc
+serves blocks above its *mmap threshold* with a fresh `mmap` and gives the top of its heap back
+to the OS once more than the *trim threshold* is free; both thresholds start low (128 KiB /
+256 KiB) and only grow when a large block is freed. So a rank whose only large blocks are the
+training step's keeps faulting the same megabytes in anew every step, while a rank that also
+evaluates (larger batches, bigger blocks) has raised the thresholds and does not. Measured here
+(resnet20, batch 16, 1 thread): host steps in `--mode mv` (the DPU validates, the host never
+does) took 100-107 ms against 88-92 ms in `none`; with the thresholds fixed high both take
+~90 ms. Fixing them is what jemalloc/tcmalloc users get by default and what PyTorch's own
+caching allocator does on GPUs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+from typing import Mapping
+
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 32 << 20   # glibc's largest allowed value on 64-bit (blocks above it still use mmap)
+TRIM_THRESHOLD = 256 << 20  # keep up to this much freed memory before trimming the heap
+OPT_OUT = "DPUOFFLOAD_MALLOC"  # "0": leave the allocator alone
+
+
+def tune_malloc(environ: Mapping[str, str] = os.environ) -> bool:
+    """Fix glibc's mmap and trim thresholds high for this process; True if applied.
+
+    Left alone (False): not Linux/glibc, `DPUOFFLOAD_MALLOC=0`, or the user already tunes malloc
+    (`GLIBC_TUNABLES` with malloc settings, `MALLOC_TRIM_THRESHOLD_`, `MALLOC_MMAP_THRESHOLD_`,
+    or another allocator through `LD_PRELOAD`).
+    """
+    if not sys.platform.startswith("linux") or environ.get(OPT_OUT) == "0" or user_tunes_malloc(environ):
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and others have no mallopt
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def user_tunes_malloc(environ: Mapping[str, str]) -> bool:
+    return ("glibc.malloc" in environ.get("GLIBC_TUNABLES", "")
+            or any(k in environ for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"))
+            or any(lib in environ.get("LD_PRELOAD", "") for lib in ("jemalloc", "tcmalloc", "mimalloc")))
