@@ -13,6 +13,7 @@ Benchmarks (default: all but `modes` and `baseline`, whose fuller runs take 15+ 
   augweight  light -> heavy augmentation: none / da / mv / peer at each weight
   sweep      samples/s vs threads per rank and batch size, host and (throttled) DPU
   transport  host<->DPU batch bandwidth vs raw MPI Send/Recv
+  interference  host compute slowed by load on the emulated DPU core (what a real DPU would not cost)
   modes      none / da / mv / hybrid / naive side by side
   baseline   idle DPU rank cost, Horovod vs torch.distributed
 
@@ -34,11 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import RESULTS, ROOT, Section, machine, machine_line, table  # noqa: E402
 
-BENCHMARKS = ("workloads", "augweight", "sweep", "transport", "modes", "baseline")
-DEFAULT = ("workloads", "augweight", "sweep", "transport")
+BENCHMARKS = ("workloads", "augweight", "sweep", "transport", "interference", "modes", "baseline")
+DEFAULT = ("workloads", "augweight", "sweep", "transport", "interference")
 TITLES = {"workloads": "Phases, the DataLoader peer, ideal bounds and prediction error",
           "augweight": "Augmentation weight sweep", "sweep": "Thread and batch sweeps",
-          "transport": "Transport: host<->DPU batches vs raw MPI", "modes": "Offload modes side by side",
+          "transport": "Transport: host<->DPU batches vs raw MPI",
+          "interference": "Emulation fidelity: DPU-core load slowing the host core", "modes": "Offload modes side by side",
           "baseline": "Baseline: idle DPU rank, Horovod vs torch.distributed"}
 
 

@@ -103,10 +103,14 @@ def test_suite_quick(tmp_path):
     dpu, host = (s[side]["1"]["16"]["augment_samples_per_s"]["median"] for side in ("dpu", "host"))
     assert 0 < dpu < 0.95 * host
     assert json.loads((tmp_path / "transport.json").read_text())["results"][0]["raw_GBps"] > 0
+    i = json.loads((tmp_path / "interference.json").read_text())
+    assert set(i["runs"]) == {"idle", "load at 0.5", "load at 1.0"} and i["slowdown"]["idle"] == 1.0
+    assert all(x > 0 for runs in i["runs"].values() for x in runs)
     for png in ("phases", "epoch_times", "prediction", "augweight", "sweep"):
         assert (tmp_path / f"{png}.png").read_bytes()[:8] == PNG_MAGIC, png
     text = md.read_text()
     assert "Machine: " in text and "**Targets**" in text and "| da / DataLoader peer |" in text
+    assert "| transport / raw MPI (send only) |" in text
     assert "![phases](phases.png)" in text
 
 
@@ -131,8 +135,9 @@ def test_transport_benchmark_quick(tmp_path):
     assert res.returncode == 0, res.stderr
     results = json.loads(out.read_text())["results"]
     assert [r["size"] for r in results] == ["cifar 16x3x32x32", "cifar 64x3x32x32"]
-    assert all(r["raw_GBps"] > 0 and r["ours_GBps"] > 0 for r in results)
-    assert "| ours / raw |" in res.stdout
+    assert all(r["raw_GBps"] > 0 and r["ours_GBps"] > 0 and r["ours_send_only_GBps"] > 0 for r in results)
+    assert all(r["messages"] >= 100 for r in results)
+    assert "| ours / raw |" in res.stdout and "| send only / raw |" in res.stdout
 
 
 def test_checkpoint_overhead_is_ckpt_step_and_next_minus_ordinary():

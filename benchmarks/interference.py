@@ -1,0 +1,131 @@
+"""Emulation fidelity: how much work on the emulated DPU core slows the host core.
+
+    python benchmarks/interference.py [--reps 3] [--dpu-speed 0.5] [--quick]
+
+On a real node a DPU's ARM cores are separate silicon with their own memory. In the emulation
+they are other cores of the same machine, which share the last-level cache and memory bandwidth
+with the host's cores (and in a VM may be hyper-threads of one physical core). Then anything the
+DPU rank computes slows the host rank a little, a cost a real DPU would not impose, and the
+offload modes that keep the DPU busy (mv: evaluation) look worse here than they would on a
+cluster.
+
+This measures host forward/backward throughput (resnet20, batch 16, one thread, pinned to core
+0) while core 1 is idle, runs an evaluation loop (what an `mv` DPU rank does) throttled to
+`--dpu-speed` like `dpurun --dpu-speed` would, and runs it unthrottled. Variants interleaved
+per repetition; medians with min–max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import Section, bench_parser, machine, table, write_json  # noqa: E402
+from benchmarks.workloads import throttle_cgroup  # noqa: E402
+
+
+def probe(kind: str, steps: int) -> None:
+    """`train`: print forward/backward samples/s over `steps` steps; `load`: evaluate forever."""
+    import torch
+
+    from dpuoffload.common.resnet_cifar import CifarResNet
+
+    torch.set_num_threads(1)
+    model = CifarResNet(20, num_classes=10)
+    x, y = torch.rand(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    if kind == "load":
+        model.eval()
+        with torch.no_grad():
+            while True:
+                model(x)
+    for i in range(steps + 3):  # 3 warm-up steps
+        if i == 3:
+            t0 = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+    print(json.dumps({"samples_per_s": steps * 16 / (time.perf_counter() - t0)}), flush=True)
+
+
+def start_load(cgroup: Optional[str]) -> subprocess.Popen:
+    """The evaluation loop on core 1, inside `cgroup` when given (entered before exec)."""
+    cmd = ["taskset", "-c", "1", sys.executable, __file__, "--probe", "load"]
+    if cgroup:
+        cmd = ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "load", *cmd]
+    proc = subprocess.Popen(cmd)
+    time.sleep(2.0)  # imports and warm-up before the host side starts timing
+    return proc
+
+
+def host_rate(steps: int) -> float:
+    out = subprocess.run(["taskset", "-c", "0", sys.executable, __file__, "--probe", "train", "--steps", str(steps)],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["samples_per_s"]
+
+
+def measure(args: argparse.Namespace) -> dict[str, list[float]]:
+    steps = 20 if args.quick else 150
+    variants = ("idle", f"load at {args.dpu_speed}", "load at 1.0")
+    runs: dict[str, list[float]] = {v: [] for v in variants}
+    with throttle_cgroup(args.dpu_speed, 1) as cgroup:
+        for rep in range(args.reps):
+            for v in variants:
+                load = None if v == "idle" else start_load(cgroup if v != "load at 1.0" else None)
+                try:
+                    runs[v].append(host_rate(steps))
+                finally:
+                    if load is not None:
+                        load.kill()
+                        load.wait()
+                print(f"rep {rep + 1}/{args.reps} {v}: {runs[v][-1]:.0f} samples/s", file=sys.stderr, flush=True)
+    return runs
+
+
+def markdown(runs: dict[str, list[float]], args: argparse.Namespace) -> str:
+    idle = statistics.median(runs["idle"])
+    rows = [[v, f"{statistics.median(x):.0f} ({min(x):.0f}–{max(x):.0f})", f"{statistics.median(x) / idle:.3f}",
+             f"{idle / statistics.median(x):.3f}"] for v, x in runs.items()]
+    return (f"Host: resnet20 forward/backward, batch 16, 1 thread on core 0; core 1: idle or an evaluation loop "
+            f"(cgroup at --dpu-speed {args.dpu_speed}, or unthrottled); {args.reps} interleaved repetitions.\n\n"
+            + table(["core 1", "host samples/s (min–max)", "vs idle", "host step time factor"], rows))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = bench_parser(__doc__, "interference", "20 steps, 1 rep", reps=3, epochs=False, plots=False)
+    p.add_argument("--probe", choices=("train", "load"), help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, default=150, help=argparse.SUPPRESS)
+    return p
+
+
+def run(args: argparse.Namespace) -> Section:
+    if args.quick:
+        args.reps = 1
+    runs = measure(args)
+    payload: dict[str, Any] = {"machine": machine(), "dpu_speed": args.dpu_speed, "reps": args.reps, "runs": runs,
+                               "slowdown": {v: statistics.median(runs["idle"]) / statistics.median(x)
+                                            for v, x in runs.items()}}
+    write_json(args.out, payload)
+    return Section("interference", payload, markdown(runs, args))
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    if args.probe:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        probe(args.probe, args.steps)
+        return 0
+    print(run(args).markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
