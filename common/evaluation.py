@@ -6,6 +6,7 @@ summing the per-rank sums gives the metrics of the whole set no matter how it wa
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
@@ -43,14 +44,18 @@ def evaluate_sums(model: nn.Module, dataset: Dataset, indices: Sequence[int], ba
     return sums
 
 
-def eval_seconds_per_sample(model: nn.Module, dataset: Dataset, batch_size: int, batches: int = 2) -> float:
-    """Measured evaluation cost on this rank: one warm-up batch, then `batches` timed batches."""
+def eval_seconds_per_sample(model: nn.Module, dataset: Dataset, batch_size: int, batches: int = 3) -> float:
+    """Measured evaluation cost on this rank: one warm-up batch, then the median of `batches`
+    timed batches (robust to one batch slowed by a neighbour on a shared machine)."""
     n = len(dataset)  # type: ignore[arg-type]
     evaluate_sums(model, dataset, range(min(batch_size, n)), batch_size)
-    timed = range(min(batches * batch_size, n))
-    t0 = time.perf_counter()
-    evaluate_sums(model, dataset, timed, batch_size)
-    return (time.perf_counter() - t0) / max(len(timed), 1)
+    per_sample = []
+    for b in range(batches):
+        timed = range(b * batch_size % max(n, 1), min(b * batch_size % max(n, 1) + batch_size, n))
+        t0 = time.perf_counter()
+        evaluate_sums(model, dataset, timed, batch_size)
+        per_sample.append((time.perf_counter() - t0) / max(len(timed), 1))
+    return statistics.median(per_sample)
 
 
 def metrics_from_sums(sums: np.ndarray) -> tuple[float, float]:

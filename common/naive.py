@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 import time
 from typing import Any, Iterator, Optional, Sequence, Union
 
@@ -80,21 +81,25 @@ class NaiveFeed:
                 yield default_collate(self.dataset.__getitems__(indices))
 
 
-def train_seconds_per_sample(model: nn.Module, dataset: PerSampleSeeded, batch_size: int, steps: int = 2) -> float:
-    """Measured forward+backward cost per sample on this rank (on a copy: the weights stay untouched)."""
+def train_seconds_per_sample(model: nn.Module, dataset: PerSampleSeeded, batch_size: int, steps: int = 4) -> float:
+    """Measured forward+backward cost per sample on this rank (on a copy: the weights stay untouched).
+
+    The median of `steps` timed steps after one warm-up: on a shared machine one step in a few is
+    slowed by a neighbour, and a mean of two steps carried that into every prediction (+60 %
+    for shufflenet_v2 in one benchmark run).
+    """
     probe = copy.deepcopy(model).train()
     batch = default_collate(dataset.__getitems__(list(range(min(batch_size, len(dataset))))))
     criterion = nn.CrossEntropyLoss()
 
-    def one_step() -> None:
+    def one_step() -> float:
+        t0 = time.perf_counter()
         probe.zero_grad(set_to_none=True)
         criterion(probe(batch[0]), batch[1]).backward()
+        return time.perf_counter() - t0
 
     one_step()  # warm-up
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        one_step()
-    return (time.perf_counter() - t0) / (steps * len(batch[1]))
+    return statistics.median(one_step() for _ in range(steps)) / len(batch[1])
 
 
 def balanced_dpu_batch(host_batch: int, host_cost: float, dpu_cost: float) -> int:
