@@ -38,7 +38,7 @@ SIZES = [("cifar 16x3x32x32", 16, (3, 32, 32)), ("cifar 64x3x32x32", 64, (3, 32,
          ("tiny 64x3x64x64", 64, (3, 64, 64)), ("imagenet 32x3x224x224", 32, (3, 224, 224))]
 
 
-def worker(steps: int, reps: int, sizes: list) -> None:
+def worker(steps: int, reps: int, sizes: list, min_bytes: float) -> None:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
@@ -47,7 +47,7 @@ def worker(steps: int, reps: int, sizes: list) -> None:
         items = [(torch.rand(*shape), i) for i in range(batch)]
         layout = layout_for(items[0][0], batch)
         nbytes = layout.nbytes(batch)
-        n = max(steps, round(MIN_BYTES / nbytes)) if steps >= 200 else steps  # small messages: more of them
+        n = max(steps, round(min_bytes / nbytes))  # small messages: more of them
         runs: dict[str, list[float]] = {v: [] for v in VARIANTS}
         for _ in range(reps):
             for variant in VARIANTS:
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> Section:
 def main() -> int:
     args = build_parser().parse_args()
     if args.worker:
-        worker(*((100, 1) if args.quick else (args.steps, args.reps)), SIZES[:2] if args.quick else SIZES)
+        worker(*((100, 1, SIZES[:2], 0) if args.quick else (args.steps, args.reps, SIZES, MIN_BYTES)))
         return 0
     print(run(args).markdown)
     return 0

@@ -56,8 +56,7 @@ class BatchLayout:
         # bandwidth), so the fields every header shares are built once: dtype, ndim, dims.
         static = [_CODES[np.dtype(self.dtype)], len(self.sample_shape), *self.sample_shape]
         static += [0] * (MAX_DIMS - len(self.sample_shape))
-        object.__setattr__(self, "_static", np.array(static, dtype=np.int64))
-        object.__setattr__(self, "_static_list", static)
+        object.__setattr__(self, "_static", static)
         object.__setattr__(self, "_torch_dtype", torch.from_numpy(np.empty(0, self.dtype)).dtype)
         object.__setattr__(self, "_sample_bytes",
                            int(np.prod(self.sample_shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize)
@@ -79,7 +78,7 @@ class BatchLayout:
         return HEADER_BYTES + 8 * self.max_batch
 
     def nbytes(self, count: int) -> int:
-        return HEADER_BYTES + 8 * self.max_batch + count * self._sample_bytes  # type: ignore[attr-defined]
+        return self.samples_offset + count * self._sample_bytes  # type: ignore[attr-defined]
 
     def empty(self) -> np.ndarray:
         """A buffer for the largest batch (what receivers post and senders fill)."""
@@ -148,22 +147,21 @@ class BatchLayout:
 
     def pack_header(self, buf: "np.ndarray | BatchBuffer", epoch: int, step: int, count: int) -> int:
         """Only the header of a batch whose samples and labels are already in `buf`; the bytes to send."""
-        self._write_header(self.views(buf).head, BatchKind.BATCH, epoch, step, count)
+        self._write_header(_head(buf), BatchKind.BATCH, epoch, step, count)
         return self.nbytes(count)
 
     def pack_end(self, buf: "np.ndarray | BatchBuffer", epoch: int) -> int:
-        head = buf.head if isinstance(buf, BatchBuffer) else buf[:HEADER_BYTES].view(np.int64)
-        self._write_header(head, BatchKind.EPOCH_END, epoch, -1, 0)
+        self._write_header(_head(buf), BatchKind.EPOCH_END, epoch, -1, 0)
         return HEADER_BYTES
 
     def unpack_header(self, buf: "np.ndarray | BatchBuffer") -> Mapping[str, int]:
-        raw = buf.head if isinstance(buf, BatchBuffer) else buf[:HEADER_BYTES].view(np.int64)
+        raw = _head(buf)
         kind, epoch, step, count, *static = raw.tolist()  # one conversion: this runs once per batch
         head = {"kind": kind, "epoch": epoch, "step": step, "count": count}
         if kind not in _KINDS:
             raise PeerError(f"batch message of unknown kind {kind}: host and DPU programs disagree "
                             "on the protocol")
-        if kind == BatchKind.BATCH and static != self._static_list:  # type: ignore[attr-defined]
+        if kind == BatchKind.BATCH and static != self._static:  # type: ignore[attr-defined]
             head = dict(BATCH_HEADER.unpack(raw))
             raise PeerError(f"batch header {dict(head)} does not match this run's layout "
                             f"({self.sample_shape} {np.dtype(self.dtype)}); host and DPU disagree on the data")
@@ -185,6 +183,11 @@ class BatchBuffer:
     labels: np.ndarray          # int64[max_batch]
     labels_t: torch.Tensor      # the same labels as a tensor
     samples: torch.Tensor       # dtype[max_batch, *sample_shape]
+
+
+def _head(buf: "np.ndarray | BatchBuffer") -> np.ndarray:
+    """The int64 header fields of a batch buffer (without building the other views)."""
+    return buf.head if isinstance(buf, BatchBuffer) else buf[:HEADER_BYTES].view(np.int64)
 
 
 def layout_for(sample: torch.Tensor, max_batch: int) -> BatchLayout:

@@ -46,16 +46,16 @@ def evaluate_sums(model: nn.Module, dataset: Dataset, indices: Sequence[int], ba
 
 def eval_seconds_per_sample(model: nn.Module, dataset: Dataset, batch_size: int, batches: int = 3) -> float:
     """Measured evaluation cost on this rank: one warm-up batch, then the median of `batches`
-    timed batches (robust to one batch slowed by a neighbour on a shared machine)."""
-    n = len(dataset)  # type: ignore[arg-type]
-    evaluate_sums(model, dataset, range(min(batch_size, n)), batch_size)
-    per_sample = []
-    for b in range(batches):
-        timed = range(b * batch_size % max(n, 1), min(b * batch_size % max(n, 1) + batch_size, n))
+    timings of the same batch (robust to one batch slowed by a neighbour on a shared machine)."""
+    first = range(min(batch_size, len(dataset)))  # type: ignore[arg-type]
+    evaluate_sums(model, dataset, first, batch_size)
+
+    def one_batch() -> float:
         t0 = time.perf_counter()
-        evaluate_sums(model, dataset, timed, batch_size)
-        per_sample.append((time.perf_counter() - t0) / max(len(timed), 1))
-    return statistics.median(per_sample)
+        evaluate_sums(model, dataset, first, batch_size)
+        return (time.perf_counter() - t0) / max(len(first), 1)
+
+    return statistics.median(one_batch() for _ in range(batches))
 
 
 def metrics_from_sums(sums: np.ndarray) -> tuple[float, float]:

@@ -16,6 +16,7 @@ import copy
 import hashlib
 import math
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -119,10 +120,13 @@ def optimizer_seconds_per_step(cfg: RunConfig, model: nn.Module, steps: int = 3)
         p.grad = torch.full_like(p, 1e-3)
     opt = build_optimizer(cfg, probe)
     opt.step()  # warm-up: allocates the momentum buffers
-    t0 = time.perf_counter()
-    for _ in range(steps):
+
+    def one_step() -> float:
+        t0 = time.perf_counter()
         opt.step()
-    return (time.perf_counter() - t0) / steps
+        return time.perf_counter() - t0
+
+    return statistics.median(one_step() for _ in range(steps))  # robust to one slowed step, like the others
 
 
 def lr_factor(schedule: str, step: int, total: int) -> float:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-
 from dpuoffload.common.batches import BatchBuffer, BatchLayout
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError
