@@ -25,14 +25,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dpuoffload.common.training import NoHooks  # noqa: E402
+from dpuoffload.common.train.loop import NoHooks  # noqa: E402
 
 
 class TorchSaveHooks(NoHooks):
     """`common.training.StateHooks` that save with `torch.save` on the host ranks (after a step only)."""
 
     def __init__(self, trainer: Any, opts: argparse.Namespace) -> None:
-        from dpuoffload.common.metrics import JsonlLog
+        from dpuoffload.common.runtime.metrics import JsonlLog
 
         self.trainer, self.opts = trainer, opts
         self.rank, self.size = trainer.comm.Get_rank(), trainer.comm.Get_size()
@@ -46,8 +46,8 @@ class TorchSaveHooks(NoHooks):
         model, opt = self.trainer.model, self.trainer.optimizer
         if self.opts.how == "rank0":
             return {"model": model.state_dict(), "optimizer": opt.state_dict()}
-        from dpuoffload.common.sharding import plan_shards
-        from dpuoffload.common.trainstate import shared_tensors
+        from dpuoffload.common.state.sharding import plan_shards
+        from dpuoffload.common.state.trainstate import shared_tensors
 
         tensors = shared_tensors(model, opt)
         names, values = list(tensors), list(tensors.values())

@@ -30,11 +30,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dpuoffload.common.ckptfiles import Received  # noqa: E402
 from dpuoffload.common.errors import ConfigError  # noqa: E402
-from dpuoffload.common.messages import StateKind, Tag  # noqa: E402
-from dpuoffload.common.roles import Topology  # noqa: E402
-from dpuoffload.common.trainstate import Position  # noqa: E402
+from dpuoffload.common.runtime.messages import StateKind, Tag  # noqa: E402
+from dpuoffload.common.runtime.roles import Topology  # noqa: E402
+from dpuoffload.common.state.ckptfiles import Received  # noqa: E402
+from dpuoffload.common.state.trainstate import Position  # noqa: E402
 from dpuoffload.host.checkpoint import StateHandoff  # noqa: E402
 from dpuoffload.host.clone import CLONE_POLL_MAX_SLEEP, adopt, receive_handoff, state_sha256  # noqa: E402
 

@@ -37,7 +37,7 @@ def probe(kind: str, steps: int) -> None:
     """`train`: print forward/backward samples/s over `steps` steps; `load`: evaluate forever."""
     import torch
 
-    from dpuoffload.common.resnet_cifar import CifarResNet
+    from dpuoffload.common.models.resnet_cifar import CifarResNet
 
     torch.set_num_threads(1)
     model = CifarResNet(20, num_classes=10)

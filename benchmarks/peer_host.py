@@ -77,7 +77,7 @@ class WorkerPlacement:
 
 
 class PeerFeed:
-    """A `Feed` (see `dpuoffload.common.feeds`) over a multi-worker DataLoader."""
+    """A `Feed` (see `dpuoffload.common.data.feeds`) over a multi-worker DataLoader."""
 
     def __init__(self, cfg: Any, topo: Any, train: Any, opts: argparse.Namespace) -> None:
         from torch.utils.data import DataLoader, DistributedSampler

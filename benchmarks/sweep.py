@@ -52,10 +52,10 @@ def worker(threads: int, batches: list[int], min_seconds: float) -> list[dict[st
     from torch.utils.data import default_collate
 
     from dpuoffload.common.config import RunConfig
-    from dpuoffload.common.datasets import build_datasets
-    from dpuoffload.common.models import build_model
-    from dpuoffload.common.naive import train_seconds_per_sample
-    from dpuoffload.common.sampling import PerSampleSeeded
+    from dpuoffload.common.data.datasets import build_datasets
+    from dpuoffload.common.data.sampling import PerSampleSeeded
+    from dpuoffload.common.models.zoo import build_model
+    from dpuoffload.common.train.naive import train_seconds_per_sample
 
     torch.set_num_threads(threads)
     cfg = RunConfig(model="resnet20", dataset="cifar10", data=str(DATA / "cifar10"), train_subset=max(batches) * 2)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from benchmarks.harness import BIN, RESULTS, Section, job_env, machine, table, write_json  # noqa: E402
-from dpuoffload.common.batches import layout_for  # noqa: E402
+from dpuoffload.common.data.batches import layout_for  # noqa: E402
 from dpuoffload.dpu.augment import SendRing  # noqa: E402
 from dpuoffload.host.feed import RemoteFeed  # noqa: E402
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.modes import Mode
 
-MODES = ("none", "naive", "da", "mv", "hybrid", "auto")
+MODES = tuple(m.value for m in Mode)
 ALLREDUCE_BACKENDS = ("auto", "horovod", "torch")
 LR_SCHEDULES = ("cosine", "step", "constant")
 CKPT_COPIES = ("staged", "zero")
@@ -30,7 +31,7 @@ class RunConfig:
     launcher concerns passed through the environment, not part of this config or its hash.
     """
 
-    mode: str = "none"
+    mode: Mode = Mode.NONE
     model: str = "resnet20"
     dataset: str = "cifar10"
     data: Optional[str] = None
@@ -72,6 +73,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check_choice("mode", self.mode, MODES)
+        object.__setattr__(self, "mode", Mode(self.mode))
         _check_choice("allreduce", self.allreduce, ALLREDUCE_BACKENDS)
         _check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         for name in ("epochs", "batch_size", "val_batch_size", "da_buffers"):
@@ -94,10 +96,10 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{_flag(name)} must be >= 1, got {value}")
-            if value is not None and self.mode not in ("hybrid", "auto"):
+            if value is not None and self.mode not in (Mode.HYBRID, Mode.AUTO):
                 raise ConfigError(f"--{_flag(name)} only applies to --mode hybrid (got --mode {self.mode})")
         if self.dpu_batch_size is not None:
-            if self.mode not in ("naive", "auto"):
+            if self.mode not in (Mode.NAIVE, Mode.AUTO):
                 raise ConfigError(f"--dpu-batch-size only applies to --mode naive (got --mode {self.mode})")
             if self.dpu_batch_size != "auto" and not (isinstance(self.dpu_batch_size, int) and self.dpu_batch_size >= 1):
                 raise ConfigError(f"--dpu-batch-size must be an integer >= 1 or 'auto', got {self.dpu_batch_size!r}")
@@ -121,7 +123,7 @@ class RunConfig:
             raise ConfigError("--resume latest needs --ckpt-dir DIR to look in (or pass --resume DIR of "
                               "one checkpoint)")
         uses_state = wants or self.resume is not None or self.clone_at is not None
-        if uses_state and self.mode in ("naive", "auto"):
+        if uses_state and self.mode in (Mode.NAIVE, Mode.AUTO):
             raise ConfigError(f"checkpoints, --resume and clones need DPU ranks that do not train, chosen up "
                               f"front: use --mode none, da, mv or hybrid, not {self.mode}")
         if self.clone_override and self.clone_at is None:
@@ -182,34 +184,34 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
                    help="none: host ranks do everything; da: DPU ranks load and augment batches; mv: DPU "
                         "ranks validate epoch i during epoch i+1; hybrid: both; naive: DPU ranks train "
                         "as extra replicas; auto: profile a few steps, predict every mode's epoch time, "
-                        "run the fastest (default: none)")
+                        "run the fastest")
     p.add_argument("--model", default=S, help="resnet20 | resnet56 | shufflenet_v2 | resnet50 | "
-                   "module:function (a factory taking num_classes) (default: resnet20)")
+                   "module:function (a factory taking num_classes)")
     p.add_argument("--dataset", default=S, help="cifar10 | svhn | tinyimagenet | fake | "
-                   "module:function (a factory taking root, train, download) (default: cifar10)")
+                   "module:function (a factory taking root, train, download)")
     p.add_argument("--data", default=S, metavar="DIR", help="dataset root directory")
     p.add_argument("--download", action="store_true", default=S,
                    help="let torchvision download the dataset where it supports it")
     p.add_argument("--num-classes", type=int, default=S,
                    help="number of classes for a user dataset without a .classes attribute")
-    p.add_argument("--epochs", type=int, default=S, help="training epochs (default: 3)")
-    p.add_argument("--batch-size", type=int, default=S, help="per host rank batch size (default: 32)")
-    p.add_argument("--val-batch-size", type=int, default=S, help="validation batch size (default: 128)")
+    p.add_argument("--epochs", type=int, default=S, help="training epochs")
+    p.add_argument("--batch-size", type=int, default=S, help="per host rank batch size")
+    p.add_argument("--val-batch-size", type=int, default=S, help="validation batch size")
     p.add_argument("--drop-last", action="store_true", default=S,
                    help="drop each rank's last partial batch of an epoch")
     p.add_argument("--train-subset", type=int, default=S, metavar="N",
                    help="train on the first N samples only (quick runs)")
     p.add_argument("--val-subset", type=int, default=S, metavar="N",
                    help="validate on the first N samples only")
-    p.add_argument("--lr", type=float, default=S, help="peak SGD learning rate (default: 0.05)")
-    p.add_argument("--momentum", type=float, default=S, help="SGD momentum (default: 0.9)")
-    p.add_argument("--weight-decay", type=float, default=S, help="SGD weight decay (default: 5e-4)")
+    p.add_argument("--lr", type=float, default=S, help="peak SGD learning rate")
+    p.add_argument("--momentum", type=float, default=S, help="SGD momentum")
+    p.add_argument("--weight-decay", type=float, default=S, help="SGD weight decay")
     p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=S,
-                   help="per-step learning-rate schedule (default: cosine)")
-    p.add_argument("--seed", type=int, default=S, help="seed for weights, sampler and augmentation (default: 0)")
+                   help="per-step learning-rate schedule")
+    p.add_argument("--seed", type=int, default=S, help="seed for weights, sampler and augmentation")
     p.add_argument("--allreduce", choices=ALLREDUCE_BACKENDS, default=S,
                    help="gradient allreduce: horovod, torch (torch.distributed gloo) or auto = "
-                        "horovod when it imports (default: auto)")
+                        "horovod when it imports")
     p.add_argument("--log-dir", default=S, metavar="DIR",
                    help="write metrics.jsonl and per-rank phase timers (phases-rank<R>.jsonl) here")
     p.add_argument("--digest-batches", action="store_true", default=S,
@@ -223,11 +225,11 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
                         "phases) to PATH; open it in https://ui.perfetto.dev")
     p.add_argument("--da-buffers", type=int, default=S, metavar="K",
                    help="--mode da: batch buffers per DPU rank, used as a circular send queue; "
-                        "memory stays bounded by K batches (default: 4)")
+                        "memory stays bounded by K batches")
     p.add_argument("--mv-dpu-fraction", type=_fraction_or_auto, default=S, metavar="F|auto",
                    help="--mode mv/hybrid: fraction of the validation set the DPU ranks evaluate; the "
                         "host ranks evaluate the rest at epoch end; 'auto' picks it from measured "
-                        "evaluation speeds (default: 1)")
+                        "evaluation speeds")
     p.add_argument("--dpu-da-ranks", type=int, default=S, metavar="A",
                    help="--mode hybrid: DPU ranks doing data augmentation (default: host ranks / "
                         "--da-fanout, else half the DPU ranks)")
@@ -242,9 +244,25 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
     p.add_argument("--no-progress", dest="progress", action="store_false", default=S,
                    help="no progress bar on host rank 0")
     p.add_argument("--peer-timeout", type=float, default=S, metavar="SECONDS",
-                   help="abort the job when a peer does not answer within this time (default: 600)")
+                   help="abort the job when a peer does not answer within this time")
     add_checkpoint_flags(p)
+    _append_defaults(p)
     return p
+
+
+def _append_defaults(p: argparse.ArgumentParser) -> None:
+    """Write every flag's default into its help from `RunConfig` itself, so the two never disagree.
+
+    Flags are parsed with `default=SUPPRESS` (unset flags fall back to the preset, then to the
+    dataclass default), so argparse cannot show the default; this does. Flags whose help already
+    explains a computed default (`(default: ...)`) and flags off by default are left alone.
+    """
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    for action in p._actions:
+        value = defaults.get(action.dest)
+        if action.help is None or "(default" in action.help or value in (None, False, True, ()):
+            continue
+        action.help += f" (default: {value})"
 
 
 def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
@@ -258,11 +276,11 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ckpt-every-epoch", action="store_true", default=S,
                    help="checkpoint at the end of every epoch (after validation hand-off)")
     g.add_argument("--ckpt-keep", type=int, default=S, metavar="K",
-                   help="keep the K newest complete checkpoints, delete older ones (default: 2)")
+                   help="keep the K newest complete checkpoints, delete older ones")
     g.add_argument("--ckpt-copy", choices=CKPT_COPIES, default=S,
                    help="staged: host ranks copy their slice into a send buffer and go on (blocks for the "
                         "copy); zero: send straight from the weights and wait for the send before the next "
-                        "optimizer step (default: staged)")
+                        "optimizer step")
     g.add_argument("--resume", default=S, metavar="DIR|latest",
                    help="continue from a checkpoint directory (step-<N>) or the newest complete one in "
                         "--ckpt-dir; same host rank count resumes to the bit, another count re-slices")

@@ -2,5 +2,5 @@
 
 __version__ = "0.1.0"
 
-# Bump whenever a message layout in `dpuoffload.common.messages` changes meaning or size.
+# Bump whenever a message layout in `dpuoffload.common.runtime.messages` changes meaning or size.
 PROTOCOL_VERSION = 1

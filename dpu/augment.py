@@ -13,16 +13,16 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from dpuoffload.common.batches import BatchBuffer, BatchLayout
 from dpuoffload.common.config import RunConfig
+from dpuoffload.common.data.batches import BatchBuffer, BatchLayout
+from dpuoffload.common.data.loaders import RankLoader
+from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.loaders import RankLoader
-from dpuoffload.common.messages import Tag
-from dpuoffload.common.metrics import PhaseTimer
-from dpuoffload.common.roles import Topology
-from dpuoffload.common.sampling import PerSampleSeeded
-from dpuoffload.common.trainstate import EpochSpan, Position, epoch_spans
-from dpuoffload.common.waits import wait
+from dpuoffload.common.runtime.messages import Tag
+from dpuoffload.common.runtime.metrics import PhaseTimer
+from dpuoffload.common.runtime.roles import Topology
+from dpuoffload.common.runtime.waits import wait
+from dpuoffload.common.state.trainstate import EpochSpan, Position, epoch_spans
 
 if TYPE_CHECKING:
     from mpi4py import MPI

@@ -12,9 +12,9 @@ import resource
 import time
 from typing import Any
 
-from dpuoffload.common.messages import CONTROL, ControlKind
-from dpuoffload.common.roles import Topology
-from dpuoffload.common.waits import wait
+from dpuoffload.common.runtime.messages import CONTROL, ControlKind
+from dpuoffload.common.runtime.roles import Topology
+from dpuoffload.common.runtime.waits import wait
 
 IDLE_POLL_SECONDS = 0.2
 

@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from dpuoffload.common import ckptfiles
-from dpuoffload.common.ckptfiles import Received
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import PeerError
-from dpuoffload.common.failure import PREFIX
-from dpuoffload.common.messages import CKPT_HEADER, StateKind, Tag
-from dpuoffload.common.metrics import JsonlLog
-from dpuoffload.common.roles import Topology, feeders
-from dpuoffload.common.sharding import byte_buffer
-from dpuoffload.common.waits import wait, wait_all, wait_object
+from dpuoffload.common.runtime.failure import PREFIX
+from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
+from dpuoffload.common.runtime.metrics import JsonlLog
+from dpuoffload.common.runtime.roles import Topology, feeders
+from dpuoffload.common.runtime.waits import wait, wait_all, wait_object
+from dpuoffload.common.state import ckptfiles
+from dpuoffload.common.state.ckptfiles import Received
+from dpuoffload.common.state.sharding import byte_buffer
 
 if TYPE_CHECKING:
     from mpi4py import MPI

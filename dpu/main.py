@@ -5,20 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Sequence
 
-from dpuoffload.common import trace
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.datasets import build_datasets
-from dpuoffload.common.failure import run_program
-from dpuoffload.common.loaders import probe_layout, steps_per_epoch
-from dpuoffload.common.metrics import JsonlLog
-from dpuoffload.common.models import build_model
-from dpuoffload.common.naive import measure_profile
-from dpuoffload.common.offload import DA, IDLE, MV, plan_offload
-from dpuoffload.common.resume import find_resume, start_position
-from dpuoffload.common.roles import Role, Topology
-from dpuoffload.common.sampling import PerSampleSeeded
-from dpuoffload.common.startup import start_program
-from dpuoffload.common.trainstate import epoch_spans
+from dpuoffload.common.data.datasets import build_datasets
+from dpuoffload.common.data.loaders import probe_layout, steps_per_epoch
+from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.models.zoo import build_model
+from dpuoffload.common.plan.offload import DA, IDLE, MV, plan_offload
+from dpuoffload.common.runtime import trace
+from dpuoffload.common.runtime.failure import run_program
+from dpuoffload.common.runtime.metrics import JsonlLog
+from dpuoffload.common.runtime.roles import Role, Topology
+from dpuoffload.common.runtime.startup import start_program
+from dpuoffload.common.state.resume import find_resume, start_position
+from dpuoffload.common.state.trainstate import epoch_spans
+from dpuoffload.common.train.naive import measure_profile
 from dpuoffload.dpu.augment import Augmenter
 from dpuoffload.dpu.idle import idle_until_shutdown
 from dpuoffload.dpu.keeper import Keeper, hosts_kept_by
@@ -45,7 +45,7 @@ class DpuJob:
 def prepare(cfg: RunConfig, topo: Topology) -> DpuJob:
     """Build this rank's work (augmentation, validation, training, or none) before any host<->DPU traffic."""
     me = topo.world_rank
-    if cfg.mode == "naive":
+    if cfg.mode.dpu_trains:
         data = build_datasets(cfg)
         return DpuJob(REPLICA, Replica(cfg, topo, data, PerSampleSeeded(data.train, cfg.seed),
                                        build_model(cfg, data.num_classes)), None)

@@ -10,15 +10,15 @@ from typing import Any, Optional, Sequence
 
 from torch import nn
 
-from dpuoffload.common.allreduce import GradientSync, build_sync
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.datasets import DatasetPair
-from dpuoffload.common.evaluation import NoValidation
-from dpuoffload.common.naive import build_naive_feed, naive_backend
-from dpuoffload.common.offload import plan_offload
-from dpuoffload.common.roles import Topology
-from dpuoffload.common.sampling import PerSampleSeeded
-from dpuoffload.common.training import Trainer, TrainJob
+from dpuoffload.common.data.datasets import DatasetPair
+from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.plan.offload import plan_offload
+from dpuoffload.common.runtime.roles import Topology
+from dpuoffload.common.train.allreduce import GradientSync, build_sync
+from dpuoffload.common.train.evaluation import NoValidation
+from dpuoffload.common.train.loop import Trainer, TrainJob
+from dpuoffload.common.train.naive import build_naive_feed, naive_backend
 
 
 class Replica:

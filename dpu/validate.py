@@ -19,15 +19,12 @@ from torch.utils.data import Dataset
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import PeerError
-from dpuoffload.common.evaluation import (
-    eval_seconds_per_sample,
-    evaluate_sums,
-    shard_range,
-)
-from dpuoffload.common.messages import STATE_HEADER, STATE_HEADER_BYTES, Tag
-from dpuoffload.common.metrics import PhaseTimer
-from dpuoffload.common.roles import Topology
-from dpuoffload.common.sharding import (
+from dpuoffload.common.plan.validation_split import dpu_count
+from dpuoffload.common.runtime.messages import STATE_HEADER, STATE_HEADER_BYTES, Tag
+from dpuoffload.common.runtime.metrics import PhaseTimer
+from dpuoffload.common.runtime.roles import Topology
+from dpuoffload.common.runtime.waits import wait
+from dpuoffload.common.state.sharding import (
     byte_buffer,
     packed_nbytes,
     plan_shards,
@@ -35,8 +32,11 @@ from dpuoffload.common.sharding import (
     state_tensors,
     unpack_pieces,
 )
-from dpuoffload.common.validation_split import dpu_count
-from dpuoffload.common.waits import wait
+from dpuoffload.common.train.evaluation import (
+    eval_seconds_per_sample,
+    evaluate_sums,
+    shard_range,
+)
 
 if TYPE_CHECKING:
     from mpi4py import MPI

@@ -26,15 +26,16 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 from torch import nn
 
-from dpuoffload.common import ckptfiles
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.messages import CKPT_HEADER, StateKind, Tag
-from dpuoffload.common.metrics import JsonlLog
-from dpuoffload.common.resume import ResumePoint, config_dict
-from dpuoffload.common.roles import Topology, feeders
-from dpuoffload.common.sharding import DEFAULT_THRESHOLD, byte_buffer, pack_pieces, packed_nbytes, plan_shards
-from dpuoffload.common.trainstate import (
+from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
+from dpuoffload.common.runtime.metrics import JsonlLog
+from dpuoffload.common.runtime.roles import Topology, feeders
+from dpuoffload.common.runtime.waits import wait, wait_all
+from dpuoffload.common.state import ckptfiles
+from dpuoffload.common.state.resume import ResumePoint, config_dict
+from dpuoffload.common.state.sharding import DEFAULT_THRESHOLD, byte_buffer, pack_pieces, packed_nbytes, plan_shards
+from dpuoffload.common.state.trainstate import (
     EpochProgress,
     Position,
     capture_local,
@@ -45,7 +46,6 @@ from dpuoffload.common.trainstate import (
     set_rng,
     shared_tensors,
 )
-from dpuoffload.common.waits import wait, wait_all
 
 ZERO_POLL_MAX_SLEEP = 0.0005  # the next optimizer step waits on these: poll often
 

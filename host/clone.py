@@ -19,14 +19,15 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import numpy as np
 import torch
 
-from dpuoffload.common.ckptfiles import Received, plan_for
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError, PeerError
-from dpuoffload.common.messages import CKPT_HEADER, StateKind, Tag
-from dpuoffload.common.roles import Topology, feeders
-from dpuoffload.common.sharding import Piece, byte_buffer
-from dpuoffload.common.training import Trainer
-from dpuoffload.common.trainstate import (
+from dpuoffload.common.modes import Mode
+from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
+from dpuoffload.common.runtime.roles import Topology, feeders
+from dpuoffload.common.runtime.waits import wait, wait_all
+from dpuoffload.common.state.ckptfiles import Received, plan_for
+from dpuoffload.common.state.sharding import Piece, byte_buffer
+from dpuoffload.common.state.trainstate import (
     EpochProgress,
     dtype_of,
     numel,
@@ -36,7 +37,7 @@ from dpuoffload.common.trainstate import (
     restore,
     set_rng,
 )
-from dpuoffload.common.waits import wait, wait_all
+from dpuoffload.common.train.loop import Trainer
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -64,7 +65,7 @@ def clone_config(cfg: RunConfig) -> RunConfig:
         except ValueError:
             raise ConfigError(f"--clone-override {item!r}: {value!r} is not a valid {key}") from None
     log_dir = os.path.join(cfg.log_dir, "clone") if cfg.log_dir else None
-    return cfg.replace(**{"mode": "none", "clone_at": None, "clone_override": (), "ckpt_dir": None,
+    return cfg.replace(**{"mode": Mode.NONE, "clone_at": None, "clone_override": (), "ckpt_dir": None,
                           "ckpt_every": None, "ckpt_every_epoch": False, "resume": None, "stop_at_step": None,
                           "log_dir": log_dir, "trace": None, "save_weights": None, **changes})
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dpuoffload.common.messages import CONTROL, ControlKind
-from dpuoffload.common.roles import Topology
-from dpuoffload.common.waits import wait
+from dpuoffload.common.runtime.messages import CONTROL, ControlKind
+from dpuoffload.common.runtime.roles import Topology
+from dpuoffload.common.runtime.waits import wait
 
 
 def shutdown_dpus(topo: Topology, timeout: float) -> None:

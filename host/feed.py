@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator, Optional
 
-from dpuoffload.common.batches import BatchBuffer, BatchKind, BatchLayout
+from dpuoffload.common.data.batches import BatchBuffer, BatchKind, BatchLayout
+from dpuoffload.common.data.feeds import Batch
 from dpuoffload.common.errors import PeerError
-from dpuoffload.common.feeds import Batch
-from dpuoffload.common.messages import Tag
-from dpuoffload.common.waits import wait
+from dpuoffload.common.runtime.messages import Tag
+from dpuoffload.common.runtime.waits import wait
 
 if TYPE_CHECKING:
     from mpi4py import MPI

@@ -4,25 +4,25 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from dpuoffload.common import trace
-from dpuoffload.common.allreduce import build_sync, resolve_backend
-from dpuoffload.common.autoselect import report_measured
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.datasets import build_datasets
-from dpuoffload.common.evaluation import LocalValidation, SharePolicy, Validation
-from dpuoffload.common.failure import run_program
-from dpuoffload.common.feeds import Feed, LocalFeed
-from dpuoffload.common.loaders import RankLoader, probe_layout
-from dpuoffload.common.metrics import JsonlLog
-from dpuoffload.common.models import build_model
-from dpuoffload.common.naive import build_naive_feed, measure_profile, naive_backend
-from dpuoffload.common.offload import OffloadPlan, plan_offload, require_feeder
-from dpuoffload.common.resume import find_resume, start_position
-from dpuoffload.common.roles import Role, Topology
-from dpuoffload.common.sampling import PerSampleSeeded
-from dpuoffload.common.startup import start_program
-from dpuoffload.common.training import Trainer, TrainJob
-from dpuoffload.common.trainstate import describe_position, epoch_spans
+from dpuoffload.common.data.datasets import build_datasets
+from dpuoffload.common.data.feeds import Feed, LocalFeed
+from dpuoffload.common.data.loaders import RankLoader, probe_layout
+from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.models.zoo import build_model
+from dpuoffload.common.plan.offload import OffloadPlan, plan_offload, require_feeder
+from dpuoffload.common.runtime import trace
+from dpuoffload.common.runtime.failure import run_program
+from dpuoffload.common.runtime.metrics import JsonlLog
+from dpuoffload.common.runtime.roles import Role, Topology
+from dpuoffload.common.runtime.startup import start_program
+from dpuoffload.common.state.resume import find_resume, start_position
+from dpuoffload.common.state.trainstate import describe_position, epoch_spans
+from dpuoffload.common.train.allreduce import build_sync, resolve_backend
+from dpuoffload.common.train.autoselect import report_measured
+from dpuoffload.common.train.evaluation import LocalValidation, SharePolicy, Validation
+from dpuoffload.common.train.loop import Trainer, TrainJob
+from dpuoffload.common.train.naive import build_naive_feed, measure_profile, naive_backend
 from dpuoffload.host.checkpoint import StateHandoff, keeper_of, resume_trainer
 from dpuoffload.host.clone import adopt, check_clone_flags, clone_config, describe_overrides
 from dpuoffload.host.control import shutdown_dpus
@@ -60,7 +60,7 @@ def build_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded, plan: Off
     """This host rank's own loader, or a receiver of the batches its augmentation DPU rank sends.
     (`--mode naive` replaces it once the DPU batch size is agreed, see `main`.)"""
     loader = RankLoader(cfg, train, len(topo.host_ranks), topo.side_rank)
-    if cfg.mode not in ("da", "hybrid"):
+    if not cfg.mode.augments_on_dpu:
         return LocalFeed(loader)
     feeder = require_feeder(plan, topo.world_rank, topo.describe())
     return RemoteFeed(topo.world, feeder, topo.describe(feeder), probe_layout(train, cfg), len(loader),
@@ -95,10 +95,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if topo.role is Role.CLONE:
         return run_clone(cfg, topo, job)
     group = topo.side_comm
-    if cfg.mode == "naive":  # DPU ranks are replicas too: one gradient group over the whole job
+    if cfg.mode.dpu_trains:  # DPU ranks are replicas too: one gradient group over the whole job
         job.feed = build_naive_feed(cfg, topo, job.train, profiles)
         group = topo.world
-    sync = build_sync(naive_backend(cfg, profiles) if cfg.mode == "naive" else cfg.allreduce, group,
+    sync = build_sync(naive_backend(cfg, profiles) if cfg.mode.dpu_trains else cfg.allreduce, group,
                       cfg.peer_timeout)
     if topo.side_rank == 0:
         print(f"[dpuoffload] mode {cfg.mode}: {len(topo.host_ranks)} host rank(s), "

@@ -18,7 +18,22 @@ import numpy as np
 from torch import nn
 from torch.utils.data import Dataset
 
-from dpuoffload.common.evaluation import (
+from dpuoffload.common.plan.validation_split import auto_share, dpu_count
+from dpuoffload.common.runtime.messages import (
+    METRICS_FIELDS,
+    STATE_HEADER,
+    STATE_HEADER_BYTES,
+    Tag,
+)
+from dpuoffload.common.runtime.roles import Topology
+from dpuoffload.common.runtime.waits import wait
+from dpuoffload.common.state.sharding import (
+    pack_pieces,
+    packed_nbytes,
+    plan_shards,
+    state_tensors,
+)
+from dpuoffload.common.train.evaluation import (
     SharePolicy,
     Sums,
     allreduce_sums,
@@ -26,21 +41,6 @@ from dpuoffload.common.evaluation import (
     evaluate_sums,
     shard_range,
 )
-from dpuoffload.common.messages import (
-    METRICS_FIELDS,
-    STATE_HEADER,
-    STATE_HEADER_BYTES,
-    Tag,
-)
-from dpuoffload.common.roles import Topology
-from dpuoffload.common.sharding import (
-    pack_pieces,
-    packed_nbytes,
-    plan_shards,
-    state_tensors,
-)
-from dpuoffload.common.validation_split import auto_share, dpu_count
-from dpuoffload.common.waits import wait
 
 if TYPE_CHECKING:
     from mpi4py import MPI

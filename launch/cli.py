@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from dpuoffload.common.config import RunConfig, parse_run_config
-from dpuoffload.common.datasets import check_dataset
+from dpuoffload.common.data.datasets import check_dataset
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.models import check_model
-from dpuoffload.common.offload import split_counts
+from dpuoffload.common.models.zoo import check_model
+from dpuoffload.common.plan.offload import split_counts
 from dpuoffload.launch import placement, supervise, throttle
 from dpuoffload.launch.command import FLAVORS, LaunchSpec, build_command
 
@@ -50,10 +50,23 @@ checkpoint to a plain state_dict: dpurun export-checkpoint --help
 """
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the epilog's layout and writes each flag's real default into its help (from the
+    parser itself, so help and behaviour cannot drift apart); flags without a value default
+    explain theirs in words."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or action.default in (None, argparse.SUPPRESS) or action.option_strings == ["-h", "--help"]:
+            return text
+        value = "off" if action.default is False else ("none" if action.default == [] else action.default)
+        return f"{text} (default: {value})"
+
+
 def build_launcher_parser() -> argparse.ArgumentParser:
     """The launcher flags (before `--`). tests/test_cli_surface.py freezes this set."""
     p = argparse.ArgumentParser(
-        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        prog=PROG, formatter_class=_HelpFormatter, epilog=EPILOG,
         usage=(f"{PROG} [launcher flags] -- [training flags]\n       {PROG} make-data [...]\n"
                f"       {PROG} project PROFILE [...]\n       {PROG} export-checkpoint DIR OUT.pt"),
         description="Start the host program (app context 0) and the DPU program (app context 1) "
@@ -66,9 +79,9 @@ def build_launcher_parser() -> argparse.ArgumentParser:
 
 def _add_rank_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--host-ranks", type=int, default=1, metavar="N",
-                   help="host program ranks (default: 1)")
+                   help="host program ranks")
     g.add_argument("--dpu-ranks", type=int, default=1, metavar="M",
-                   help="DPU program ranks; 0 only with --mode none (default: 1)")
+                   help="DPU program ranks; 0 only with --mode none")
     g.add_argument("--dpu-cores", metavar="LIST",
                    help="cores for the DPU ranks, e.g. 1, 2-3 or 2,3; the host ranks get the rest "
                         "(default: the last round(cores*M/(N+M)) cores, at least 1)")
@@ -82,12 +95,12 @@ def _add_rank_flags(g: argparse._ArgumentGroup) -> None:
                    help="torch threads per DPU rank (default: like --host-threads, for the DPU side)")
     g.add_argument("--clone-ranks", type=int, default=0, metavar="C",
                    help="extra host program ranks that stand by and continue a clone of the training "
-                        "from --clone-at STEP (on the host cores/nodes) (default: 0)")
+                        "from --clone-at STEP (on the host cores/nodes)")
     g.add_argument("--clone-cores", metavar="LIST",
                    help="cores for the clone ranks when emulating, e.g. 1: a stand-in for the other "
                         "nodes clones run on in a cluster (default: the host ranks' cores)")
     g.add_argument("--oversubscribe", action="store_true",
-                   help="allow more ranks than cores (local) or slots (cluster) (default: off)")
+                   help="allow more ranks than cores (local) or slots (cluster)")
 
 
 def _add_cluster_flags(g: argparse._ArgumentGroup) -> None:
@@ -116,7 +129,7 @@ def _add_mpi_flags(g: argparse._ArgumentGroup) -> None:
                         "'=' as values start with '-', e.g. --mpirun-arg='--mca btl tcp,self' "
                         "(default: none)")
     g.add_argument("--dry-run", action="store_true",
-                   help="print the mpirun command instead of running it (default: off)")
+                   help="print the mpirun command instead of running it")
 
 
 # ---------------------------------------------------------------------------------- argv split
@@ -160,7 +173,7 @@ def validate_training(training_args: Sequence[str], dpu_ranks: int, host_ranks: 
         ConfigError: any problem, including argparse usage errors (reworded to one line).
     """
     cfg = _parse_training(training_args)
-    if dpu_ranks == 0 and cfg.mode not in ("none", "auto"):
+    if dpu_ranks == 0 and cfg.mode.offloads:
         raise ConfigError(f"--mode {cfg.mode} offloads work to DPU ranks, but --dpu-ranks is 0; "
                           "use --dpu-ranks 1 or more (or --mode none)")
     split_counts(cfg, host_ranks, dpu_ranks)  # hybrid: enough DPU ranks for both kinds of work?
@@ -179,7 +192,7 @@ def check_state_launch(cfg: RunConfig, dpu_ranks: int, clone_ranks: int) -> None
         raise ConfigError(f"--clone-ranks {clone_ranks} without --clone-at STEP: the clones would never start; "
                           "add --clone-at STEP after '--'")
     if cfg.resume and cfg.resume != "latest":
-        from dpuoffload.common.ckptfiles import resolve
+        from dpuoffload.common.state.ckptfiles import resolve
 
         resolve(cfg.resume, cfg.ckpt_dir)
 

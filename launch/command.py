@@ -4,7 +4,7 @@
 style), so tests check the exact list and another MPI can be supported by replacing it. World
 ranks 0..N-1 run the host program (app context 0), N..N+M-1 the DPU program (app context 1) and,
 with `--clone-ranks C`, the last C ranks the host program's clone group (app context 2);
-`dpuoffload.common.roles` relies on that order.
+`dpuoffload.common.runtime.roles` relies on that order.
 
 Per-side settings travel as an `env VAR=val ...` prefix inside each app context rather than as
 mpirun flags (`-x` / `-env`), because that works the same for every MPI and on remote nodes.
@@ -16,8 +16,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Optional
 
-from dpuoffload.common import env
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.runtime import env
 from dpuoffload.launch.placement import Node, format_core_list
 
 FLAVORS = ("openmpi", "mpich")

@@ -16,9 +16,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from dpuoffload.common import ckptfiles
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.trainstate import Position, describe_position
+from dpuoffload.common.state import ckptfiles
+from dpuoffload.common.state.trainstate import Position, describe_position
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,7 +30,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from PIL import Image
 
-from dpuoffload.common.datasets import BUNDLED_MARKER
+from dpuoffload.common.data.datasets import BUNDLED_MARKER
 from dpuoffload.common.errors import ConfigError
 
 GENERATOR_VERSION = 1

@@ -6,7 +6,7 @@ Two placements:
   disjoint core sets (later pinned with `taskset`), so DPU work cannot steal host cores unseen.
 - Cluster: host nodes and their DPUs by name with slot counts. Line (or list item) i of the DPU
   list is the DPU plugged into host node i; the resulting node map lets ranks pair host ranks with
-  the DPU ranks of their own node (`dpuoffload.common.roles.pair_ranks`).
+  the DPU ranks of their own node (`dpuoffload.common.runtime.roles.pair_ranks`).
 
 Every user mistake raises `ConfigError` naming the flag and the fix.
 """

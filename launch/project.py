@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.perfmodel import Profile, choose, format_table, predict_all, project
+from dpuoffload.common.plan.perfmodel import Profile, choose, format_table, predict_all, project
 
 
 def load_profile(path: str) -> Profile:

@@ -38,7 +38,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import IO, Optional, Sequence
 
-from dpuoffload.common.roles import Role
+from dpuoffload.common.runtime.roles import Role
 
 PREFIX = "dpurun:"
 _PROC_NAME = r"\[(?:\[[^\]]*\]|[^\],\s]*),(\d+)\]"  # [prterun-vm-3891@1,3] or [[35763,1],3]

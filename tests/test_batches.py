@@ -7,9 +7,9 @@ import pytest
 import torch
 from PIL import Image
 
-from dpuoffload.common.batches import BATCH_HEADER, HEADER_BYTES, BatchKind, BatchLayout, layout_for
+from dpuoffload.common.data.batches import BATCH_HEADER, HEADER_BYTES, BatchKind, BatchLayout, layout_for
 from dpuoffload.common.errors import PeerError
-from dpuoffload.common.messages import Tag
+from dpuoffload.common.runtime.messages import Tag
 
 SHAPES = [(5,), (3, 4), (3, 8, 8), (2, 3, 4, 5)]
 DTYPES = [np.float32, np.uint8, np.float16]

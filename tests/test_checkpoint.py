@@ -13,11 +13,11 @@ from functools import lru_cache
 import pytest
 import torch
 
-from dpuoffload.common import ckptfiles
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.models import build_model
-from dpuoffload.common.sharding import state_digest
-from dpuoffload.common.training import build_optimizer
+from dpuoffload.common.models.zoo import build_model
+from dpuoffload.common.state import ckptfiles
+from dpuoffload.common.state.sharding import state_digest
+from dpuoffload.common.train.loop import build_optimizer
 from dpuoffload.host.clone import state_sha256
 from tests.mpijobs import DPURUN, dpurun, read_jsonl, run
 

@@ -49,10 +49,21 @@ def test_help_shows_a_default_for_every_flag(capsys):
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
     parser = cli.build_launcher_parser()
+    formatter = parser._get_formatter()
     for action in parser._actions:
         if action.option_strings and action.dest != "help":
-            assert "(default:" in (action.help or ""), action.option_strings
+            assert "(default:" in formatter._get_help_string(action), action.option_strings
     assert "examples:" in out and "dpurun --hosts node1:8,node2:8" in out
+
+
+def test_training_help_defaults_come_from_the_run_config():
+    """Defaults are written once (RunConfig); the help text shows them, so the two cannot drift."""
+    from dpuoffload.common.config import RunConfig
+
+    helps = {a.dest: a.help for a in build_parser()._actions}
+    assert helps["epochs"].endswith(f"(default: {RunConfig().epochs})")
+    assert helps["peer_timeout"].endswith(f"(default: {RunConfig().peer_timeout})")
+    assert helps["mode"].endswith("(default: none)")
 
 
 def test_training_help_via_separator(capsys):

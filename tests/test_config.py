@@ -4,8 +4,8 @@ import pytest
 
 from dpuoffload.common.config import RunConfig, parse_run_config
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.handshake import Identity, find_mismatch
-from dpuoffload.common.roles import Role
+from dpuoffload.common.runtime.handshake import Identity, find_mismatch
+from dpuoffload.common.runtime.roles import Role
 
 
 def test_preset_then_explicit_flags_override():

@@ -18,8 +18,8 @@ from torch.utils.data import Subset
 from torchvision import datasets as tvd
 from torchvision import transforms as T
 
-from dpuoffload.common import datasets as D
 from dpuoffload.common.config import RunConfig
+from dpuoffload.common.data import datasets as D
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.launch import make_data as M
 
@@ -206,7 +206,7 @@ def test_make_data_bad_arguments(tmp_path, kwargs, message):
 
 def test_importing_the_data_modules_does_not_import_torch():
     """The launcher's check and `dpurun make-data` should not pay torch's import time."""
-    code = ("import sys, dpuoffload.common.datasets, dpuoffload.launch.make_data; "
+    code = ("import sys, dpuoffload.common.data.datasets, dpuoffload.launch.make_data; "
             "print('torch' in sys.modules or 'torchvision' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

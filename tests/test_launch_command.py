@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dpuoffload.common import env
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.roles import RankInfo, Role, node_of, pair_ranks
+from dpuoffload.common.runtime import env
+from dpuoffload.common.runtime.roles import RankInfo, Role, node_of, pair_ranks
 from dpuoffload.launch import cli, placement, throttle
 from dpuoffload.launch.command import LaunchSpec, build_command
 from dpuoffload.launch.placement import Node

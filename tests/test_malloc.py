@@ -1,10 +1,10 @@
-"""The allocator tuning (common/malloc.py): applied on glibc, respectful of a user's own choice."""
+"""The allocator tuning (common/runtime/malloc.py): applied on glibc, respectful of a user's own choice."""
 
 import sys
 
 import pytest
 
-from dpuoffload.common.malloc import tune_malloc, user_tunes_malloc
+from dpuoffload.common.runtime.malloc import tune_malloc, user_tunes_malloc
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")

@@ -5,7 +5,7 @@ import torch
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.models import build_model, check_model
+from dpuoffload.common.models.zoo import build_model, check_model
 
 
 def n_params(m):

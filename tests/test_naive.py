@@ -7,10 +7,10 @@ import torch
 from torch.utils.data import default_collate
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.datasets import build_datasets
-from dpuoffload.common.models import build_model
-from dpuoffload.common.naive import balanced_dpu_batch, naive_plan, naive_steps, resolve_dpu_batch
-from dpuoffload.common.sampling import PerSampleSeeded
+from dpuoffload.common.data.datasets import build_datasets
+from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.models.zoo import build_model
+from dpuoffload.common.train.naive import balanced_dpu_batch, naive_plan, naive_steps, resolve_dpu_batch
 from tests.mpijobs import dpurun, read_jsonl
 
 

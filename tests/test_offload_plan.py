@@ -6,8 +6,8 @@ import pytest
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.offload import DA, IDLE, MV, OffloadPlan, plan_offload, require_feeder, split_counts
-from dpuoffload.common.roles import RankInfo, Role, feeders, pair_ranks
+from dpuoffload.common.plan.offload import DA, IDLE, MV, OffloadPlan, plan_offload, require_feeder, split_counts
+from dpuoffload.common.runtime.roles import RankInfo, Role, feeders, pair_ranks
 
 H, D = Role.HOST, Role.DPU
 

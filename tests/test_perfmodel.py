@@ -4,7 +4,15 @@ import math
 
 import pytest
 
-from dpuoffload.common.perfmodel import Profile, choose, format_table, predict, predict_all, project, ring_allreduce_s
+from dpuoffload.common.plan.perfmodel import (
+    Profile,
+    choose,
+    format_table,
+    predict,
+    predict_all,
+    project,
+    ring_allreduce_s,
+)
 
 
 def profile(**over):

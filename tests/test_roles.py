@@ -2,9 +2,9 @@
 
 import pytest
 
-from dpuoffload.common.env import parse_node_map
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.roles import RankInfo, Role, node_of, pair_ranks, role_from_appnum
+from dpuoffload.common.runtime.env import parse_node_map
+from dpuoffload.common.runtime.roles import RankInfo, Role, node_of, pair_ranks, role_from_appnum
 
 
 def ranks(layout):

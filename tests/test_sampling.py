@@ -5,7 +5,7 @@ import random
 import torch
 from torch.utils.data import Dataset
 
-from dpuoffload.common.sampling import PerSampleSeeded, sample_seed
+from dpuoffload.common.data.sampling import PerSampleSeeded, sample_seed
 
 
 class RandomCrops(Dataset):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.models import build_model
-from dpuoffload.common.sharding import (
+from dpuoffload.common.models.zoo import build_model
+from dpuoffload.common.state.sharding import (
     DEFAULT_THRESHOLD,
     Piece,
     ShardPlan,

@@ -11,13 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from dpuoffload.common import ckptfiles
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.resume import config_dict
-from dpuoffload.common.sharding import pack_pieces, packed_nbytes, plan_shards
-from dpuoffload.common.training import build_optimizer, lr_factor
-from dpuoffload.common.trainstate import (
+from dpuoffload.common.state import ckptfiles
+from dpuoffload.common.state.resume import config_dict
+from dpuoffload.common.state.sharding import pack_pieces, packed_nbytes, plan_shards
+from dpuoffload.common.state.trainstate import (
     EpochProgress,
     EpochSpan,
     Position,
@@ -32,6 +31,7 @@ from dpuoffload.common.trainstate import (
     set_rng,
     shared_tensors,
 )
+from dpuoffload.common.train.loop import build_optimizer, lr_factor
 from dpuoffload.host.clone import clone_config, state_sha256
 from dpuoffload.launch import export as export_cli
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from dpuoffload.common.validation_split import auto_share, dpu_count
+from dpuoffload.common.plan.validation_split import auto_share, dpu_count
 
 
 # -------------------------------------------------------------------------------------- dpu_count

@@ -7,9 +7,9 @@ import sys
 from mpi4py import MPI
 
 from dpuoffload.common.config import parse_run_config
-from dpuoffload.common.failure import collective_call
-from dpuoffload.common.handshake import check_peers
-from dpuoffload.common.roles import Role, build_topology
+from dpuoffload.common.runtime.failure import collective_call
+from dpuoffload.common.runtime.handshake import check_peers
+from dpuoffload.common.runtime.roles import Role, build_topology
 
 role = Role.HOST if sys.argv[1] == "host" else Role.DPU
 topo = build_topology(role)

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import HandshakeError
-from dpuoffload.common.roles import Role, Topology
+from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.version import PROTOCOL_VERSION, __version__
 
 

@@ -16,17 +16,18 @@ from typing import Any, Optional
 import numpy as np
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.datasets import build_datasets
-from dpuoffload.common.evaluation import eval_seconds_per_sample
-from dpuoffload.common.failure import collective_call
-from dpuoffload.common.messages import Tag
-from dpuoffload.common.models import build_model
-from dpuoffload.common.naive import train_seconds_per_sample
-from dpuoffload.common.perfmodel import Prediction, Profile, choose, format_table, predict_all
-from dpuoffload.common.roles import Role, Topology
-from dpuoffload.common.sampling import PerSampleSeeded
-from dpuoffload.common.training import optimizer_seconds_per_step
-from dpuoffload.common.waits import wait
+from dpuoffload.common.data.datasets import build_datasets
+from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.models.zoo import build_model
+from dpuoffload.common.modes import Mode
+from dpuoffload.common.plan.perfmodel import Prediction, Profile, choose, format_table, predict_all
+from dpuoffload.common.runtime.failure import collective_call
+from dpuoffload.common.runtime.messages import Tag
+from dpuoffload.common.runtime.roles import Role, Topology
+from dpuoffload.common.runtime.waits import wait
+from dpuoffload.common.train.evaluation import eval_seconds_per_sample
+from dpuoffload.common.train.loop import optimizer_seconds_per_step
+from dpuoffload.common.train.naive import train_seconds_per_sample
 
 
 def local_costs(cfg: RunConfig, topo: Topology) -> dict[str, Any]:
@@ -102,11 +103,11 @@ def resolve_auto(cfg: RunConfig, topo: Topology, label: str) -> tuple[RunConfig,
     record = {"event": "auto", "chosen": chosen, "profile": profile.to_dict(),
               "predicted": {m: p.epoch_s for m, p in preds.items()}}
     resolved = cfg.replace(mode=chosen)
-    if chosen == "naive" and not isinstance(cfg.dpu_batch_size, int):
-        resolved = resolved.replace(dpu_batch_size=int(preds["naive"].detail["dpu_batch"]))  # the run the model predicted
-    if chosen not in ("hybrid", "auto"):
+    if chosen is Mode.NAIVE and not isinstance(cfg.dpu_batch_size, int):
+        resolved = resolved.replace(dpu_batch_size=int(preds[Mode.NAIVE].detail["dpu_batch"]))  # the run the model predicted
+    if chosen is not Mode.HYBRID:
         resolved = resolved.replace(dpu_da_ranks=None, dpu_mv_ranks=None, da_fanout=None)
-    if chosen != "naive":
+    if chosen is not Mode.NAIVE:
         resolved = resolved.replace(dpu_batch_size=None)
     return resolved, record
 

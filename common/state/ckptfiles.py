@@ -30,8 +30,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.sharding import Piece, ShardPlan, plan_shards
-from dpuoffload.common.trainstate import Catalog, LocalState, dtype_of, numel, parse_local
+from dpuoffload.common.state.sharding import Piece, ShardPlan, plan_shards
+from dpuoffload.common.state.trainstate import Catalog, LocalState, dtype_of, numel, parse_local
 
 MANIFEST = "manifest.json"
 COMMITTED = "COMMITTED"
@@ -254,7 +254,7 @@ def plain_state_dicts(ckpt: Checkpoint) -> dict[str, Any]:
 
     Parameters are identical on every rank; BatchNorm buffers are taken from host rank 0 (after an
     epoch end they are identical too)."""
-    from dpuoffload.common.trainstate import optimizer_state_dict
+    from dpuoffload.common.state.trainstate import optimizer_state_dict
 
     names = [n.removeprefix("model.") for n in ckpt.shared if n.startswith("model.")]
     model = {n: ckpt.shared[f"model.{n}"] for n in names}

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from dpuoffload.common import ckptfiles
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.trainstate import Position, position_of, reslice_position
+from dpuoffload.common.state import ckptfiles
+from dpuoffload.common.state.trainstate import Position, position_of, reslice_position
 
 # Fields that may differ between the run that wrote a checkpoint and the run that resumes it.
 FREE = frozenset({"resume", "ckpt_dir", "ckpt_every", "ckpt_every_epoch", "ckpt_keep", "ckpt_copy", "stop_at_step",

@@ -16,7 +16,8 @@ from typing import Mapping, Optional, Sequence
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.roles import Pairing, RankInfo, Role, feeders, pair_ranks
+from dpuoffload.common.modes import Mode
+from dpuoffload.common.runtime.roles import Pairing, RankInfo, Role, feeders, pair_ranks
 
 DA, MV, IDLE = "da", "mv", "idle"
 
@@ -40,11 +41,11 @@ class OffloadPlan:
 
 def split_counts(cfg: RunConfig, n_host: int, n_dpu: int) -> tuple[int, int]:
     """(augmentation ranks, validation ranks) over the whole job for `cfg.mode`."""
-    if cfg.mode == "da":
+    if cfg.mode is Mode.DA:
         return n_dpu, 0
-    if cfg.mode == "mv":
+    if cfg.mode is Mode.MV:
         return 0, n_dpu
-    if cfg.mode != "hybrid":
+    if cfg.mode is not Mode.HYBRID:
         return 0, 0
     da = cfg.dpu_da_ranks or (-(-n_host // cfg.da_fanout) if cfg.da_fanout else max(1, n_dpu // 2))
     mv = cfg.dpu_mv_ranks or n_dpu - da

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from dpuoffload.common.errors import PeerError
-from dpuoffload.common.messages import HeaderLayout, Tag
+from dpuoffload.common.runtime.messages import HeaderLayout, Tag
 
 MAX_DIMS = 4
 BATCH_HEADER = HeaderLayout("batch", Tag.BATCH, ("kind", "epoch", "step", "count", "dtype", "ndim",

@@ -31,24 +31,24 @@ from tqdm import tqdm
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-from dpuoffload.common import env
-from dpuoffload.common.allreduce import GradientSync
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.datasets import DatasetPair
-from dpuoffload.common.evaluation import (
+from dpuoffload.common.data.datasets import DatasetPair
+from dpuoffload.common.data.feeds import Batch, Feed
+from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.plan.offload import OffloadPlan
+from dpuoffload.common.runtime import env
+from dpuoffload.common.runtime.metrics import JsonlLog, PhaseTimer
+from dpuoffload.common.runtime.roles import Topology
+from dpuoffload.common.state.resume import ResumePoint
+from dpuoffload.common.state.sharding import state_digest
+from dpuoffload.common.state.trainstate import EpochProgress, EpochSpan, Position, epoch_spans
+from dpuoffload.common.train.allreduce import GradientSync
+from dpuoffload.common.train.evaluation import (
     SharePolicy,
     Validation,
     allreduce_sums,
     metrics_from_sums,
 )
-from dpuoffload.common.feeds import Batch, Feed
-from dpuoffload.common.metrics import JsonlLog, PhaseTimer
-from dpuoffload.common.offload import OffloadPlan
-from dpuoffload.common.resume import ResumePoint
-from dpuoffload.common.roles import Topology
-from dpuoffload.common.sampling import PerSampleSeeded
-from dpuoffload.common.sharding import state_digest
-from dpuoffload.common.trainstate import EpochProgress, EpochSpan, Position, epoch_spans
 
 
 class StateHooks(Protocol):

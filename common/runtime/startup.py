@@ -19,14 +19,15 @@ from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
 
 import torch
 
-from dpuoffload.common import env, trace
-from dpuoffload.common.allreduce import horovod_available
-from dpuoffload.common.autoselect import resolve_auto
 from dpuoffload.common.config import RunConfig, parse_run_config
-from dpuoffload.common.failure import collective_call, set_rank_label
-from dpuoffload.common.handshake import check_peers
-from dpuoffload.common.malloc import tune_malloc
-from dpuoffload.common.roles import Role, Topology, build_topology
+from dpuoffload.common.modes import Mode
+from dpuoffload.common.runtime import env, trace
+from dpuoffload.common.runtime.failure import collective_call, set_rank_label
+from dpuoffload.common.runtime.handshake import check_peers
+from dpuoffload.common.runtime.malloc import tune_malloc
+from dpuoffload.common.runtime.roles import Role, Topology, build_topology
+from dpuoffload.common.train.allreduce import horovod_available
+from dpuoffload.common.train.autoselect import resolve_auto
 
 T = TypeVar("T")
 
@@ -34,7 +35,7 @@ T = TypeVar("T")
 def configure(argv: Optional[Sequence[str]], prog: str) -> RunConfig:
     """Parse the training flags and apply this side's thread count."""
     cfg = parse_run_config(argv, prog=prog)
-    tune_malloc()  # steps re-fault their activations otherwise (common/malloc.py)
+    tune_malloc()  # steps re-fault their activations otherwise (common/runtime/malloc.py)
     threads = env.threads_from_env()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -63,7 +64,7 @@ def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[
     cfg = collective_call(topo.world, lambda: configure(argv, prog), label)
     collective_call(topo.world, lambda: check_peers(topo, cfg), label)
     auto = None
-    if cfg.mode == "auto":
+    if cfg.mode is Mode.AUTO:
         cfg, auto = resolve_auto(cfg, topo, label)
     state = collective_call(topo.world, lambda: prepare(cfg, topo), label)
     mine = collective_call(topo.world, lambda: {"horovod": horovod_available(), **profile(cfg, topo, state)}, label)

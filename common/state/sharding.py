@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from dpuoffload.common.evaluation import shard_range
+from dpuoffload.common.train.evaluation import shard_range
 
 DEFAULT_THRESHOLD = 4096  # elements; below this a slice costs more in bookkeeping than it saves
 

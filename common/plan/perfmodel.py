@@ -24,10 +24,11 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Optional
 
-from dpuoffload.common.naive import balanced_dpu_batch, naive_steps
-from dpuoffload.common.validation_split import auto_share
+from dpuoffload.common.modes import CONCRETE, Mode
+from dpuoffload.common.plan.naive import balanced_dpu_batch, naive_steps
+from dpuoffload.common.plan.validation_split import auto_share
 
-MODES = ("none", "da", "mv", "hybrid", "naive")
+MODES = CONCRETE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,31 +86,32 @@ def _val_host(p: Profile, share: float = 0.0) -> float:
     return (1.0 - share) * p.n_val / p.host_ranks * p.host_eval
 
 
-def split(p: Profile, mode: str) -> tuple[int, int]:
+def split(p: Profile, mode: Mode) -> tuple[int, int]:
     """(augmentation ranks, validation ranks) among the DPU ranks for `mode`."""
-    if mode == "da":
+    if mode is Mode.DA:
         return p.dpu_ranks, 0
-    if mode == "mv":
+    if mode is Mode.MV:
         return 0, p.dpu_ranks
-    if mode == "hybrid":
+    if mode is Mode.HYBRID:
         da = p.da_ranks or max(1, p.dpu_ranks // 2)
         return da, max(p.dpu_ranks - da, 0)
     return 0, 0
 
 
-def predict(mode: str, p: Profile) -> Prediction:
+def predict(mode: Mode | str, p: Profile) -> Prediction:
     """The predicted epoch of `mode` (raises ValueError for a mode the rank counts cannot run)."""
+    mode = Mode(mode)
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}")
-    if mode != "none" and p.dpu_ranks < 1:
+    if mode.offloads and p.dpu_ranks < 1:
         raise ValueError(f"--mode {mode} needs DPU ranks")
-    if mode == "none":
+    if mode is Mode.NONE:
         train = _steps(p) * _host_step(p, with_aug=True)
         return Prediction(mode, train + _val_host(p), train, _val_host(p), "host compute")
-    if mode == "naive":
+    if mode is Mode.NAIVE:
         return _predict_naive(p)
     n_da, n_mv = split(p, mode)
-    if mode == "hybrid" and (n_da < 1 or n_mv < 1):
+    if mode is Mode.HYBRID and (n_da < 1 or n_mv < 1):
         raise ValueError("--mode hybrid needs at least 2 DPU ranks")
     train, train_bound = _train_term(p, n_da)
     if n_mv == 0:
@@ -126,7 +128,7 @@ def _train_term(p: Profile, n_da: int) -> tuple[float, str]:
     return _steps(p) * max(host, dpu), ("DPU augmentation" if dpu > host else "host compute")
 
 
-def _with_offloaded_validation(mode: str, p: Profile, train: float, bound: str, n_mv: int) -> Prediction:
+def _with_offloaded_validation(mode: Mode, p: Profile, train: float, bound: str, n_mv: int) -> Prediction:
     a = p.n_val * p.dpu_eval / n_mv
     share = p.mv_fraction if p.mv_fraction is not None else auto_share(
         train, p.n_val, p.dpu_eval, n_mv, p.host_eval, p.host_ranks)
@@ -144,11 +146,11 @@ def _predict_naive(p: Profile) -> Prediction:
     host, dpu = p.batch * (p.host_aug + p.host_train), b * (p.dpu_aug + p.dpu_train)
     allreduce = p.allreduce_all if p.allreduce_all >= 0 else p.allreduce
     train = steps * (max(host, dpu) + allreduce + p.optimizer)
-    return Prediction("naive", train + _val_host(p), train, _val_host(p),
+    return Prediction(Mode.NAIVE, train + _val_host(p), train, _val_host(p),
                       "DPU replica" if dpu > host else "host compute", {"dpu_batch": b})
 
 
-def predict_all(p: Profile) -> dict[str, Prediction]:
+def predict_all(p: Profile) -> dict[Mode, Prediction]:
     """Every mode the rank counts can run."""
     out = {}
     for mode in MODES:
@@ -159,7 +161,7 @@ def predict_all(p: Profile) -> dict[str, Prediction]:
     return out
 
 
-def choose(p: Profile) -> str:
+def choose(p: Profile) -> Mode:
     """The mode with the shortest predicted epoch (ties go to the simpler mode, in MODES order)."""
     preds = predict_all(p)
     return min(preds, key=lambda m: (round(preds[m].epoch_s, 9), MODES.index(m)))
@@ -184,7 +186,7 @@ def project(p: Profile, nodes: int, host_per_node: int, dpu_per_node: int, grad_
 
 
 def format_table(preds: dict[str, Prediction], chosen: Optional[str] = None) -> str:
-    base = preds.get("none")
+    base = preds.get(Mode.NONE)
     lines = ["mode     predicted epoch s   vs none   bound"]
     for mode, pr in preds.items():
         ratio = f"{pr.epoch_s / base.epoch_s:7.3f}" if base else "      -"

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def _cifar_resnet(depth: int) -> Callable[[int], "nn.Module"]:
     def build(num_classes: int) -> "nn.Module":
-        from dpuoffload.common.resnet_cifar import CifarResNet
+        from dpuoffload.common.models.resnet_cifar import CifarResNet
 
         return CifarResNet(depth, num_classes)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-    from dpuoffload.common.roles import Topology
+    from dpuoffload.common.runtime.roles import Topology
 
 _tracer: Optional["Tracer"] = None
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
-from dpuoffload.common import trace
+from dpuoffload.common.runtime import trace
 
 PHASES = ("data", "forward_backward", "allreduce", "optimizer", "validation")
 

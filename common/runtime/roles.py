@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
-from dpuoffload.common import env
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.runtime import env
 
 if TYPE_CHECKING:  # mpi4py is imported lazily so pure logic stays importable without MPI
     from mpi4py import MPI

@@ -12,10 +12,10 @@ from typing import Iterator, Optional
 
 from torch.utils.data import DataLoader, DistributedSampler
 
-from dpuoffload.common.batches import BatchLayout, layout_for
 from dpuoffload.common.config import RunConfig
+from dpuoffload.common.data.batches import BatchLayout, layout_for
+from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.sampling import PerSampleSeeded
 
 
 class RankLoader:

@@ -12,7 +12,6 @@ scales its mean loss by n_i / sum(n) and the allreduce sums (`Trainer.step`).
 from __future__ import annotations
 
 import copy
-import math
 import statistics
 import time
 from typing import Any, Iterator, Optional, Sequence, Union
@@ -22,16 +21,12 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.feeds import Batch
-from dpuoffload.common.roles import Role, Topology
-from dpuoffload.common.sampling import PerSampleSeeded
+from dpuoffload.common.data.feeds import Batch
+from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.plan.naive import balanced_dpu_batch, naive_steps
+from dpuoffload.common.runtime.roles import Role, Topology
 
 Plan = list[list[list[int]]]  # [replica][step] -> sample indices
-
-
-def naive_steps(n: int, batch_sizes: Sequence[int], drop_last: bool) -> int:
-    total = sum(batch_sizes)
-    return n // total if drop_last else math.ceil(n / total)
 
 
 def naive_plan(n: int, seed: int, epoch: int, batch_sizes: Sequence[int], drop_last: bool) -> Plan:
@@ -102,11 +97,6 @@ def train_seconds_per_sample(model: nn.Module, dataset: PerSampleSeeded, batch_s
     return statistics.median(one_step() for _ in range(steps)) / len(batch[1])
 
 
-def balanced_dpu_batch(host_batch: int, host_cost: float, dpu_cost: float) -> int:
-    """The DPU batch whose step takes about as long as a host step: b = B * host_cost / dpu_cost."""
-    return max(1, round(host_batch * host_cost / dpu_cost)) if dpu_cost > 0 else host_batch
-
-
 def resolve_dpu_batch(cfg: RunConfig, host_cost: Optional[float], dpu_cost: Optional[float]) -> int:
     value: Union[int, str, None] = cfg.dpu_batch_size
     if value not in (None, "auto"):
@@ -120,7 +110,7 @@ def measure_profile(cfg: RunConfig, topo: Topology, model: nn.Module, train: Per
     """With `--dpu-batch-size auto`, every rank measures its training cost at the same time (ranks
     that share cores then measure the shared speed they will train at); host rank 0's and DPU rank
     0's numbers are used."""
-    if cfg.mode != "naive" or cfg.dpu_batch_size not in (None, "auto"):
+    if not cfg.mode.dpu_trains or cfg.dpu_batch_size not in (None, "auto"):
         return {}
     batch = cfg.batch_size if topo.role is Role.HOST else max(1, cfg.batch_size // 4)
     return {"train_cost": train_seconds_per_sample(model, train, batch)}

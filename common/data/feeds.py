@@ -11,7 +11,7 @@ from typing import Iterator, Optional, Protocol
 
 import torch
 
-from dpuoffload.common.loaders import RankLoader
+from dpuoffload.common.data.loaders import RankLoader
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

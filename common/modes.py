@@ -1,0 +1,59 @@
+"""The offload modes (`--mode`), one enum, and what each one asks of the DPU ranks.
+
+Code asks a mode what it does (`Mode.DA.augments_on_dpu`) instead of comparing strings, so a new
+mode is added here once. `Mode` is a `str` enum: configs stay JSON-serialisable and hash the same,
+and `Mode("da")` parses a flag value.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Mode(str, Enum):
+    NONE = "none"      # host ranks do everything; DPU ranks check in and sleep
+    NAIVE = "naive"    # DPU ranks train as extra replicas with a smaller batch
+    DA = "da"          # DPU ranks load + augment the host ranks' batches
+    MV = "mv"          # DPU ranks validate epoch i while the host ranks train epoch i+1
+    HYBRID = "hybrid"  # some DPU ranks augment, the others validate
+    AUTO = "auto"      # profile a few steps, predict every mode, run the fastest
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @property
+    def augments_on_dpu(self) -> bool:
+        """Host ranks receive their batches from a DPU augmentation rank."""
+        return self in (Mode.DA, Mode.HYBRID)
+
+    @property
+    def validates_on_dpu(self) -> bool:
+        """DPU ranks validate (all or part of) the validation set."""
+        return self in (Mode.MV, Mode.HYBRID)
+
+    @property
+    def dpu_trains(self) -> bool:
+        """DPU ranks are training replicas (one gradient group over the whole job)."""
+        return self is Mode.NAIVE
+
+    @property
+    def offloads(self) -> bool:
+        """The mode gives DPU ranks work (so it needs at least one)."""
+        return self not in (Mode.NONE, Mode.AUTO)
+
+    @property
+    def resolved(self) -> bool:
+        """A concrete mode (not `auto`, which resolves to one of the others at start-up)."""
+        return self is not Mode.AUTO
+
+    @property
+    def keeps_math(self) -> bool:
+        """Trains the same model as `none` (same batches, same steps); naive changes both."""
+        return self is not Mode.NAIVE
+
+
+# The concrete modes, in the order ties are broken (simpler first) by `--mode auto`.
+CONCRETE: tuple[Mode, ...] = (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID, Mode.NAIVE)
