@@ -115,8 +115,8 @@ def markdown(payload: dict[str, Any]) -> str:
                          f"{ref_o / o:.1f}x" if o > 0 else "(no overhead)",
                          f"{statistics.median(r['ordinary_step_s'] for r in runs) * 1e3:.0f}"])
         out += [f"**{model}** (medians over every checkpoint of every repetition)", "",
-                table(["method", "blocking ms/ckpt", "overhead ms/ckpt", "less blocking than rank0", "less overhead than rank0",
-                       "ordinary step ms"], rows), ""]
+                table(["method", "blocking ms/ckpt", "overhead ms/ckpt", "less blocking than rank0",
+                       "less overhead than rank0", "ordinary step ms"], rows), ""]
     return "\n".join(out)
 
 

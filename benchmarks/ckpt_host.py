@@ -2,20 +2,20 @@
 
     mpirun -np N python benchmarks/ckpt_host.py --how rank0|slices --every K --dir DIR -- <training flags>
 
-It is the project's host program (`dpuoffload.host.main`) with its state hooks replaced, after the
-optimizer step of every K-th step, by what a user does without DPUs (DeepFreeze's baselines):
+It is the project's host program (`dpuoffload.host.main`) with its state hooks (the
+`hooks_factory` extension point) doing, after the optimizer step of every K-th step, what a user
+does without DPUs (DeepFreeze's baselines):
 
 - rank0: host rank 0 `torch.save`s the full state (model + optimizer state_dict); the others go on;
 - slices: every host rank `torch.save`s its 1/N slice (the same slicing as ours, `common.sharding`).
 
-Both write to a temporary name, fsync and rename, like ours, so all three are equally durable. The
+Both write durably like ours (`common.files.write_atomic`), so all three are equally durable. The
 blocking time of each checkpoint goes to `handoff-rank<R>.jsonl`, as for ours.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dpuoffload.common.files import write_atomic  # noqa: E402
 from dpuoffload.common.train.loop import NoHooks  # noqa: E402
 
 
@@ -58,13 +59,9 @@ class TorchSaveHooks(NoHooks):
     def save(self, pos: Any) -> None:
         t0 = time.perf_counter()
         if self.opts.how == "slices" or self.rank == 0:
-            target = Path(self.opts.dir) / f"step-{pos.global_step:09d}-rank{self.rank}.pt"
-            tmp = target.with_name(f".{target.name}.tmp")
-            with open(tmp, "wb") as f:
-                torch.save(self.state(), f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
+            state = self.state()
+            write_atomic(Path(self.opts.dir) / f"step-{pos.global_step:09d}-rank{self.rank}.pt",
+                         lambda f: torch.save(state, f))
         self.log.write({"kind": self.opts.how, "global_step": pos.global_step, "blocked_s": time.perf_counter() - t0})
 
 
@@ -82,16 +79,10 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main() -> None:
     from dpuoffload.host import main as host
+    from dpuoffload.host.extensions import HostExtensions
 
     opts, training = parse(sys.argv[1:])
-
-    class Baseline(host.Trainer):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.hooks = TorchSaveHooks(self, opts)
-
-    host.Trainer = Baseline
-    host.run(training)
+    host.run(training, HostExtensions(hooks_factory=lambda cfg, topo, trainer: TorchSaveHooks(trainer, opts)))
 
 
 if __name__ == "__main__":

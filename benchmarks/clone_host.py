@@ -4,11 +4,13 @@
     DPUBENCH_CLONE=p2p      python benchmarks/clone_host.py launch [dpurun flags] -- <training flags>
 
 `launch` is `dpurun` (same placement, pinning and throttling) with the host program replaced by
-this module, which is the project's host program (`dpuoffload.host.main`) with two changes:
+this module, which is the project's host program (`dpuoffload.host.main`) with two changes, made
+through its extension points (`host.extensions`: `hooks_factory` on the host ranks, `adopt` on
+the clone ranks):
 
 - file (DeepClone's baseline through the file system): at the clone step host rank 0
-  `torch.save`s the full state (model, optimizer, scheduler, position) to DIR (temp name, fsync,
-  rename, like ours); the clone ranks poll for the file, `torch.load` it and continue.
+  `torch.save`s the full state (model, optimizer, scheduler, position) to DIR (durably, like ours:
+  `common.files.write_atomic`); the clone ranks poll for the file, `torch.load` it and continue.
 - p2p: host rank k sends its whole state (not a 1/N slice) straight to clone rank k, in ours'
   message format, staged like ours; clone rank k receives it and rebuilds as ours does.
 
@@ -31,12 +33,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dpuoffload.common.errors import ConfigError  # noqa: E402
+from dpuoffload.common.files import write_atomic  # noqa: E402
 from dpuoffload.common.runtime.messages import StateKind, Tag  # noqa: E402
 from dpuoffload.common.runtime.roles import Topology  # noqa: E402
 from dpuoffload.common.state.ckptfiles import Received  # noqa: E402
 from dpuoffload.common.state.trainstate import Position  # noqa: E402
 from dpuoffload.host.checkpoint import StateHandoff  # noqa: E402
 from dpuoffload.host.clone import CLONE_POLL_MAX_SLEEP, adopt, receive_handoff, state_sha256  # noqa: E402
+from dpuoffload.host.extensions import HooksFactory, HostExtensions, build_hooks  # noqa: E402
 
 ENV = "DPUBENCH_CLONE"
 
@@ -48,7 +52,7 @@ def clone_file(directory: str, step: int) -> Path:
 class FileHandoff(StateHandoff):
     """At the clone step, host rank 0 saves the full state with `torch.save`; checkpoints as ours."""
 
-    directory = ""
+    directory = ""  # set by `file_hooks` right after construction
 
     def send(self, kind: StateKind, pos: Position, progress: Any) -> None:
         if kind is not StateKind.CLONE:
@@ -57,13 +61,7 @@ class FileHandoff(StateHandoff):
         if self.rank == 0:
             state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                      "scheduler": self.scheduler.state_dict(), "position": [pos.epoch, pos.step, pos.global_step]}
-            target = clone_file(self.directory, pos.global_step)
-            tmp = target.with_name(f".{target.name}.tmp")
-            with open(tmp, "wb") as f:
-                torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
+            write_atomic(clone_file(self.directory, pos.global_step), lambda f: torch.save(state, f))
         blocked = time.perf_counter() - t0
         self.blocked.append(blocked)
         self.log.write({"kind": "clone", "how": "file", "global_step": pos.global_step, "blocked_s": blocked,
@@ -105,8 +103,19 @@ class PointToPointHandoff(StateHandoff):
 
 def receive_direct(topo: Topology, timeout: float) -> list[Received]:
     """p2p: this clone rank's whole state, straight from host rank k = its clone rank number."""
-    source = topo.host_ranks[topo.side_rank]
-    return [receive_handoff(topo, source, Tag.CKPT, 0, timeout, f"the state of {topo.describe(source)}")]
+    source = topo.host_ranks[topo.side_rank]  # a host rank: it sends no heartbeats while training
+    return [receive_handoff(topo, source, Tag.CKPT, 0, timeout, f"the state of {topo.describe(source)}",
+                            heartbeats=False)]
+
+
+def file_hooks(directory: str) -> HooksFactory:
+    """file: the real program's hooks factory, building a `FileHandoff` that saves into `directory`."""
+    def build(cfg: Any, topo: Topology, trainer: Any) -> Any:
+        hooks = build_hooks(cfg, topo, trainer, handoff=FileHandoff)
+        if hooks is not None:
+            hooks.directory = directory
+        return hooks
+    return build
 
 
 def adopt_file(directory: str, trainer: Any, topo: Topology, original: Any, clone: Any) -> dict[str, Any]:
@@ -129,18 +138,19 @@ def adopt_file(directory: str, trainer: Any, topo: Topology, original: Any, clon
 
 
 def serve(training: Sequence[str]) -> None:
-    """Run as a host or clone rank: the project's host program with the baseline swapped in."""
+    """Run as a host or clone rank: the project's host program with the baseline plugged in."""
     from dpuoffload.host import main as host
 
     how, _, directory = os.environ.get(ENV, "").partition(":")
     if how == "file" and directory:
-        FileHandoff.directory = directory
-        host.StateHandoff, host.adopt = FileHandoff, functools.partial(adopt_file, directory)
+        extensions = HostExtensions(hooks_factory=file_hooks(directory),
+                                    adopt=functools.partial(adopt_file, directory))
     elif how == "p2p":
-        host.StateHandoff, host.adopt = PointToPointHandoff, functools.partial(adopt, receive=receive_direct)
+        extensions = HostExtensions(hooks_factory=functools.partial(build_hooks, handoff=PointToPointHandoff),
+                                    adopt=functools.partial(adopt, receive=receive_direct))
     else:
         sys.exit(f"clone_host: set {ENV}=file:DIR or {ENV}=p2p (got {os.environ.get(ENV)!r})")
-    host.run(list(training))
+    host.run(list(training), extensions)
 
 
 def launch(argv: Sequence[str]) -> int:

@@ -4,7 +4,8 @@
         [--cgroup /sys/fs/cgroup/cpu/X] [--prefetch 4] -- <training flags of --mode none>
 
 It is the project's own host program (`dpuoffload.host.main`: same start-up, model, Trainer,
-allreduce, validation and logs) with one change: its feed is a
+allreduce, validation and logs) with one change, made through its `feed_factory` extension point
+(`host.extensions`): its feed is a
 `DataLoader(num_workers=W, persistent_workers=True, prefetch_factor=P)` whose workers pin
 themselves to the DPU ranks' cores (`os.sched_setaffinity`) and enter the same kind of throttling
 cgroup `dpurun --dpu-speed` puts the DPU ranks in (`launch.throttle`; created by the caller), so
@@ -116,10 +117,10 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main() -> None:
     from dpuoffload.host import main as host
+    from dpuoffload.host.extensions import HostExtensions
 
     opts, training = parse(sys.argv[1:])
-    host.build_feed = lambda cfg, topo, train, plan: PeerFeed(cfg, topo, train, opts)
-    host.run(training)
+    host.run(training, HostExtensions(feed_factory=lambda cfg, topo, train, plan: PeerFeed(cfg, topo, train, opts)))
 
 
 if __name__ == "__main__":

@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> Section:
     steps, reps = (100, 1) if args.quick else (args.steps, args.reps)
-    me = [sys.executable, __file__, "--worker", "--steps", str(steps), "--reps", str(reps)] + (["--quick"] if args.quick else [])
+    me = [sys.executable, __file__, "--worker", "--steps", str(steps), "--reps", str(reps)]
+    me += ["--quick"] if args.quick else []
     cmd = [str(BIN / "mpirun"), "--bind-to", "none", "-np", "1", "taskset", "-c", "0", *me,
            ":", "-np", "1", "taskset", "-c", "1", *me]
     res = subprocess.run(cmd, capture_output=True, text=True, env=job_env())

@@ -3,4 +3,4 @@
 __version__ = "0.1.0"
 
 # Bump whenever a message layout in `dpuoffload.common.runtime.messages` changes meaning or size.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: StateKind.HEARTBEAT (keeper -> clone rank while the clone stands by)

@@ -3,27 +3,35 @@
 Clone ranks run the host program in MPI app context 2. They build their model and data with the
 overridden flags (`--clone-override key=value`), then stand by cheaply (a sleeping poll, no core
 burnt) until the state of step STEP arrives: each original host rank k hands its slice to its DPU
-keeper, which forwards it to clone rank k mod M without touching disk (`dpu.keeper`). The clone
-ranks all-gather the slices (DeepClone, Alg. 2), rebuild the full state, and continue as their
-own data-parallel group with their own allreduce communicator, logging under `<log-dir>/clone`.
+keeper, which forwards it to clone rank k mod M without touching disk (`dpu.keeper`; the routes
+are `common.plan.assign`'s). The clone ranks all-gather the slices (DeepClone, Alg. 2), rebuild
+the full state, and continue as their own data-parallel group with their own allreduce
+communicator, logging under `<log-dir>/clone`.
+
+The stand-by has no deadline as a whole (the clone step may be hours into training), but it is
+never blind: until a keeper has served its clone ranks, it sends them a header-only HEARTBEAT
+every `--peer-timeout`/4 s, and a clone rank that hears nothing at all (heartbeat, PREPARE or the
+state) from one of its keepers for `--peer-timeout` seconds raises `PeerError` naming that keeper,
+so a dead or hung keeper ends the job instead of leaving the clone group waiting forever.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 import torch
 
+from dpuoffload.common.clones import OVERRIDABLE, clone_config  # noqa: F401 (clone_config: host.main)
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError, PeerError
-from dpuoffload.common.modes import Mode
+from dpuoffload.common.plan.assign import StateAssignment
+from dpuoffload.common.runtime.heartbeat import interval_for
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
-from dpuoffload.common.runtime.roles import Topology, feeders
+from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import wait, wait_all
 from dpuoffload.common.state.ckptfiles import Received, plan_for
 from dpuoffload.common.state.sharding import Piece, byte_buffer
@@ -42,61 +50,33 @@ from dpuoffload.common.train.loop import Trainer
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-# flag -> how to read its value; the clone keeps its model, data set and mode
-OVERRIDABLE: dict[str, Callable[[str], Any]] = {
-    "lr": float, "momentum": float, "weight_decay": float, "lr_schedule": str, "seed": int, "epochs": int,
-    "batch_size": int, "train_subset": int, "val_subset": int, "drop_last": lambda v: v.lower() in ("1", "true", "yes"),
-    "allreduce": str, "save_weights": str, "stop_at_step": int}
 CLONE_POLL_MAX_SLEEP = 0.01  # standing by: ~100 cheap polls/s bound the readiness latency to 10 ms
 RECEIVE_POLL_MAX_SLEEP = 0.002  # the state in flight: each poll lets Open MPI move the next part
-
-
-def clone_config(cfg: RunConfig) -> RunConfig:
-    """The clone group's config: the original's with `--clone-override`s, no offload, no hand-offs."""
-    changes: dict[str, Any] = {}
-    for item in cfg.clone_override:
-        key, sep, value = item.partition("=")
-        key = key.strip().lstrip("-").replace("-", "_")
-        if not sep or key not in OVERRIDABLE:
-            raise ConfigError(f"--clone-override {item!r}: expected KEY=VALUE with KEY one of "
-                              f"{', '.join(sorted(OVERRIDABLE))}")
-        try:
-            changes[key] = OVERRIDABLE[key](value.strip())
-        except ValueError:
-            raise ConfigError(f"--clone-override {item!r}: {value!r} is not a valid {key}") from None
-    log_dir = os.path.join(cfg.log_dir, "clone") if cfg.log_dir else None
-    return cfg.replace(**{"mode": Mode.NONE, "clone_at": None, "clone_override": (), "ckpt_dir": None,
-                          "ckpt_every": None, "ckpt_every_epoch": False, "resume": None, "stop_at_step": None,
-                          "log_dir": log_dir, "trace": None, "save_weights": None, **changes})
-
-
-def expected_sources(topo: Topology) -> list[tuple[int, int]]:
-    """(original host rank, keeper DPU rank) of every slice forwarded to this clone rank, in order."""
-    keepers = feeders(topo.pairing)
-    me, m = topo.side_rank, len(topo.clone_ranks)
-    return [(k, keepers[h]) for k, h in enumerate(topo.host_ranks) if k % m == me]
 
 
 def receive_forwarded(topo: Topology, timeout: float) -> list[Received]:
     """This clone rank's forwarded hand-offs, as they arrived (no copies)."""
     warm: dict[int, np.ndarray] = {}
     return [receive_handoff(topo, keeper, Tag.CLONE, k, timeout, f"host rank {k}'s state from {topo.describe(keeper)}",
-                            warm) for k, keeper in expected_sources(topo)]
+                            warm) for k, keeper in StateAssignment.of(topo).sources_of(topo.world_rank)]
 
 
 def receive_handoff(topo: Topology, source: int, tag: int, sender: int, timeout: float, what: str,
-                    warm: Optional[dict[int, np.ndarray]] = None) -> Received:
+                    warm: Optional[dict[int, np.ndarray]] = None, heartbeats: bool = True) -> Received:
     """Stand by for host rank `sender`'s CLONE hand-off from `source`. PREPAREs before it give the
     sizes (per sender, into `warm`): those buffers are faulted in while standing by, so the state
-    lands in warm memory."""
+    lands in warm memory.
+
+    The stand-by may last hours, so it has no deadline as a whole; instead `source` (a keeper) sends a
+    HEARTBEAT every timeout/4 s until it serves this rank, and each next message (heartbeat, PREPARE
+    or the state) must come within `timeout` (`common.runtime.heartbeat`). `heartbeats=False`: the
+    sender does not beat (the p2p clone benchmark's host ranks), so the stand-by waits as long as it takes.
+
+    Raises:
+        PeerError: nothing came from `source` for `timeout` s, or it sent something other than the state.
+    """
     warm = {} if warm is None else warm
-    while True:
-        header = CKPT_HEADER.empty()
-        wait(topo.world.Irecv(header, source=source, tag=tag), None, what, max_sleep=CLONE_POLL_MAX_SLEEP)
-        head = dict(CKPT_HEADER.unpack(header))
-        if head["kind"] != StateKind.PREPARE:
-            break
-        warm[head["sender"]] = byte_buffer(head["shared_nbytes"], touch=True)
+    head = stand_by(topo, source, tag, timeout if heartbeats else None, what, warm)
     if head["kind"] != StateKind.CLONE or head["sender"] != sender:
         raise PeerError(f"expected host rank {sender}'s clone state from {topo.describe(source)}, got {head}")
     small = byte_buffer(head["small_nbytes"])
@@ -106,6 +86,22 @@ def receive_handoff(topo: Topology, source: int, tag: int, sender: int, timeout:
     reqs = [topo.world.Irecv(buf, source=source, tag=tag) for buf in (small, shared)]
     wait_all(reqs, timeout, what, max_sleep=RECEIVE_POLL_MAX_SLEEP)
     return Received(head, small, shared)
+
+
+def stand_by(topo: Topology, source: int, tag: int, silence: Optional[float], what: str,
+             warm: dict[int, np.ndarray]) -> dict[str, int]:
+    """Receive headers from `source` until one is neither a heartbeat nor a PREPARE; return it.
+    Each header must come within `silence` seconds of the one before (None: no limit)."""
+    awaited = what if silence is None else \
+        f"{what}, or its heartbeat (sent every {interval_for(silence):.0f} s while the clone stands by)"
+    while True:
+        header = CKPT_HEADER.empty()
+        wait(topo.world.Irecv(header, source=source, tag=tag), silence, awaited, max_sleep=CLONE_POLL_MAX_SLEEP)
+        head = dict(CKPT_HEADER.unpack(header))
+        if head["kind"] == StateKind.PREPARE:
+            warm[head["sender"]] = byte_buffer(head["shared_nbytes"], touch=True)
+        elif head["kind"] != StateKind.HEARTBEAT:
+            return head
 
 
 def gather_handoffs(comm: "MPI.Comm", mine: list[Received]) -> list[Received]:
@@ -180,7 +176,7 @@ def adopt(trainer: Trainer, topo: Topology, original: RunConfig, clone: RunConfi
     meta = parts[0].meta
     shared = rebuild_shared(meta, {k: r.shared for k, r in parts.items()})
     n_orig = int(meta["host_ranks"])
-    local = parse_local(bytes(parts[topo.side_rank % n_orig].local))
+    local = parse_local(bytes(parts[StateAssignment.of(topo).local_state_of(topo.world_rank, n_orig)].local))
     restore(trainer.model, trainer.optimizer, trainer.scheduler, meta, shared, local)
     apply_hyperparameters(trainer, original, clone)
     pos = position_of(meta)

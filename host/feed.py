@@ -1,8 +1,9 @@
 """`--mode da` on the host side: training batches that arrive from a DPU rank.
 
 `RemoteFeed` is a `common.feeds.Feed`; the trainer times the wait for each batch as the "data"
-phase, which in this mode is the host's stall on the DPU. It double-buffers: the receive for batch i+1 is posted as batch i is handed to the
-trainer, i.e. before its forward pass, and waited for at the start of step i+1.
+phase, which in this mode is the host's stall on the DPU. It double-buffers: the receive for batch
+i+1 is posted as batch i is handed to the trainer, i.e. before its forward pass, and waited for at
+the start of step i+1.
 """
 
 from __future__ import annotations

@@ -9,16 +9,13 @@ and `model.load_state_dict(ckpt["model"])` — no dpuoffload, MPI or DPU needed.
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-import torch
-
+from dpuoffload.common import files
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.state import ckptfiles
-from dpuoffload.common.state.trainstate import Position, describe_position
+from dpuoffload.common.state import ckptdirs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,20 +29,43 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def find_checkpoint(checkpoint: str) -> Path:
+    """DIR as one complete checkpoint (step-<N>/ with COMMITTED) or the newest one under a --ckpt-dir.
+
+    Raises:
+        ConfigError: DIR is missing, a file, or holds no complete checkpoint; says what to pass.
+    """
+    path = Path(checkpoint)
+    wanted = f"pass a checkpoint directory (step-<N>/ with {ckptdirs.COMMITTED}) or the --ckpt-dir that holds them"
+    if not path.exists():
+        raise ConfigError(f"{checkpoint}: no such directory; {wanted}")
+    if not path.is_dir():
+        raise ConfigError(f"{checkpoint} is a file, not a checkpoint directory; {wanted}")
+    if (path / ckptdirs.COMMITTED).is_file():
+        return path
+    done = ckptdirs.committed(path)
+    if not done:
+        raise ConfigError(f"{checkpoint}: no complete checkpoint there (no {ckptdirs.COMMITTED} marker in it or "
+                          f"in a step-<N>/ below it: an interrupted write, or the wrong directory); {wanted}")
+    return done[-1]
+
+
 def export(checkpoint: str, out: str) -> str:
     """Write the plain state dicts; return a one-line summary."""
-    path = ckptfiles.resolve(checkpoint, None)
+    path = find_checkpoint(checkpoint)  # before importing torch (seconds): a wrong path fails at once
+    import torch
+
+    from dpuoffload.common.state import ckptfiles
+    from dpuoffload.common.state.trainstate import Position, describe_position
+
     ckpt = ckptfiles.load(path)
     plain = ckptfiles.plain_state_dicts(ckpt)
-    target = Path(out)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    torch.save(plain, buffer)
-    ckptfiles.write_atomic(target, buffer.getbuffer())  # temp file, fsync, rename: never half a file
+    target = files.write_atomic(out, lambda f: torch.save(plain, f), parents=True)  # never half a file
     n_params = sum(t.numel() for t in plain["model"].values())
     pos = describe_position(Position(plain["epoch"], plain["step"], plain["global_step"]))
-    return (f"exported {path} (model {plain['model_name']}, {pos}, {len(plain['model'])} tensors / {n_params:,} values, "
-            f"{len(plain['optimizer']['state'])} optimizer states) to {target} ({target.stat().st_size / 1e6:.1f} MB)")
+    return (f"exported {path} (model {plain['model_name']}, {pos}, {len(plain['model'])} tensors / "
+            f"{n_params:,} values, {len(plain['optimizer']['state'])} optimizer states) to {target} "
+            f"({target.stat().st_size / 1e6:.1f} MB)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

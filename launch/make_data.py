@@ -32,6 +32,7 @@ from PIL import Image
 
 from dpuoffload.common.data.datasets import BUNDLED_MARKER
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.files import fsync_dir, write_atomic
 
 GENERATOR_VERSION = 1
 GENERATED: tuple[str, ...] = ("cifar10", "svhn", "tinyimagenet")
@@ -127,12 +128,8 @@ class _FileSink:
         self.files: dict[str, dict[str, object]] = {}
 
     def write(self, relpath: str, data: bytes) -> None:
-        path = self.root / relpath
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        # the directories are fsynced once, all together, before the data set is published (`_fsync_tree`)
+        write_atomic(self.root / relpath, data, sync_dir=False, parents=True)
         self.files[relpath] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
@@ -256,15 +253,7 @@ def _is_complete(root: Path, seed: int) -> bool:
 def _fsync_tree(root: Path) -> None:
     """Directory entries must be durable too before the rename publishes them."""
     for dirpath, _, _ in os.walk(root):
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(dirpath)
 
 
 def _publish(tmp: Path, target: Path) -> None:
@@ -275,7 +264,7 @@ def _publish(tmp: Path, target: Path) -> None:
         old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
         os.rename(target, old / target.name)
     os.rename(tmp, target)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     if old is not None:
         shutil.rmtree(old)
 

@@ -6,4 +6,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$ROOT/scripts/setup.sh"
 VENV=${DPUOFFLOAD_VENV:-$ROOT/.venv}
 cd "$ROOT"
+# Lint first (ruff settings in pyproject.toml): findings fail the test command before any test runs.
+"$VENV/bin/ruff" check .
+# The minimum Python (3.10, pyproject.toml) byte-compiles the project and runs the torch-free tests.
+bash "$ROOT/scripts/test-min-python.sh"
 exec "$VENV/bin/python" -m pytest -ra "$@"

@@ -50,26 +50,35 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def kill_first_dpu_rank_once(training: Sequence[str], ready: Path, limit: float = 30) -> tuple[int, str, float]:
+def kill_first_dpu_rank_once(training: Sequence[str], ready: Path, limit: float = 30,
+                             sig: int = 9) -> tuple[int, str, float]:
     """Start `dpurun -- training` (1 host + 1 DPU rank), wait until file `ready` exists (training
-    is under way), kill -9 the DPU rank, and return (exit code, stderr, seconds until the job
-    ended). The job is killed if it outlives `limit` seconds after the kill (the test then fails)."""
+    is under way), send `sig` (default SIGKILL; SIGSTOP hangs the rank instead) to the DPU rank, and
+    return (exit code, stderr, seconds until the job ended). Fails the test if `ready` never appears
+    (the signal would hit a job that is not training) or if the job outlives `limit` seconds after
+    the signal."""
     import time
 
     import psutil
+    import pytest
 
     proc = subprocess.Popen([DPURUN, "--host-ranks", "1", "--dpu-ranks", "1", "--", *training],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job_env(), cwd=REPO)
     try:
         deadline = time.monotonic() + 120
-        while not ready.exists() and time.monotonic() < deadline:
+        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
+        if not ready.exists():
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"{ready} never appeared (job exit code {proc.returncode}): training never got under "
+                        f"way, so there was nothing to interrupt\n{out}{err}")
         victim = next(p for p in psutil.Process(proc.pid).children(recursive=True)
                       if "dpuoffload.dpu" in p.cmdline() and "python" in os.path.basename(p.cmdline()[0]))
-        victim.kill()
-        killed_at = time.monotonic()
+        victim.send_signal(sig)
+        signalled_at = time.monotonic()
         _, err = proc.communicate(timeout=limit)
-        return proc.returncode, err, time.monotonic() - killed_at
+        return proc.returncode, err, time.monotonic() - signalled_at
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -1,5 +1,7 @@
 """Faults in real MPMD jobs end the whole job with a message naming the rank, and never hang."""
 
+import signal
+
 import pytest
 
 from tests.mpijobs import dpurun, kill_first_dpu_rank_once
@@ -34,3 +36,15 @@ def test_killed_dpu_rank_ends_job_within_30s_and_is_named(tmp_path):
     assert code != 0
     assert "dpurun: world rank 1 = DPU rank 0 (DPU program)" in err and "killed by signal 9" in err, err
     assert ended_after < 30
+
+
+def test_hung_dpu_rank_trips_the_peer_timeout(tmp_path, bundled_data):
+    """A DPU rank that stops answering (SIGSTOP: alive, so MPI reports nothing) is caught by the host
+    rank's --peer-timeout, which names the wait and ends the job."""
+    code, err, ended_after = kill_first_dpu_rank_once(
+        ["--preset", "debug", "--mode", "da", "--data", str(bundled_data / "cifar10"), "--epochs", "50",
+         "--train-subset", "128", "--peer-timeout", "3", "--no-progress", "--log-dir", str(tmp_path)],
+        ready=tmp_path / "phases-rank0.jsonl", limit=90, sig=signal.SIGSTOP)
+    assert code != 0
+    assert "timed out after 3 s waiting for" in err and "raise --peer-timeout if it is slow" in err, err
+    assert "host rank 0 (world rank 0" in err

@@ -43,6 +43,20 @@ def test_real_programs_stop_on_config_mismatch_with_one_message():
 
 
 def test_programs_in_the_wrong_app_context_are_told_so():
-    res = mpmd(1, [PY, "-m", "dpuoffload.dpu", "--dataset", "fake"], 1, [PY, "-m", "dpuoffload.host", "--dataset", "fake"])
+    res = mpmd(1, [PY, "-m", "dpuoffload.dpu", "--dataset", "fake"],
+               1, [PY, "-m", "dpuoffload.host", "--dataset", "fake"])
     assert res.returncode != 0
     assert "put the host program first" in res.stderr
+
+
+@pytest.mark.parametrize("pretend, message", [
+    (["--as-version", "0.0.9"], "project version mismatch: "),
+    (["--as-protocol", "1"], "protocol version mismatch: "),
+])
+def test_handshake_refuses_another_release_between_processes(pretend, message):
+    res = mpmd(1, [PY, PROBE, "host"], 1, [PY, PROBE, "dpu", *pretend])
+    assert res.returncode == 0, res.stderr
+    assert [r["handshake"] for r in json_lines(res.stdout)] == ["JobFailed", "JobFailed"]
+    assert res.stderr.count(message) == 1, res.stderr
+    assert "install the same version on hosts and DPUs" in res.stderr
+    assert (" 0.0.9" if "--as-version" in pretend else "speaks 1") in res.stderr

@@ -15,6 +15,10 @@ from tests.mpijobs import dpurun, kill_first_dpu_rank_once, read_jsonl
 
 pytestmark = pytest.mark.mpi
 EPOCHS = "2"
+# 256 of the debug preset's 512 training samples: every property below holds per batch and per epoch,
+# so half the steps prove the same (tests that need other shapes pass their own --train-subset).
+TRAIN = 256
+STEPS = TRAIN // 2 // 16  # per host rank and epoch with 2 host ranks, batch 16
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +28,8 @@ def run(bundled_data, tmp_path_factory):
         log = tmp_path_factory.mktemp(f"{mode}-{hosts}h{dpus}d")
         res = dpurun(["--host-ranks", str(hosts), "--dpu-ranks", str(dpus), "--oversubscribe"],
                      ["--preset", "debug", "--data", str(bundled_data / "cifar10"), "--epochs", EPOCHS,
-                      "--mode", mode, "--digest-batches", "--log-dir", str(log), "--no-progress", *extra])
+                      "--mode", mode, "--digest-batches", "--log-dir", str(log), "--no-progress",
+                      "--train-subset", str(TRAIN), *extra])
         assert res.returncode == 0, res.stdout + res.stderr
         metrics = read_jsonl(log / "metrics.jsonl")
         phases = {int(p.stem.split("rank")[1]): read_jsonl(p) for p in log.glob("phases-rank*.jsonl")}
@@ -59,13 +64,13 @@ def test_da_fan_out_two_hosts_per_dpu(run):
     none, da = run("none", 2, 2), run("da", 2, 1)
     assert_same_training(da, none, hosts=2)
     dpu = [r for r in da["phases"][2] if r.get("work") == "da" and "epoch" in r]
-    assert [r["batches"] for r in dpu] == [2 * 16] * int(EPOCHS)  # 512 samples / 2 hosts / batch 16
+    assert [r["batches"] for r in dpu] == [2 * STEPS] * int(EPOCHS)  # both hosts' batches
 
 
 def test_da_host_stall_is_logged_per_epoch(run):
     da = run("da", 2, 2)
     for h in (0, 1):
-        assert all("data" in e["phases"] and e["steps"] == 16 for e in da["phases"][h])
+        assert all("data" in e["phases"] and e["steps"] == STEPS for e in da["phases"][h])
 
 
 # ------------------------------------------------------------------------------------------- mv
@@ -146,9 +151,14 @@ def test_drop_last_and_more_dpu_ranks_than_needed(run):
 
 # ------------------------------------------------------------------------------ faults, input
 def test_transform_with_varying_shapes_is_named(run):
-    res = dpurun(["--host-ranks", "1", "--dpu-ranks", "1"],
-                 ["--mode", "da", "--dataset", "tests.user_factories:varying_shapes", "--epochs", "1",
-                  "--batch-size", "8", "--no-progress"], timeout=120)
+    training = ["--mode", "da", "--dataset", "tests.user_factories:varying_shapes", "--epochs", "1",
+                "--batch-size", "8", "--no-progress"]
+    # before launch: the dry import collates one batch and names the problem
+    res = dpurun(["--host-ranks", "1", "--dpu-ranks", "1"], training, timeout=120)
+    assert res.returncode == 2
+    assert "every image of a batch must have the same shape" in res.stderr
+    # on the ranks (checks skipped): the DPU rank names the transform
+    res = dpurun(["--skip-checks", "--host-ranks", "1", "--dpu-ranks", "1"], training, timeout=120)
     assert res.returncode != 0
     assert "--mode da needs every training sample to have the same shape" in res.stderr
     assert "RandomSizeCrop(8..16)" in res.stderr

@@ -17,9 +17,8 @@ pytestmark = pytest.mark.mpi
 # Measured: 68 % (1 host rank) and 43 % (2 host ranks, half the steps) validation accuracy after
 # 3 epochs (10 classes, chance = 10 %); runs are deterministic, so the margin covers CPU differences.
 MIN_VAL_ACC = 0.30
-# Horovod and gloo both sum then scale by 1/N; with 2 ranks the sums are bit-identical, and any
-# backend difference would have to stay within float32 rounding of the loss.
-BACKEND_RTOL = 1e-5
+# Horovod and gloo both sum then scale by 1/N; with 2 ranks a float32 sum of two values does not
+# depend on the order, so the README's "bit-identical in the 2-rank test" is asserted with ==.
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +36,9 @@ def run(bundled_data, tmp_path_factory):
     return _run
 
 
-@pytest.mark.parametrize("host_ranks, allreduce", [(1, "horovod"), (2, "horovod"), (1, "torch"), (2, "torch")])
+# (1, torch) is `slow` (deselected by default): (2, torch) covers the torch backend, (1, horovod) one rank.
+@pytest.mark.parametrize("host_ranks, allreduce", [
+    (1, "horovod"), (2, "horovod"), pytest.param(1, "torch", marks=pytest.mark.slow), (2, "torch")])
 def test_converges(run, host_ranks, allreduce):
     r = run(host_ranks, allreduce)
     assert len(r["epochs"]) == 3
@@ -58,13 +59,15 @@ def test_same_seed_same_losses_to_the_bit(run):
 
 def test_horovod_and_torch_agree(run):
     h, t = run(2, "horovod"), run(2, "torch")
-    for eh, et in zip(h["epochs"], t["epochs"]):
-        assert eh["step_losses"] == pytest.approx(et["step_losses"], rel=BACKEND_RTOL)
+    assert [e["step_losses"] for e in h["epochs"]] == [e["step_losses"] for e in t["epochs"]]
+    assert [e["val_loss"] for e in h["epochs"]] == [e["val_loss"] for e in t["epochs"]]
+    assert h["end"]["weights_sha256"] == t["end"]["weights_sha256"]
 
 
 def test_dpu_ranks_idle_without_burning_cpu_and_phase_logs(run):
     r = run(2, "horovod")
-    dpu = [read_jsonl(p)[-1] for p in sorted(r["log"].glob("phases-rank*.jsonl")) if read_jsonl(p)[-1].get("role") == "dpu"]
+    last = [read_jsonl(p)[-1] for p in sorted(r["log"].glob("phases-rank*.jsonl"))]
+    dpu = [rec for rec in last if rec.get("role") == "dpu"]
     assert len(dpu) == 2
     for rec in dpu:
         assert rec["idle_wall"] > 1.0

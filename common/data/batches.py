@@ -92,7 +92,8 @@ class BatchLayout:
     def views(self, buf: "np.ndarray | BatchBuffer") -> "BatchBuffer":
         if isinstance(buf, BatchBuffer):
             return buf
-        samples = buf[self.samples_offset: self.nbytes(self.max_batch)].view(self.dtype).reshape(self.max_batch, *self.sample_shape)
+        samples = buf[self.samples_offset: self.nbytes(self.max_batch)].view(self.dtype)
+        samples = samples.reshape(self.max_batch, *self.sample_shape)
         labels = buf[self.labels_offset: self.samples_offset].view(np.int64)
         return BatchBuffer(buf, buf[:HEADER_BYTES].view(np.int64), labels, torch.from_numpy(labels),
                            torch.from_numpy(samples))

@@ -1,9 +1,10 @@
 """Which program a rank runs, its communicators, and the host<->DPU pairing.
 
 Every rank learns its role from `MPI.APPNUM` (app context 0 = host program, 1 = DPU program, 2 =
-the host program's clone group of `--clone-at`, as `dpurun` writes the MPMD command), splits `COMM_WORLD` into `host_comm` and `dpu_comm`, and computes
-the same pairing from an allgather of (role, hostname). The pairing itself is the pure function
-`pair_ranks`, testable without processes.
+the host program's clone group of `--clone-at`, as `dpurun` writes the MPMD command), splits
+`COMM_WORLD` into `host_comm` and `dpu_comm`, and computes the same pairing from an allgather of
+(role, hostname). The pairing itself is the pure function `pair_ranks`, testable without
+processes.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ at first, so hot paths lose little latency) and raises `PeerError` when the dead
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from dpuoffload.common.errors import PeerError
 
@@ -19,7 +19,7 @@ _MAX_SLEEP = 0.05
 
 
 def wait(req: "MPI.Request", timeout: Optional[float], what: str, max_sleep: float = _MAX_SLEEP,
-         spin: float = 0.0) -> float:
+         spin: float = 0.0, on_poll: Optional[Callable[[], None]] = None) -> float:
     """Wait for `req`; return the seconds waited.
 
     Args:
@@ -29,6 +29,7 @@ def wait(req: "MPI.Request", timeout: Optional[float], what: str, max_sleep: flo
         max_sleep: longest sleep between polls (latency bound once the wait has been long).
         spin: poll without sleeping for this long first. A message that is about to land (a batch
             in flight) then costs microseconds, not an OS sleep of ~0.1 ms; a long wait still sleeps.
+        on_poll: called after every unsuccessful poll (a keeper's heartbeats while it waits).
 
     Raises:
         PeerError: the deadline passed; the request is left pending (the caller aborts the job).
@@ -43,6 +44,8 @@ def wait(req: "MPI.Request", timeout: Optional[float], what: str, max_sleep: flo
         if timeout is not None and waited > timeout:
             raise PeerError(f"timed out after {timeout:.0f} s waiting for {what}; the peer rank is "
                             "dead, hung or far slower than expected (raise --peer-timeout if it is slow)")
+        if on_poll is not None:
+            on_poll()
         time.sleep(sleep)
         sleep = min(max(sleep * 2, 1e-4), max_sleep)
     return time.perf_counter() - t0

@@ -17,33 +17,29 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from dpuoffload.common.errors import ConfigError
+from dpuoffload.common import files
+from dpuoffload.common.files import fsync_dir
+from dpuoffload.common.state.ckptdirs import (  # noqa: F401  (re-exported: one import for writers and readers)
+    COMMITTED,
+    MANIFEST,
+    CheckpointError,
+    committed,
+    prune,
+    read_manifest,
+    resolve,
+    step_dir,
+)
 from dpuoffload.common.state.sharding import Piece, ShardPlan, plan_shards
 from dpuoffload.common.state.trainstate import Catalog, LocalState, dtype_of, numel, parse_local
-
-MANIFEST = "manifest.json"
-COMMITTED = "COMMITTED"
-_STEP_DIR = re.compile(r"^step-(\d{9})$")
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint that cannot be used: missing, incomplete, corrupt. The message names the file."""
-
-
-def step_dir(root: str | Path, global_step: int) -> Path:
-    return Path(root) / f"step-{global_step:09d}"
 
 
 def shard_name(sender: int) -> str:
@@ -59,26 +55,10 @@ def piece_key(name: str, piece: Piece) -> str:
 
 
 # ------------------------------------------------------------------------------------------ writing
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_atomic(path: Path, data: bytes | memoryview) -> dict[str, Any]:
-    """Write `data` to `path` durably (temp file, fsync, rename); return its sha256 and size."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Write `data` to `path` durably (`common.files.write_atomic`); return its sha256 and size.
+    The directory is fsynced once, after the last file of the checkpoint (`write_manifest`)."""
+    files.write_atomic(path, data, sync_dir=False)
     return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
@@ -91,7 +71,8 @@ def shard_blob(catalog: Catalog, plan: ShardPlan, sender: int, payload: np.ndarr
         name, dtype, _ = catalog[p.tensor]
         dt = dtype_of(dtype)
         n = (p.stop - p.start) * torch.empty((), dtype=dt).element_size()
-        tensors[piece_key(name, p)] = torch.frombuffer(buf[offset: offset + n], dtype=dt) if n else torch.empty(0, dtype=dt)
+        piece = buf[offset: offset + n]
+        tensors[piece_key(name, p)] = torch.frombuffer(piece, dtype=dt) if n else torch.empty(0, dtype=dt)
         offset += n
     return st_save(tensors, metadata=dict(meta))
 
@@ -146,61 +127,7 @@ def part_sizes(meta: Mapping[str, Any], sender: int, parts: int, nbytes: int) ->
     return sizes
 
 
-def committed(root: str | Path) -> list[Path]:
-    """Complete checkpoints under `root`, oldest first."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / COMMITTED).is_file()]
-    return sorted(found, key=lambda p: p.name)
-
-
-def prune(root: str | Path, keep: int) -> list[Path]:
-    """Delete all but the `keep` newest complete checkpoints, and incomplete ones older than the
-    newest complete one (left by a failed write). Returns what was deleted."""
-    done = committed(root)
-    if not done:
-        return []
-    newest = done[-1].name
-    doomed = done[:-keep] + [p for p in Path(root).iterdir()
-                             if _STEP_DIR.match(p.name) and p.is_dir() and p.name < newest and p not in done]
-    for p in doomed:
-        shutil.rmtree(p, ignore_errors=True)
-    return doomed
-
-
 # ------------------------------------------------------------------------------------------ reading
-def resolve(resume: str, ckpt_dir: Optional[str]) -> Path:
-    """`--resume DIR|latest` to one checkpoint directory, or a CheckpointError saying what is wrong."""
-    if resume == "latest":
-        if ckpt_dir is None:
-            raise CheckpointError("--resume latest needs --ckpt-dir")
-        done = committed(ckpt_dir)
-        if not done:
-            raise CheckpointError(f"--resume latest: no complete checkpoint (step-<N>/ with {COMMITTED}) in "
-                                  f"{ckpt_dir}; start without --resume, or pass the directory of one checkpoint")
-        return done[-1]
-    path = Path(resume)
-    if not path.is_dir():
-        raise CheckpointError(f"--resume {resume}: no such checkpoint directory")
-    if not (path / COMMITTED).is_file():
-        done = committed(path)
-        if done:  # the checkpoint root was given: take its newest
-            return done[-1]
-        raise CheckpointError(f"--resume {resume}: no {COMMITTED} marker, the checkpoint is incomplete (its "
-                              "write failed or was interrupted); use an older one or --resume latest")
-    return path
-
-
-def read_manifest(directory: Path) -> dict[str, Any]:
-    try:
-        return json.loads((directory / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {directory}: {MANIFEST} is missing") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"checkpoint {directory}: {MANIFEST} is corrupt ({e})") from None
-
-
 def read_verified(directory: Path, name: str, manifest: Mapping[str, Any]) -> bytes:
     """A file's bytes, after checking size and sha256 against the manifest."""
     path = directory / name

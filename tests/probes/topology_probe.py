@@ -1,5 +1,6 @@
 """MPMD probe: runs the real start-up pieces (roles, communicators, pairing, handshake) and prints
-one JSON line per rank. Usage: mpirun -np 2 python topology_probe.py host [flags] : -np 2 ... dpu"""
+one JSON line per rank. Usage: mpirun -np 2 python topology_probe.py host [--as-version V]
+[--as-protocol P] [flags] : -np 2 ... dpu (--as-*: pretend another release is installed on that side)"""
 
 import json
 import sys
@@ -7,13 +8,19 @@ import sys
 from mpi4py import MPI
 
 from dpuoffload.common.config import parse_run_config
+from dpuoffload.common.runtime import handshake as handshake_module
 from dpuoffload.common.runtime.failure import collective_call
 from dpuoffload.common.runtime.handshake import check_peers
 from dpuoffload.common.runtime.roles import Role, build_topology
 
 role = Role.HOST if sys.argv[1] == "host" else Role.DPU
+argv = sys.argv[2:]
+if argv[:1] == ["--as-version"]:  # act as another installed release: the real handshake must refuse it
+    handshake_module.__version__, argv = argv[1], argv[2:]
+if argv[:1] == ["--as-protocol"]:
+    handshake_module.PROTOCOL_VERSION, argv = int(argv[1]), argv[2:]
 topo = build_topology(role)
-cfg = parse_run_config(sys.argv[2:])
+cfg = parse_run_config(argv)
 try:
     collective_call(topo.world, lambda: check_peers(topo, cfg), topo.describe())
     handshake = "ok"

@@ -1,0 +1,83 @@
+"""Checkpoint directories without torch: which ones exist, which are complete, which one to resume.
+
+Split from `ckptfiles` (which reads and writes the shards and needs torch and safetensors) so that
+`dpurun` can check `--resume` and name the last committed checkpoint before launch and after a
+failure in well under a second: importing torch alone costs seconds on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+from dpuoffload.common.errors import ConfigError
+
+MANIFEST = "manifest.json"
+COMMITTED = "COMMITTED"
+_STEP_DIR = re.compile(r"^step-(\d{9})$")
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used: missing, incomplete, corrupt. The message names the file."""
+
+
+def step_dir(root: str | Path, global_step: int) -> Path:
+    return Path(root) / f"step-{global_step:09d}"
+
+
+def committed(root: str | Path) -> list[Path]:
+    """Complete checkpoints under `root`, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / COMMITTED).is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def prune(root: str | Path, keep: int) -> list[Path]:
+    """Delete all but the `keep` newest complete checkpoints, and incomplete ones older than the
+    newest complete one (left by a failed write). Returns what was deleted."""
+    done = committed(root)
+    if not done:
+        return []
+    newest = done[-1].name
+    doomed = done[:-keep] + [p for p in Path(root).iterdir()
+                             if _STEP_DIR.match(p.name) and p.is_dir() and p.name < newest and p not in done]
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
+    return doomed
+
+
+
+def resolve(resume: str, ckpt_dir: Optional[str]) -> Path:
+    """`--resume DIR|latest` to one checkpoint directory, or a CheckpointError saying what is wrong."""
+    if resume == "latest":
+        if ckpt_dir is None:
+            raise CheckpointError("--resume latest needs --ckpt-dir")
+        done = committed(ckpt_dir)
+        if not done:
+            raise CheckpointError(f"--resume latest: no complete checkpoint (step-<N>/ with {COMMITTED}) in "
+                                  f"{ckpt_dir}; start without --resume, or pass the directory of one checkpoint")
+        return done[-1]
+    path = Path(resume)
+    if not path.is_dir():
+        raise CheckpointError(f"--resume {resume}: no such checkpoint directory")
+    if not (path / COMMITTED).is_file():
+        done = committed(path)
+        if done:  # the checkpoint root was given: take its newest
+            return done[-1]
+        raise CheckpointError(f"--resume {resume}: no {COMMITTED} marker, the checkpoint is incomplete (its "
+                              "write failed or was interrupted); use an older one or --resume latest")
+    return path
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    try:
+        return json.loads((directory / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {directory}: {MANIFEST} is missing") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"checkpoint {directory}: {MANIFEST} is corrupt ({e})") from None

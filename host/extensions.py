@@ -1,0 +1,95 @@
+"""The host program's extension points: where a variant plugs in without replacing module attributes.
+
+The benchmarks run the project's own host program with one part swapped (a multi-worker
+DataLoader as the feed, `torch.save` checkpoints on the host ranks, clones through a file or
+point-to-point): they pass a `HostExtensions` to `host.main.main(argv, extensions=...)`. Each field
+is a small Protocol whose docstring says who calls it and when; the defaults are the real program.
+
+Order of calls on one host program rank (host ranks in app context 0, clone ranks in 2):
+
+1. start-up (`prepare`, every host and clone rank, before any host-only communication):
+   `feed_factory` once. A clone rank builds it with the clone group's config.
+2. host ranks only, after the gradient sync and validation are built: `hooks_factory` once, from
+   inside the `Trainer` constructor (the hooks need its optimizer and schedule), before a resume
+   restores the state; the trainer then calls the hooks as `common.train.loop.StateHooks` says.
+3. clone ranks only: `adopt` once, after their `Trainer` is built, before it trains. Clone ranks
+   never hand state off (the clone group's config has no checkpoints or clone step), so they do
+   not call `hooks_factory`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol
+
+from dpuoffload.common.config import RunConfig
+from dpuoffload.common.data.feeds import Feed, LocalFeed
+from dpuoffload.common.data.loaders import RankLoader, probe_layout
+from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.plan.offload import OffloadPlan, require_feeder
+from dpuoffload.common.runtime.roles import Topology
+from dpuoffload.common.train.loop import StateHooks, Trainer
+from dpuoffload.host.checkpoint import StateHandoff
+from dpuoffload.host.clone import adopt
+from dpuoffload.host.feed import RemoteFeed
+
+
+class FeedFactory(Protocol):
+    """Builds the rank's training batches, once per host and clone rank at start-up.
+
+    Called with the rank's config (the clone group's on clone ranks), its topology, the training
+    set under per-sample seeds and the offload plan; no communication may happen in it (start-up
+    errors must stay collective). `--mode naive` replaces the feed later, once the DPU batch size
+    is agreed.
+    """
+
+    def __call__(self, cfg: RunConfig, topo: Topology, train: PerSampleSeeded, plan: OffloadPlan) -> Feed: ...
+
+
+class HooksFactory(Protocol):
+    """Builds the state hooks of a host rank's trainer, or None for no hand-offs.
+
+    Called once per host rank (never on clone ranks or DPU ranks) at the end of the `Trainer`
+    constructor: model, optimizer, scheduler and feed exist, the state is not restored yet.
+    """
+
+    def __call__(self, cfg: RunConfig, topo: Topology, trainer: Trainer) -> Optional[StateHooks]: ...
+
+
+class CloneAdopter(Protocol):
+    """Gives a clone rank's trainer the original group's state; returns the `clone_start` record.
+
+    Called once per clone rank after its `Trainer` is built, with the original and the clone
+    group's configs; it stands by, receives, restores and calls `trainer.resume_at`. Collective
+    over the clone ranks (the default all-gathers the slices).
+    """
+
+    def __call__(self, trainer: Trainer, topo: Topology, original: RunConfig, clone: RunConfig) -> dict[str, Any]: ...
+
+
+def build_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded, plan: OffloadPlan) -> Feed:
+    """This host rank's own loader, or a receiver of the batches its augmentation DPU rank sends."""
+    loader = RankLoader(cfg, train, len(topo.host_ranks), topo.side_rank)
+    if not cfg.mode.augments_on_dpu:
+        return LocalFeed(loader)
+    feeder = require_feeder(plan, topo.world_rank, topo.describe())
+    return RemoteFeed(topo.world, feeder, topo.describe(feeder), probe_layout(train, cfg), len(loader),
+                      cfg.peer_timeout)
+
+
+def build_hooks(cfg: RunConfig, topo: Topology, trainer: Trainer,
+                handoff: type[StateHandoff] = StateHandoff) -> Optional[StateHooks]:
+    """Hand the state to the DPU keepers when checkpoints or a clone are asked for; else no hooks.
+    `handoff`: the class that does it (the clone benchmark's baselines subclass `StateHandoff`)."""
+    if not (cfg.checkpointing or cfg.clone_at is not None):
+        return None
+    return handoff.for_trainer(cfg, topo, trainer)
+
+
+@dataclass(frozen=True)
+class HostExtensions:
+    """What a variant of the host program replaces; every default is the real program's part."""
+
+    feed_factory: FeedFactory = build_feed
+    hooks_factory: HooksFactory = build_hooks
+    adopt: CloneAdopter = adopt

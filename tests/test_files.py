@@ -1,0 +1,60 @@
+"""Durable, atomic file writes (`common.files`): the whole new file or the old one, never half."""
+
+import os
+
+import pytest
+
+from dpuoffload.common.files import fsync_dir, write_atomic
+
+
+def test_writes_bytes_and_returns_the_path(tmp_path):
+    target = tmp_path / "a.bin"
+    assert write_atomic(target, b"hello") == target
+    assert target.read_bytes() == b"hello"
+    assert os.listdir(tmp_path) == ["a.bin"]
+
+
+def test_writer_function_streams_into_the_file(tmp_path):
+    target = write_atomic(str(tmp_path / "w.bin"), lambda f: (f.write(b"ab"), f.write(memoryview(b"cd"))))
+    assert target.read_bytes() == b"abcd"
+
+
+def test_replaces_an_existing_file(tmp_path):
+    target = tmp_path / "a.bin"
+    target.write_bytes(b"old contents, longer than the new")
+    write_atomic(target, memoryview(b"new"))
+    assert target.read_bytes() == b"new"
+    assert os.listdir(tmp_path) == ["a.bin"]
+
+
+def test_a_failing_writer_leaves_the_old_file_and_no_temporary(tmp_path):
+    target = tmp_path / "a.bin"
+    target.write_bytes(b"old")
+
+    def half_then_fail(f):
+        f.write(b"half of the new")
+        raise RuntimeError("disk gone")
+
+    with pytest.raises(RuntimeError, match="disk gone"):
+        write_atomic(target, half_then_fail)
+    assert target.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["a.bin"]
+
+
+def test_parents_are_created_only_when_asked(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        write_atomic(tmp_path / "x" / "a.bin", b"1")
+    assert write_atomic(tmp_path / "x" / "y" / "a.bin", b"1", parents=True).read_bytes() == b"1"
+
+
+def test_a_directory_in_the_way_fails_and_leaves_no_temporary(tmp_path):
+    (tmp_path / "a.bin").mkdir()
+    with pytest.raises(OSError):
+        write_atomic(tmp_path / "a.bin", b"1", sync_dir=False)
+    assert os.listdir(tmp_path) == ["a.bin"]
+
+
+def test_fsync_dir_on_a_missing_directory_raises(tmp_path):
+    fsync_dir(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        fsync_dir(tmp_path / "missing")
