@@ -1,17 +1,15 @@
 """`dpurun [launcher flags] -- [training flags]`: start host and DPU programs as ONE MPMD mpirun job.
 
-Steps: split the argv at `--`, check the training flags in-process (bad input fails in well under
-a second, without MPI), plan the placement, build the command (`command.build_command`), then
-print it (`--dry-run`) or run it under `supervise.run`. `dpurun make-data ...` hands over to the
-data tool.
+Steps: split the argv at `--`, run the pre-launch checks (`launch.checks`: every problem in one
+line each, exit 2, before any rank starts), plan the placement, build the command
+(`command.build_command`), then print it (`--dry-run`) or run it under `supervise.run`.
+`dpurun make-data ...` hands over to the data tool.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import io
 import os
 import shlex
 import shutil
@@ -20,12 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from dpuoffload.common.config import RunConfig, parse_run_config
-from dpuoffload.common.data.datasets import check_dataset
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.models.zoo import check_model
-from dpuoffload.common.plan.offload import split_counts
-from dpuoffload.launch import placement, supervise, throttle
+from dpuoffload.launch import checks, placement, supervise, throttle
 from dpuoffload.launch.command import FLAVORS, LaunchSpec, build_command
 
 PROG = "dpurun"
@@ -57,7 +51,8 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "(default" in text or action.default in (None, argparse.SUPPRESS) or action.option_strings == ["-h", "--help"]:
+        if ("(default" in text or action.default in (None, argparse.SUPPRESS)
+                or action.option_strings == ["-h", "--help"]):
             return text
         value = "off" if action.default is False else ("none" if action.default == [] else action.default)
         return f"{text} (default: {value})"
@@ -129,7 +124,10 @@ def _add_mpi_flags(g: argparse._ArgumentGroup) -> None:
                         "'=' as values start with '-', e.g. --mpirun-arg='--mca btl tcp,self' "
                         "(default: none)")
     g.add_argument("--dry-run", action="store_true",
-                   help="print the mpirun command instead of running it")
+                   help="print the mpirun command instead of running it (after the checks; creates nothing)")
+    g.add_argument("--skip-checks", action="store_true",
+                   help="skip the slow pre-launch check: the dry import of module:function factories "
+                        "(a child process that builds the model, the data sets and one batch, ~3-5 s)")
 
 
 # ---------------------------------------------------------------------------------- argv split
@@ -160,63 +158,6 @@ def parse_launcher_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.clone_cores and not args.clone_ranks:
         raise ConfigError("--clone-cores places clone ranks, but --clone-ranks is 0: add --clone-ranks C")
     return args
-
-
-# ------------------------------------------------------------------------- training validation
-def validate_training(training_args: Sequence[str], dpu_ranks: int, host_ranks: int = 1,
-                      clone_ranks: int = 0) -> RunConfig:
-    """Resolve and check the training flags exactly as the ranks will, before starting MPI.
-
-    Only the cheap checks; `check_model_and_data` follows once the launcher flags are known good.
-
-    Raises:
-        ConfigError: any problem, including argparse usage errors (reworded to one line).
-    """
-    cfg = _parse_training(training_args)
-    if dpu_ranks == 0 and cfg.mode.offloads:
-        raise ConfigError(f"--mode {cfg.mode} offloads work to DPU ranks, but --dpu-ranks is 0; "
-                          "use --dpu-ranks 1 or more (or --mode none)")
-    split_counts(cfg, host_ranks, dpu_ranks)  # hybrid: enough DPU ranks for both kinds of work?
-    check_state_launch(cfg, dpu_ranks, clone_ranks)
-    return cfg
-
-
-def check_state_launch(cfg: RunConfig, dpu_ranks: int, clone_ranks: int) -> None:
-    """Checkpoints and clones go through DPU ranks; clone ranks and --clone-at go together."""
-    if (cfg.checkpointing or cfg.clone_at is not None) and dpu_ranks == 0:
-        raise ConfigError("checkpoints and clones are handed to DPU ranks, but --dpu-ranks is 0; use "
-                          "--dpu-ranks 1 or more")
-    if cfg.clone_at is not None and clone_ranks == 0:
-        raise ConfigError("--clone-at needs clone ranks: add --clone-ranks C before '--'")
-    if clone_ranks and cfg.clone_at is None:
-        raise ConfigError(f"--clone-ranks {clone_ranks} without --clone-at STEP: the clones would never start; "
-                          "add --clone-at STEP after '--'")
-    if cfg.resume and cfg.resume != "latest":
-        from dpuoffload.common.state.ckptfiles import resolve
-
-        resolve(cfg.resume, cfg.ckpt_dir)
-
-
-def check_model_and_data(cfg: RunConfig, local: bool) -> None:
-    """The ranks' own model and data set checks, run here first so mistakes fail in a second.
-
-    In cluster mode the `--data` directory is on the compute nodes, so only names are checked here.
-    """
-    check_model(cfg)
-    check_dataset(cfg, files=local)
-
-
-def _parse_training(training_args: Sequence[str]) -> RunConfig:
-    captured = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(captured):
-            return parse_run_config(list(training_args), prog=f"{PROG} --")
-    except SystemExit as e:
-        if e.code in (0, None):  # `dpurun -- --help` printed the training flags
-            raise
-        lines = [ln for ln in captured.getvalue().splitlines() if ": error: " in ln]
-        reason = lines[-1].split(": error: ", 1)[1] if lines else "invalid training flags"
-        raise ConfigError(f"training flags: {reason} (see '{PROG} -- --help')") from None
 
 
 # --------------------------------------------------------------------------------- resolution
@@ -367,6 +308,34 @@ def _warn_unthrottled(reason: str) -> None:
           kind="warning")
 
 
+# ------------------------------------------------------------------------------ checks first
+def check_and_resolve(args: argparse.Namespace,
+                      training_args: Sequence[str]) -> tuple[LaunchSpec, Optional[throttle.CgroupPlan]]:
+    """The pre-launch pass (`launch.checks`) plus the placement; every problem printed at once.
+
+    Raises:
+        ConfigError: the training flags do not parse (the one problem), or
+        PrelaunchFailed: the problems were printed; exit 2 without starting a rank.
+    """
+    cfg = checks.parse_training(training_args, PROG)
+    facts = checks.LaunchFacts(host_ranks=args.host_ranks, dpu_ranks=args.dpu_ranks, clone_ranks=args.clone_ranks,
+                               cluster=_cluster_mode(args), python=args.python or sys.executable,
+                               skip_slow=args.skip_checks, create_dirs=not args.dry_run)
+    problems = checks.check_before_launch(cfg, facts, training_args)
+    spec = cgroup = None
+    try:
+        spec, cgroup = resolve_spec(args, training_args)
+    except ConfigError as e:
+        problems.append(checks.Problem(str(e)))
+    if checks.report(problems, PROG) or spec is None:
+        raise PrelaunchFailed()
+    return spec, cgroup
+
+
+class PrelaunchFailed(Exception):
+    """The pre-launch checks found problems and printed them."""
+
+
 # ----------------------------------------------------------------------------------- running
 def launch(spec: LaunchSpec, cgroup: Optional[throttle.CgroupPlan]) -> int:
     """Create the throttling cgroup (if any), run the job supervised, remove the cgroup."""
@@ -378,8 +347,10 @@ def launch(spec: LaunchSpec, cgroup: Optional[throttle.CgroupPlan]) -> int:
             spec, cgroup = dataclasses.replace(spec, cgroup=None), None
     cmd = build_command(spec)
     print(f"{PROG}: running: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    cfg = checks.parse_training(spec.training_args)  # checked before: only for the paths below
+    raw_log = Path(cfg.log_dir) / "mpirun.log" if cfg.log_dir else None
     try:
-        return supervise.run(cmd, spec.host_ranks, spec.dpu_ranks)
+        return supervise.run(cmd, spec.host_ranks, spec.dpu_ranks, raw_log=raw_log, ckpt_dir=cfg.ckpt_dir)
     finally:
         problem = throttle.remove(cgroup) if cgroup is not None else None
         if problem:
@@ -412,15 +383,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return project_main(argv[1:])
         launcher_argv, training_args = split_argv(argv)
         args = parse_launcher_args(launcher_argv)
-        cfg = validate_training(training_args, args.dpu_ranks, args.host_ranks, args.clone_ranks)
-        spec, cgroup = resolve_spec(args, training_args)
-        check_model_and_data(cfg, local=not _cluster_mode(args))
+        spec, cgroup = check_and_resolve(args, training_args)
         if args.dry_run:
             print(shlex.join(build_command(spec)))
             return 0
         return launch(spec, cgroup)
     except ConfigError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except PrelaunchFailed:
         return 2
     except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else int(e.code is not None)

@@ -9,6 +9,7 @@ model, not a measurement.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -16,19 +17,40 @@ from typing import Any, Optional, Sequence
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.plan.perfmodel import Profile, choose, format_table, predict_all, project
 
+WANTED = "pass the auto.jsonl that a `--mode auto --log-dir DIR` run writes to DIR"
+
 
 def load_profile(path: str) -> Profile:
+    """The `Profile` in the last record of `path`.
+
+    Raises:
+        ConfigError: unreadable, not JSON lines, or not a profile (e.g. metrics.jsonl): says what the
+            file looks like and which file to pass instead.
+    """
     try:
         lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
         record: dict[str, Any] = json.loads(lines[-1])
     except (OSError, ValueError, IndexError) as e:
-        raise ConfigError(f"{path}: cannot read a profile ({e}); pass the auto.jsonl that a "
-                          "`--mode auto --log-dir DIR` run wrote") from None
-    fields = record.get("profile", record)
+        raise ConfigError(f"{path}: cannot read a profile ({e}); {WANTED}") from None
+    fields = record.get("profile", record) if isinstance(record, dict) else None
+    if not isinstance(fields, dict):
+        raise ConfigError(f"{path}: its last line is a JSON {type(record).__name__}, not a profile record; {WANTED}")
+    names = {f.name for f in dataclasses.fields(Profile)}
+    required = {f.name for f in dataclasses.fields(Profile) if f.default is dataclasses.MISSING}
+    if not required <= set(fields) or not set(fields) <= names:
+        raise ConfigError(f"{path} is not a dpuoffload profile: its last record has keys "
+                          f"{', '.join(sorted(fields)[:8])}{', ...' if len(fields) > 8 else ''} "
+                          f"({_looks_like(fields)}), a profile has {', '.join(sorted(required)[:4])}, ...; {WANTED}")
     try:
         return Profile(**fields)
-    except TypeError as e:
-        raise ConfigError(f"{path}: not a dpuoffload profile ({e})") from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: not a usable profile ({e}); {WANTED}") from None
+
+
+def _looks_like(fields: dict[str, Any]) -> str:
+    if "event" in fields or "epoch" in fields:
+        return "it looks like a training log such as metrics.jsonl"
+    return "not a record dpuoffload writes"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=16, help="nodes (default: 16, as the published evaluation)")
     p.add_argument("--host-ranks-per-node", type=int, default=8, help="default: 8")
     p.add_argument("--dpu-ranks-per-node", type=int, default=8, help="default: 8")
-    p.add_argument("--bandwidth-gbps", type=float, default=100.0, help="network bandwidth per rank, Gbit/s (default: 100, HDR100)")
+    p.add_argument("--bandwidth-gbps", type=float, default=100.0,
+                   help="network bandwidth per rank, Gbit/s (default: 100, HDR100)")
     p.add_argument("--latency-us", type=float, default=2.0, help="per-message latency, microseconds (default: 2)")
     return p
 

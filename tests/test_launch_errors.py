@@ -138,7 +138,7 @@ def test_dpu_cores_in_cluster_mode(capsys):
 
 # ---------------------------------------------------------------------------- training flags
 def test_dpu_ranks_zero_with_a_dpu_mode(capsys):
-    fails(capsys, ["--dpu-ranks", "0", "--", "--mode", "naive"],
+    fails(capsys, ["--dpu-ranks", "0", "--", "--mode", "naive", "--dataset", "fake"],
           "--mode naive offloads work to DPU ranks, but --dpu-ranks is 0", "--dpu-ranks 1")
 
 
