@@ -26,6 +26,7 @@ from benchmarks.harness import (  # noqa: E402
     Section,
     bench_parser,
     fmt_spread,
+    legend_outside,
     machine,
     make_data,
     median,
@@ -88,7 +89,7 @@ def plot(report: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel("epoch time / none (lower pays)")
     ax.set_xlabel("training augmentation")
     ax.set_title("Where offloading starts to pay")
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     return save_figure(fig, path)
 
 

@@ -218,10 +218,19 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if k not in ("out", "plots", "worker")}
 
 
+def legend_outside(ax: Any, where: str = "right", fontsize: int = 8) -> None:
+    """A legend next to the axes ("right") or under them ("below"), so it never covers a bar or a
+    point; `save_figure` grows the image to keep it (bbox_inches="tight")."""
+    if where == "right":
+        ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    else:
+        ax.legend(fontsize=fontsize, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2, borderaxespad=0.0)
+
+
 def save_figure(fig: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # keeps legends placed outside the axes
     pyplot().close(fig)
     return path
 

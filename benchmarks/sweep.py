@@ -31,6 +31,7 @@ from benchmarks.harness import (  # noqa: E402
     Section,
     bench_parser,
     job_env,
+    legend_outside,
     machine,
     make_data,
     pyplot,
@@ -81,7 +82,8 @@ def run_point(side: str, threads: int, args: argparse.Namespace, cgroup: str | N
 
     cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:threads])
     cmd = ["taskset", "-c", cores, *cgexec_prefix(cgroup if side == "dpu" else None), sys.executable, __file__,
-           "--worker", "--threads", str(threads), "--batches", *map(str, args.batches), "--min-seconds", str(args.min_seconds)]
+           "--worker", "--threads", str(threads), "--batches", *map(str, args.batches),
+           "--min-seconds", str(args.min_seconds)]
     env = {**job_env(), "OMP_NUM_THREADS": str(threads)}
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     if res.returncode != 0:
@@ -144,7 +146,7 @@ def plot(report: dict[str, Any], path: Path) -> Path:
         ax.set_xlabel("batch size")
         ax.set_ylabel("samples/s")
         ax.set_title(title)
-        ax.legend(fontsize=7)
+        legend_outside(ax, "below", fontsize=7)
     return save_figure(fig, path)
 
 

@@ -41,6 +41,7 @@ from benchmarks.harness import (  # noqa: E402
     dpurun_cmd,
     emulated_node,
     fmt_spread,
+    legend_outside,
     machine,
     make_data,
     median,
@@ -160,7 +161,8 @@ def analyze(by_variant: dict[str, list[RunLog]]) -> dict[str, Any]:
         "dpu_augment_s": spread(dpu_aug), "host_without_augmentation_s": spread(host_wo_aug),
         "bound_s": spread(bound), "train_only_s": spread(train_only),
         "bound_by": "DPU augmentation" if median(dpu_aug) > median(host_wo_aug) else "host compute",
-        "ratios": {"da_vs_bound": ratio_spread(epoch["da"], bound), "da_vs_peer": ratio_spread(epoch["da"], epoch["peer"]),
+        "ratios": {"da_vs_bound": ratio_spread(epoch["da"], bound),
+                   "da_vs_peer": ratio_spread(epoch["da"], epoch["peer"]),
                    "mv_vs_train_only": ratio_spread(epoch["mv"], train_only),
                    "da_vs_none": ratio_spread(epoch["da"], epoch["none"]),
                    "peer_vs_none": ratio_spread(epoch["peer"], epoch["none"]),
@@ -291,7 +293,7 @@ def plots(report: dict[str, Any], outdir: Path, suffix: str = "") -> list[Path]:
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylabel("% of epoch (--mode none, host rank)")
     ax.set_title("Where the epoch goes")
-    ax.legend(fontsize=8, loc="lower right")
+    legend_outside(ax)
     paths.append(save_figure(fig, outdir / f"phases{suffix}.png"))
     # 2. epoch time per variant with the bounds
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -308,7 +310,7 @@ def plots(report: dict[str, Any], outdir: Path, suffix: str = "") -> list[Path]:
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, fontsize=8)
     ax.set_ylabel("epoch s (median, min–max)")
     ax.set_title("Modes, the DataLoader peer and the ideal bounds")
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     paths.append(save_figure(fig, outdir / f"epoch_times{suffix}.png"))
     # 3. predicted vs measured
     fig, ax = plt.subplots(figsize=(5, 5))
@@ -323,7 +325,7 @@ def plots(report: dict[str, Any], outdir: Path, suffix: str = "") -> list[Path]:
     ax.set_xlabel("measured epoch s")
     ax.set_ylabel("predicted epoch s")
     ax.set_title("Performance model")
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     paths.append(save_figure(fig, outdir / f"prediction{suffix}.png"))
     return paths
 

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import hashlib
+import importlib.util
 import json
+import sys
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -21,6 +25,8 @@ MODES = tuple(m.value for m in Mode)
 ALLREDUCE_BACKENDS = ("auto", "horovod", "torch")
 LR_SCHEDULES = ("cosine", "step", "constant")
 CKPT_COPIES = ("staged", "zero")
+CKPT_ERRORS = ("continue", "fail")
+AUTO_ALLOWS = ("naive",)  # modes that change the math, which --mode auto considers only on request
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,12 +59,15 @@ class RunConfig:
     digest_batches: bool = False
     save_weights: Optional[str] = None
     trace: Optional[str] = None
+    tensorboard: Optional[str] = None
+    plots: bool = False
     da_buffers: int = 4
     mv_dpu_fraction: Union[float, str] = 1.0
     dpu_da_ranks: Optional[int] = None
     dpu_mv_ranks: Optional[int] = None
     da_fanout: Optional[int] = None
     dpu_batch_size: Union[int, str, None] = None
+    auto_allow: Optional[str] = None
     progress: bool = True
     peer_timeout: float = 600.0
     ckpt_dir: Optional[str] = None
@@ -66,6 +75,7 @@ class RunConfig:
     ckpt_every_epoch: bool = False
     ckpt_keep: int = 2
     ckpt_copy: str = "staged"
+    ckpt_errors: str = "continue"
     resume: Optional[str] = None
     stop_at_step: Optional[int] = None
     clone_at: Optional[int] = None
@@ -101,14 +111,31 @@ class RunConfig:
         if self.dpu_batch_size is not None:
             if self.mode not in (Mode.NAIVE, Mode.AUTO):
                 raise ConfigError(f"--dpu-batch-size only applies to --mode naive (got --mode {self.mode})")
-            if self.dpu_batch_size != "auto" and not (isinstance(self.dpu_batch_size, int) and self.dpu_batch_size >= 1):
+            valid = isinstance(self.dpu_batch_size, int) and self.dpu_batch_size >= 1
+            if self.dpu_batch_size != "auto" and not valid:
                 raise ConfigError(f"--dpu-batch-size must be an integer >= 1 or 'auto', got {self.dpu_batch_size!r}")
+        if self.auto_allow is not None:
+            _check_choice("auto_allow", self.auto_allow, AUTO_ALLOWS)
+            if self.mode is not Mode.AUTO:
+                raise ConfigError(f"--auto-allow only applies to --mode auto (got --mode {self.mode})")
+        self._check_reporting()
         if self.peer_timeout <= 0:
             raise ConfigError(f"--peer-timeout must be > 0 seconds, got {self.peer_timeout}")
         self._check_checkpointing()
 
+    def _check_reporting(self) -> None:
+        """--tensorboard and --plots need optional packages: say so before launch, not after start-up."""
+        if self.tensorboard is not None and not _installed("tensorboard"):
+            raise ConfigError("--tensorboard needs the tensorboard package, which is not installed: "
+                              "pip install tensorboard (or drop --tensorboard)")
+        if self.plots and not self.log_dir:
+            raise ConfigError("--plots writes <log-dir>/training.png: add --log-dir DIR")
+        if self.plots and not _installed("matplotlib"):
+            raise ConfigError("--plots needs matplotlib, which is not installed: pip install matplotlib")
+
     def _check_checkpointing(self) -> None:
         _check_choice("ckpt_copy", self.ckpt_copy, CKPT_COPIES)
+        _check_choice("ckpt_errors", self.ckpt_errors, CKPT_ERRORS)
         for name in ("ckpt_every", "stop_at_step", "clone_at"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -147,6 +174,11 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
 
+def _installed(package: str) -> bool:
+    """Whether `package` can be imported, without importing it (both are slow to import)."""
+    return importlib.util.find_spec(package) is not None
+
+
 def _flag(field_name: str) -> str:
     return field_name.replace("_", "-")
 
@@ -180,6 +212,9 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default="default",
                    help="start from a named preset; explicit flags override it. debug = resnet20 on "
                         "cifar10, 3 epochs, batch 16, first 512 train / 256 val samples (default: default)")
+    p.add_argument("--config", default=S, metavar="FILE.toml",
+                   help="read training settings from a TOML file (keys: these flags' names, e.g. batch_size "
+                        "or batch-size); order: --preset, then the file, then flags given here")
     p.add_argument("--mode", choices=MODES, default=S,
                    help="none: host ranks do everything; da: DPU ranks load and augment batches; mv: DPU "
                         "ranks validate epoch i during epoch i+1; hybrid: both; naive: DPU ranks train "
@@ -223,6 +258,12 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
     p.add_argument("--trace", default=S, metavar="PATH",
                    help="write one Chrome trace-event JSON of all ranks (steps, batches, validation "
                         "phases) to PATH; open it in https://ui.perfetto.dev")
+    p.add_argument("--tensorboard", default=S, metavar="DIR",
+                   help="host rank 0 writes the epoch metrics and step losses as TensorBoard events to DIR "
+                        "(needs pip install tensorboard)")
+    p.add_argument("--plots", action="store_true", default=S,
+                   help="host rank 0 redraws <log-dir>/training.png (loss and accuracy per epoch, train and "
+                        "val) after every epoch (needs --log-dir and matplotlib)")
     p.add_argument("--da-buffers", type=int, default=S, metavar="K",
                    help="--mode da: batch buffers per DPU rank, used as a circular send queue; "
                         "memory stays bounded by K batches")
@@ -241,6 +282,9 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
                    help="--mode naive: batch size of each DPU replica; 'auto' measures a few steps on "
                         "both sides and balances step times (the published balance was 2 vs 16) "
                         "(default: auto)")
+    p.add_argument("--auto-allow", choices=AUTO_ALLOWS, default=S, metavar="naive",
+                   help="--mode auto: also consider naive, which trains a different model (other batch sizes "
+                        "and step counts); without it auto picks only modes that keep the math of none")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=S,
                    help="no progress bar on host rank 0")
     p.add_argument("--peer-timeout", type=float, default=S, metavar="SECONDS",
@@ -281,6 +325,10 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
                    help="staged: host ranks copy their slice into a send buffer and go on (blocks for the "
                         "copy); zero: send straight from the weights and wait for the send before the next "
                         "optimizer step")
+    g.add_argument("--ckpt-errors", choices=CKPT_ERRORS, default=S,
+                   help="a checkpoint that cannot be written (disk full, permissions): continue = train on, "
+                        "try again at the next one and exit non-zero at the end naming the newest intact "
+                        "checkpoint; fail = stop the job at the first failure")
     g.add_argument("--resume", default=S, metavar="DIR|latest",
                    help="continue from a checkpoint directory (step-<N>) or the newest complete one in "
                         "--ckpt-dir; same host rank count resumes to the bit, another count re-slices")
@@ -312,15 +360,93 @@ _fraction_or_auto = _or_auto(float, "a number in [0, 1]")
 
 
 def parse_run_config(argv: Optional[Sequence[str]] = None, prog: str = "dpuoffload") -> RunConfig:
-    """Parse training flags into a `RunConfig` (preset first, explicit flags override).
+    """Parse training flags into a `RunConfig`: the preset, then `--config FILE`, then explicit flags.
 
     Raises:
         ConfigError: a value is out of range or an unknown choice.
         SystemExit: argparse's own usage errors (unknown flag, wrong type).
     """
-    ns = build_parser(prog).parse_args(argv)
-    values = PRESETS[ns.preset]()
-    values.update({k: v for k, v in vars(ns).items() if k != "preset"})
+    flags = vars(build_parser(prog).parse_args(argv))
+    preset, path = flags.pop("preset"), flags.pop("config", None)
+    values = PRESETS[preset]()
+    if path is not None:
+        values.update(read_config_file(path))
+    values.update(flags)
     if "clone_override" in values:
         values["clone_override"] = tuple(values["clone_override"])
     return RunConfig(**values)
+
+
+# ----------------------------------------------------------------------------------- config files
+def read_config_file(path: str) -> dict[str, Any]:
+    """The settings of a TOML config file (`--config`), checked against `RunConfig`'s fields.
+
+    Keys are field names (`batch_size`) or flag spellings (`batch-size`). Every rank reads the same
+    file (dpurun passes the same argv to all), so they resolve the same config and the same hash.
+
+    Raises:
+        ConfigError: the file is missing or not TOML, or has unknown keys or values of the wrong
+            type (all problems in one message, each with its fix).
+    """
+    try:
+        with open(path, "rb") as f:
+            table = _toml().load(f)
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot read it ({e.strerror or e}); give an existing TOML file") from None
+    except ValueError as e:  # tomllib.TOMLDecodeError
+        raise ConfigError(f"--config {path}: not valid TOML ({e}); see examples/debug.toml") from None
+    values, problems = {}, []
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        try:
+            values[name] = _config_value(name, value)
+        except ValueError as e:
+            problems.append(f"{key!r} {e}")
+    if problems:
+        raise ConfigError(f"--config {path}: " + "; ".join(problems))
+    return values
+
+
+def _toml() -> Any:
+    """tomllib (Python 3.11+) or its backport tomli (3.10, a dependency there)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+        return tomllib
+    import tomli
+    return tomli
+
+
+def _config_value(name: str, value: Any) -> Any:
+    """`value` as field `name` takes it; ValueError (worded to follow the key) when it cannot."""
+    hints = typing.get_type_hints(RunConfig)
+    if name not in hints:
+        close = difflib.get_close_matches(name, hints, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"is not a setting: {hint}keys are training flag names without the dashes "
+                         f"(e.g. batch_size), see {PROG_HELP}")
+    if name == "clone_override" and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    allowed = _toml_types(hints[name])
+    if isinstance(value, bool) != (bool in allowed) or not isinstance(value, allowed):
+        wanted = " or ".join(t.__name__ for t in allowed)
+        raise ValueError(f"must be {wanted}, got {type(value).__name__} {value!r}: write it as "
+                         f"{name} = {_example(allowed)}")
+    exact_float = float in allowed and isinstance(value, int)  # so `lr = 1` hashes like `--lr 1`
+    return float(value) if exact_float else value
+
+
+def _toml_types(hint: Any) -> tuple[type, ...]:
+    """The TOML value types a field accepts (a float field takes an integer too; TOML has no null)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    types: list[type] = []
+    for a in args:
+        a = str if a is Mode else typing.get_origin(a) or a
+        types += [float, int] if a is float else [list] if a is tuple else [a]
+    return tuple(dict.fromkeys(types))
+
+
+def _example(types: tuple[type, ...]) -> str:
+    return {bool: "true", int: "16", float: "0.05", str: '"text"', list: '["lr=0.01"]'}[types[0]]
+
+
+PROG_HELP = "dpurun -- --help"

@@ -1,6 +1,6 @@
 """DPU side of checkpoints and clones: receive state slices, write them, commit, forward to clones.
 
-A keeper is a DPU rank paired with host ranks (`host.checkpoint.keeper_of`). It runs in a thread
+A keeper is a DPU rank paired with host ranks (`common.plan.assign`). It runs in a thread
 next to the rank's offloaded work (augmentation, validation or none), so checkpoint I/O never
 stops batches or validation for long: receiving and file writes release the GIL. Per hand-off:
 
@@ -13,7 +13,9 @@ stops batches or validation for long: receiving and file writes release the GIL.
   rank k mod M), never touching disk (DeepClone's forwarding).
 
 The latest state received stays in memory (`latest`). Waits for the next hand-off have no
-deadline (checkpoints may be hours apart); a dead host rank makes Open MPI end the job.
+deadline (checkpoints may be hours apart); a dead host rank makes Open MPI end the job. Until the
+clone is served, the keeper sends its clone ranks a heartbeat every peer_timeout/4 s while it
+waits (`common.runtime.heartbeat`), so their stand-by can have a deadline without one of its own.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ import numpy as np
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import PeerError
-from dpuoffload.common.runtime.failure import PREFIX
+from dpuoffload.common.plan.assign import StateAssignment
+from dpuoffload.common.runtime.failure import EXIT_CHECKPOINT_FAILED, PREFIX
+from dpuoffload.common.runtime.heartbeat import Heartbeat, interval_for
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.metrics import JsonlLog
-from dpuoffload.common.runtime.roles import Topology, feeders
+from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import wait, wait_all, wait_object
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.ckptfiles import Received
@@ -45,24 +49,43 @@ HANDOFF_POLL_MAX_SLEEP = 0.01   # between hand-offs (may be hours apart): ~100 c
 SLICE_POLL_MAX_SLEEP = 0.002    # a hand-off in flight: each poll lets Open MPI pull the next pieces
 
 
-def hosts_kept_by(topo: Topology, dpu: int) -> tuple[int, ...]:
-    return tuple(h for h, k in sorted(feeders(topo.pairing).items()) if k == dpu)
+class StandbyBeat:
+    """Heartbeats from one keeper to the clone ranks it will serve, while they stand by.
 
+    `poll` is called between the keeper's polls for the next hand-off; it sends a header-only
+    HEARTBEAT to each clone rank when one is due (`common.runtime.heartbeat`). Small eager sends:
+    they complete without the clone rank receiving them, which it does when it next looks."""
 
-def clone_target(topo: Topology, host: int) -> int:
-    """The clone rank host rank k's slice is forwarded to: clone rank k mod M."""
-    return topo.clone_ranks[topo.host_ranks.index(host) % len(topo.clone_ranks)]
+    def __init__(self, world: "MPI.Comm", clones: tuple[int, ...], interval: float) -> None:
+        self.world, self.clones, self.schedule = world, clones, Heartbeat(interval)
+        self.header = CKPT_HEADER.pack(kind=StateKind.HEARTBEAT, global_step=-1, sender=-1)
+        self.inflight: list["MPI.Request"] = []
+
+    def poll(self) -> None:
+        if not self.schedule.take(time.monotonic()):
+            return
+        self.inflight = [r for r in self.inflight if not r.Test()]
+        self.inflight += [self.world.Isend(self.header, dest=c, tag=Tag.CLONE) for c in self.clones]
+
+    def close(self, timeout: float) -> None:
+        """No more beats; the ones sent must have left before the keeper goes on (or ends)."""
+        wait_all(self.inflight, timeout, "a clone rank to take a heartbeat")
+        self.inflight = []
 
 
 class Keeper:
     def __init__(self, cfg: RunConfig, topo: Topology, comm: "MPI.Comm") -> None:
         self.cfg, self.topo, self.comm = cfg, topo, comm  # comm: the keepers only (keeper 0 commits)
-        self.hosts = hosts_kept_by(topo, topo.world_rank)
+        self.assign = StateAssignment.of(topo)
+        self.hosts = self.assign.hosts_kept_by(topo.world_rank)
+        clones = self.assign.clone_targets_of(topo.world_rank) if cfg.clone_at is not None else ()
+        self.standby = StandbyBeat(topo.world, clones, interval_for(cfg.peer_timeout)) if clones else None
         self.latest: Optional[list[Received]] = None
         self.spare: dict[int, np.ndarray] = {}   # host rank -> warm receive buffer for its next hand-off
         self.log = JsonlLog(cfg.log_dir, f"keeper-rank{topo.world_rank}.jsonl")
         self.thread = threading.Thread(target=self._main, name="dpuoffload-keeper", daemon=True)
         self.records: list[dict[str, Any]] = []
+        self.outcomes: dict[int, bool] = {}   # keeper 0: checkpoint step -> committed
 
     def start(self) -> None:
         self.thread.start()
@@ -91,6 +114,8 @@ class Keeper:
                                 f"steps {steps}")
             kind = StateKind(kinds.pop())
             if kind is StateKind.END:
+                self.stop_beating()
+                self.send_summary()
                 return
             if kind is StateKind.PREPARE:
                 self.prepare(batch)
@@ -102,11 +127,16 @@ class Keeper:
             elif kind is StateKind.CLONE:
                 self.forward(batch, received=time.time())
 
+    def stop_beating(self) -> None:
+        if self.standby is not None:
+            self.standby.close(self.cfg.peer_timeout)
+            self.standby = None
+
     def receive(self, host: int) -> Received:
         world = self.topo.world
         header = CKPT_HEADER.empty()
         wait(world.Irecv(header, source=host, tag=Tag.CKPT), None, f"state from {self.topo.describe(host)}",
-             max_sleep=HANDOFF_POLL_MAX_SLEEP)
+             max_sleep=HANDOFF_POLL_MAX_SLEEP, on_poll=self.standby.poll if self.standby else None)
         head = dict(CKPT_HEADER.unpack(header))
         if head["kind"] in (StateKind.END, StateKind.PREPARE):  # a header only
             return Received(head, byte_buffer(0), byte_buffer(0))
@@ -128,7 +158,7 @@ class Keeper:
         for host, r in zip(self.hosts, batch):
             self.spare[host] = byte_buffer(r.head["shared_nbytes"], touch=True)
         if self.topo.clone_ranks and self.cfg.clone_at is not None:
-            reqs = [self.topo.world.Isend(CKPT_HEADER.pack(**r.head), dest=clone_target(self.topo, host),
+            reqs = [self.topo.world.Isend(CKPT_HEADER.pack(**r.head), dest=self.assign.clone_target(host),
                                           tag=Tag.CLONE) for host, r in zip(self.hosts, batch)]
             wait_all(reqs, self.cfg.peer_timeout, "a clone rank to receive the hand-off size")
 
@@ -201,24 +231,63 @@ class Keeper:
             if directory.is_dir():
                 shutil.rmtree(directory, ignore_errors=True)
             previous = ckptfiles.committed(self.cfg.ckpt_dir)
-            kept = f"the last complete checkpoint is {previous[-1]}" if previous else "there is no complete checkpoint yet"
+            kept = (f"the last complete checkpoint is {previous[-1]}" if previous
+                    else "there is no complete checkpoint yet")
+            self.outcomes[step] = False
+            if self.cfg.ckpt_errors == "fail":
+                self.stop_job(step, errors)
             print(f"{PREFIX} checkpoint at step {step} NOT saved ({'; '.join(errors)}); training continues, "
                   f"{kept}", file=sys.stderr, flush=True)
         else:
+            self.outcomes[step] = True
             record["pruned"] = [p.name for p in ckptfiles.prune(self.cfg.ckpt_dir, self.cfg.ckpt_keep)]
             print(f"{PREFIX} checkpoint step {step} committed: {directory} ({record['bytes'] / 1e6:.1f} MB, "
                   f"written in {record['write_s']:.2f} s)", flush=True)
         self.records.append(record)
         self.log.write(record)
 
+    # --------------------------------------------------------------------- outcome report
+    def newest_intact(self) -> str:
+        done = ckptfiles.committed(self.cfg.ckpt_dir)
+        return f"the newest intact one is {done[-1]}" if done else "there is no intact checkpoint"
+
+    def stop_job(self, step: int, errors: list[str]) -> None:
+        """--ckpt-errors fail: one line, then end the whole job (host ranks may be mid-step)."""
+        from mpi4py import MPI
+
+        print(f"{PREFIX} checkpoints: step {step} NOT saved ({'; '.join(errors)}); stopping the job "
+              f"(--ckpt-errors fail); {self.newest_intact()}", file=sys.stderr, flush=True)
+        MPI.COMM_WORLD.Abort(EXIT_CHECKPOINT_FAILED)
+
+    def summary(self) -> dict[str, Any]:
+        """How many checkpoints were taken and failed, and the newest intact one, in one line."""
+        failed = sorted(s for s, ok in self.outcomes.items() if not ok)
+        line = None
+        if failed:
+            which = ", ".join(map(str, failed[:5])) + (", ..." if len(failed) > 5 else "")
+            line = (f"checkpoints: {len(failed)} of {len(self.outcomes)} NOT saved (step {which}); "
+                    f"{self.newest_intact()}")
+        done = ckptfiles.committed(self.cfg.ckpt_dir)
+        return {"taken": len(self.outcomes), "failed": failed, "newest": str(done[-1]) if done else None,
+                "line": line}
+
+    def send_summary(self) -> None:
+        """Keeper 0 -> host rank 0, after the last hand-off: the run's checkpoint outcome, which host
+        rank 0 reports last and turns into the exit code (`host.checkpoint.StateHandoff.finish`)."""
+        if not self.cfg.checkpointing or self.comm.Get_rank() != 0:
+            return
+        req = self.topo.world.isend(self.summary(), dest=self.topo.host_ranks[0], tag=Tag.CKPT_SUMMARY)
+        wait_object(req, self.cfg.peer_timeout, "host rank 0 to take the checkpoint summary")
+
     # ----------------------------------------------------------------------------- clone
     def forward(self, batch: list[Received], received: float) -> None:
         """Send each host rank's hand-off, unchanged, to its clone rank. `received`: wall-clock time
         the hand-off was complete here (with `forwarded_time`, it splits the clone's readiness)."""
         t0 = time.perf_counter()
+        self.stop_beating()  # the state itself goes out next and ends the clone ranks' stand-by
         reqs = []
         for host, r in zip(self.hosts, batch):
-            dest = clone_target(self.topo, host)
+            dest = self.assign.clone_target(host)
             header = CKPT_HEADER.pack(**{**r.head, "shared_parts": 1})  # forwarded as one buffer
             reqs += [self.topo.world.Isend(buf, dest=dest, tag=Tag.CLONE) for buf in (header, r.small, r.shared)]
         for req in reqs:

@@ -10,6 +10,7 @@ from dpuoffload.common.data.datasets import build_datasets
 from dpuoffload.common.data.loaders import probe_layout, steps_per_epoch
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.models.zoo import build_model
+from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.plan.offload import DA, IDLE, MV, plan_offload
 from dpuoffload.common.runtime import trace
 from dpuoffload.common.runtime.failure import run_program
@@ -21,7 +22,7 @@ from dpuoffload.common.state.trainstate import epoch_spans
 from dpuoffload.common.train.naive import measure_profile
 from dpuoffload.dpu.augment import Augmenter
 from dpuoffload.dpu.idle import idle_until_shutdown
-from dpuoffload.dpu.keeper import Keeper, hosts_kept_by
+from dpuoffload.dpu.keeper import Keeper
 from dpuoffload.dpu.replica import Replica
 from dpuoffload.dpu.validate import Validator
 
@@ -78,7 +79,7 @@ def build_keeper(cfg: RunConfig, topo: Topology) -> Optional[Keeper]:
         return None
     from mpi4py import MPI
 
-    keeps = bool(hosts_kept_by(topo, topo.world_rank))
+    keeps = bool(StateAssignment.of(topo).hosts_kept_by(topo.world_rank))
     comm = topo.side_comm.Split(color=1 if keeps else MPI.UNDEFINED, key=topo.world_rank)
     return Keeper(cfg, topo, comm) if keeps else None
 

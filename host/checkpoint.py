@@ -2,9 +2,9 @@
 
 Right after the optimizer step that a checkpoint (`--ckpt-every`, `--ckpt-every-epoch`,
 `--stop-at-step`) or the clone (`--clone-at`) falls on, every host rank sends its keeper DPU rank
-(its first paired DPU rank) three messages (layouts in `common.messages`): the header, a small
-part (run-level JSON meta + this rank's local state, always staged) and its 1/N slice of the
-shared tensors. The slice goes either
+(its first paired DPU rank, `common.plan.assign`) three messages (layouts in `common.messages`):
+the header, a small part (run-level JSON meta + this rank's local state, always staged) and its
+1/N slice of the shared tensors. The slice goes either
 
 - staged (`--ckpt-copy staged`, default): copied into a reusable send buffer; the host blocks only
   for that copy and goes on while the keeper receives and writes (DeepFreeze's fine-grained async
@@ -20,6 +20,7 @@ position (epoch + 1, 0), so a resumed run never has to redo half of an epoch's e
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -27,11 +28,12 @@ import numpy as np
 from torch import nn
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.plan.assign import StateAssignment
+from dpuoffload.common.runtime.failure import EXIT_CHECKPOINT_FAILED, PREFIX
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.metrics import JsonlLog
-from dpuoffload.common.runtime.roles import Topology, feeders
-from dpuoffload.common.runtime.waits import wait, wait_all
+from dpuoffload.common.runtime.roles import Topology
+from dpuoffload.common.runtime.waits import wait, wait_all, wait_object
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.resume import ResumePoint, config_dict
 from dpuoffload.common.state.sharding import DEFAULT_THRESHOLD, byte_buffer, pack_pieces, packed_nbytes, plan_shards
@@ -72,15 +74,6 @@ def resume_trainer(trainer: Any, point: ResumePoint, topo: Topology) -> None:
                   flush=True)
 
 
-def keeper_of(topo: Topology) -> int:
-    """The DPU rank that keeps this host rank's state slices (its first paired DPU rank)."""
-    keeper = feeders(topo.pairing).get(topo.world_rank)
-    if keeper is None:
-        raise ConfigError(f"checkpoints and clones need a DPU rank on every host rank's node, but "
-                          f"{topo.describe()} has none: start DPU ranks on that node (dpurun --dpus)")
-    return keeper
-
-
 class StateHandoff:
     """Decides when state is due and sends it; the trainer calls the hooks below."""
 
@@ -88,7 +81,7 @@ class StateHandoff:
                  steps_per_epoch: int) -> None:
         self.cfg, self.topo, self.model, self.optimizer, self.scheduler = cfg, topo, model, optimizer, scheduler
         self.steps_per_epoch = steps_per_epoch
-        self.keeper = keeper_of(topo)
+        self.keeper = StateAssignment.of(topo).keeper_of(topo.world_rank)
         self.rank, self.size = topo.side_rank, topo.side_comm.Get_size()
         self.inflight: list[tuple["MPI.Request", Any]] = []   # requests and the buffers they read
         self.zero_pending: list["MPI.Request"] = []   # zero-copy sends straight from tensor memory
@@ -98,6 +91,12 @@ class StateHandoff:
         self.deferred: set[StateKind] = set()
         self.log = JsonlLog(cfg.log_dir, f"handoff-rank{topo.world_rank}.jsonl")
         self.blocked: list[float] = []
+        self.summary: Optional[dict[str, Any]] = None   # host rank 0, after `finish`: keeper 0's report
+
+    @classmethod
+    def for_trainer(cls, cfg: RunConfig, topo: Topology, trainer: Any) -> "StateHandoff":
+        """The hand-off of `trainer`'s model, optimizer and schedule (a `host.extensions.HooksFactory`)."""
+        return cls(cfg, topo, trainer.model, trainer.optimizer, trainer.scheduler, trainer.feed.steps())
 
     # ------------------------------------------------------------------- trainer hooks
     def due(self, global_step: int) -> set[StateKind]:
@@ -140,6 +139,24 @@ class StateHandoff:
         self.before_optimizer_step()
         self._post(CKPT_HEADER.pack(kind=StateKind.END, global_step=-1, sender=self.rank, senders=self.size))
         self._complete()
+        if self.cfg.checkpointing and self.rank == 0:
+            self.summary = self._receive_summary()
+
+    def _receive_summary(self) -> dict[str, Any]:
+        """Keeper 0's account of the run's checkpoints (it sends it after the END hand-off). No
+        deadline: the last checkpoint may still be being written; a dead keeper ends the job."""
+        from mpi4py import MPI
+
+        req = self.topo.world.irecv(source=MPI.ANY_SOURCE, tag=Tag.CKPT_SUMMARY)
+        return wait_object(req, None, "keeper 0's summary of the checkpoints")
+
+    def exit_code(self) -> int:
+        """Host rank 0, after `finish`: print the checkpoint outcome as the job's last word if any
+        checkpoint was lost, and return the job's exit code (non-zero then: nothing lost silently)."""
+        if self.summary is None or not self.summary["failed"]:
+            return 0
+        print(f"{PREFIX} {self.summary['line']}", file=sys.stderr, flush=True)
+        return EXIT_CHECKPOINT_FAILED
 
     # ------------------------------------------------------------------------- sending
     def send(self, kind: StateKind, pos: Position, progress: EpochProgress) -> None:

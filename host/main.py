@@ -1,16 +1,20 @@
-"""Host program entry: start-up checks, build, train, tell the DPU ranks to stop, clean up."""
+"""Host program entry: start-up checks, build, train, tell the DPU ranks to stop, clean up.
+
+Variants of the program (the benchmarks' baselines) pass `HostExtensions` (`host.extensions`)
+to `main`/`run` instead of replacing this module's attributes.
+"""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional, Sequence
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import build_datasets
-from dpuoffload.common.data.feeds import Feed, LocalFeed
-from dpuoffload.common.data.loaders import RankLoader, probe_layout
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.models.zoo import build_model
-from dpuoffload.common.plan.offload import OffloadPlan, plan_offload, require_feeder
+from dpuoffload.common.plan.assign import StateAssignment
+from dpuoffload.common.plan.offload import plan_offload
 from dpuoffload.common.runtime import trace
 from dpuoffload.common.runtime.failure import run_program
 from dpuoffload.common.runtime.metrics import JsonlLog
@@ -23,14 +27,14 @@ from dpuoffload.common.train.autoselect import report_measured
 from dpuoffload.common.train.evaluation import LocalValidation, SharePolicy, Validation
 from dpuoffload.common.train.loop import Trainer, TrainJob
 from dpuoffload.common.train.naive import build_naive_feed, measure_profile, naive_backend
-from dpuoffload.host.checkpoint import StateHandoff, keeper_of, resume_trainer
-from dpuoffload.host.clone import adopt, check_clone_flags, clone_config, describe_overrides
+from dpuoffload.host.checkpoint import StateHandoff, resume_trainer
+from dpuoffload.host.clone import check_clone_flags, clone_config, describe_overrides
 from dpuoffload.host.control import shutdown_dpus
-from dpuoffload.host.feed import RemoteFeed
+from dpuoffload.host.extensions import CloneAdopter, HostExtensions
 from dpuoffload.host.validation import AutoShare, OffloadedValidation, fixed_share
 
 
-def prepare(cfg: RunConfig, topo: Topology) -> TrainJob:
+def prepare(cfg: RunConfig, topo: Topology, extensions: HostExtensions) -> TrainJob:
     """Everything that can fail on bad input, before any host-only communication starts."""
     if topo.role is Role.CLONE:
         cfg = clone_config(cfg)
@@ -39,7 +43,7 @@ def prepare(cfg: RunConfig, topo: Topology) -> TrainJob:
     plan = plan_offload(topo.ranks, cfg)
     train = PerSampleSeeded(data.train, cfg.seed)
     job = TrainJob(data=data, train=train, model=build_model(cfg, data.num_classes),
-                   feed=build_feed(cfg, topo, train, plan), plan=plan)
+                   feed=extensions.feed_factory(cfg, topo, train, plan), plan=plan)
     if topo.role is Role.HOST:
         check_state_flags(cfg, topo, job)
     return job
@@ -53,18 +57,7 @@ def check_state_flags(cfg: RunConfig, topo: Topology, job: TrainJob) -> None:
     spans = epoch_spans(steps, cfg.epochs, start, cfg.stop_at_step)
     check_clone_flags(cfg, topo, start.global_step + sum(s.stop - s.start for s in spans))
     if cfg.checkpointing or cfg.clone_at is not None:
-        keeper_of(topo)
-
-
-def build_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded, plan: OffloadPlan) -> Feed:
-    """This host rank's own loader, or a receiver of the batches its augmentation DPU rank sends.
-    (`--mode naive` replaces it once the DPU batch size is agreed, see `main`.)"""
-    loader = RankLoader(cfg, train, len(topo.host_ranks), topo.side_rank)
-    if not cfg.mode.augments_on_dpu:
-        return LocalFeed(loader)
-    feeder = require_feeder(plan, topo.world_rank, topo.describe())
-    return RemoteFeed(topo.world, feeder, topo.describe(feeder), probe_layout(train, cfg), len(loader),
-                      cfg.peer_timeout)
+        StateAssignment.of(topo).keeper_of(topo.world_rank)
 
 
 def build_validation(cfg: RunConfig, topo: Topology, job: TrainJob) -> tuple[Validation, Optional[SharePolicy]]:
@@ -88,15 +81,18 @@ def report_auto(auto: dict[str, Any], records: list[dict[str, Any]], cfg: RunCon
     JsonlLog(cfg.log_dir, "auto.jsonl").write(auto)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    started = start_program(Role.HOST, argv, prepare,
+def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensions] = None) -> int:
+    """The host program (and the clone group's); `extensions`: the parts a variant replaces."""
+    ext = HostExtensions() if extensions is None else extensions
+    started = start_program(Role.HOST, argv, functools.partial(prepare, extensions=ext),
                             lambda cfg, topo, job: measure_profile(cfg, topo, job.model, job.train))
     cfg, topo, job, profiles = started.cfg, started.topo, started.state, started.profiles
     if topo.role is Role.CLONE:
-        return run_clone(cfg, topo, job)
+        return run_clone(cfg, topo, job, ext.adopt)
     group = topo.side_comm
     if cfg.mode.dpu_trains:  # DPU ranks are replicas too: one gradient group over the whole job
-        job.feed = build_naive_feed(cfg, topo, job.train, profiles)
+        source = "balanced by --mode auto's profile" if started.auto is not None else "from --dpu-batch-size"
+        job.feed = build_naive_feed(cfg, topo, job.train, profiles, source)
         group = topo.world
     sync = build_sync(naive_backend(cfg, profiles) if cfg.mode.dpu_trains else cfg.allreduce, group,
                       cfg.peer_timeout)
@@ -105,21 +101,41 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{len(topo.dpu_ranks)} DPU rank(s), model {cfg.model}, dataset {cfg.dataset} "
               f"({len(job.data.train)} train / {len(job.data.val)} val), allreduce {sync.name}", flush=True)
     validation, share = build_validation(cfg, topo, job)
-    trainer = Trainer(cfg, topo, job, sync, validation, share, group=group)
+    trainer = Trainer(cfg, topo, job, sync, validation, share, group=group,
+                      hooks=lambda t: ext.hooks_factory(cfg, topo, t))
     if job.resume is not None:
         resume_trainer(trainer, job.resume, topo)
-    if cfg.checkpointing or cfg.clone_at is not None:
-        trainer.hooks = StateHandoff(cfg, topo, trainer.model, trainer.optimizer, trainer.scheduler, job.feed.steps())
     records = trainer.fit()
     if started.auto is not None and topo.side_rank == 0:
         report_auto(started.auto, records, cfg)
     shutdown_dpus(topo, cfg.peer_timeout)
     sync.shutdown()
     trace.finish(topo.world, cfg.trace)
-    return 0
+    return report_end(cfg, topo, trainer)
 
 
-def run_clone(original: RunConfig, topo: Topology, job: TrainJob) -> int:
+def report_end(cfg: RunConfig, topo: Topology, trainer: Trainer) -> int:
+    """Host rank 0's last words: where a --stop-at-step run continues from, and lost checkpoints
+    (non-zero exit: a run that ends without its checkpoints must not look like a success)."""
+    if topo.side_rank != 0:
+        return 0
+    handoff = trainer.hooks if isinstance(trainer.hooks, StateHandoff) else None
+    summary = handoff.summary if handoff is not None else None
+    if cfg.stop_at_step is not None and trainer.global_step == cfg.stop_at_step:
+        newest = summary["newest"] if summary else None
+        if newest and newest.endswith(f"step-{cfg.stop_at_step:09d}"):
+            print(f"[dpuoffload] stopped at step {cfg.stop_at_step}; checkpoint {newest}; continue with "
+                  f"`--resume latest`", flush=True)
+        elif cfg.ckpt_dir:
+            print(f"[dpuoffload] stopped at step {cfg.stop_at_step}; its checkpoint was NOT saved (see below)",
+                  flush=True)
+        else:
+            print(f"[dpuoffload] stopped at step {cfg.stop_at_step}; no checkpoint was taken (add --ckpt-dir DIR "
+                  f"to continue later with `--resume latest`)", flush=True)
+    return handoff.exit_code() if handoff is not None else 0
+
+
+def run_clone(original: RunConfig, topo: Topology, job: TrainJob, adopt: CloneAdopter) -> int:
     """Clone ranks: stand by for the forwarded state, then train as their own group."""
     cfg = clone_config(original)
     sync = build_sync(cfg.allreduce, topo.side_comm, cfg.peer_timeout)
@@ -141,5 +157,5 @@ def run_clone(original: RunConfig, topo: Topology, job: TrainJob) -> int:
     return 0
 
 
-def run(argv: Optional[Sequence[str]] = None) -> None:
-    run_program(lambda: main(argv), "host program")
+def run(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensions] = None) -> None:
+    run_program(lambda: main(argv, extensions), "host program")

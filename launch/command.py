@@ -112,6 +112,10 @@ def _openmpi_command(spec: LaunchSpec) -> list[str]:
         # Count logical CPUs as slots, like os.sched_getaffinity that dpurun checked the
         # placement against; the default (physical cores) rejects valid hyperthread placements.
         cmd.append("--use-hwthread-cpus")
+        if not _sets_mca(spec.extra_args, "btl"):  # (duplicates are an error: the user's wins)
+            # One box: shared memory carries everything. The libfabric transport (ofi), which
+            # pip's Open MPI loads by default, costs ~1 s per rank in MPI_Init probing fabrics.
+            cmd += ["--mca", "btl", "^ofi"]
     cmd += spec.extra_args
     cmd += ["-np", str(spec.host_ranks), *_host_list("--host", spec.host_nodes), *_host_argv(spec)]
     if spec.dpu_ranks:
@@ -120,6 +124,11 @@ def _openmpi_command(spec: LaunchSpec) -> list[str]:
     if spec.clone_ranks:  # after the DPU context even without DPU ranks: app context numbers are fixed
         cmd += [":", "-np", str(spec.clone_ranks), *_host_list("--host", spec.host_nodes), *_clone_argv(spec)]
     return cmd
+
+
+def _sets_mca(args: tuple[str, ...], name: str) -> bool:
+    """Whether `args` (--mpirun-arg) set the MCA parameter `name` (Open MPI refuses it twice)."""
+    return any(flag in ("--mca", "-mca", "--gmca", "-gmca") and param == name for flag, param in zip(args, args[1:]))
 
 
 def _mpich_command(spec: LaunchSpec) -> list[str]:

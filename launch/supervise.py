@@ -36,7 +36,8 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import IO, Optional, Sequence
+from pathlib import Path
+from typing import IO, Iterator, Optional, Sequence
 
 from dpuoffload.common.runtime.roles import Role
 
@@ -52,6 +53,18 @@ _PATTERNS = (
                          _PROC_NAME + r" Errorcode: (-?\d+)")),
     ("abort_node", re.compile(r'process rank (\d+) with PID \d+ on node (\S+) calling "abort"')),
 )
+
+
+# The ranks' own one-line reports (common/runtime/failure.py, dpu/keeper.py): they come before Open
+# MPI's, name the rank that failed first and why, and so beat the ranks Open MPI reports dying after.
+_LABEL = r"\w+ rank \d+ \(world rank (\d+)\b[^)]*\)"   # topo.describe(): 'host rank 1 (world rank 1, node vm)'
+_OWN_FAILURE = (re.compile(r"^\[dpuoffload\] " + _LABEL + r" failed: (.*)$"),  # run_program
+                re.compile(r"^\[dpuoffload\] error on (?:\d+ ranks \()?" + _LABEL + r".*?\)?: (.*)$"))  # collective
+_OWN_SUMMARY = re.compile(r"^\[dpuoffload\] (checkpoints: .*)$")
+# Open MPI banners that dpurun's own line replaces (MPI_Abort's has a NUL byte: `grep` calls the log
+# binary). Kept in <log-dir>/mpirun.log; other banners (a killed rank) pass through.
+_NOISE = ("MPI_ABORT was invoked", 'calling\n"abort"', 'calling "abort"')
+_RULE = re.compile(r"^-{20,}\s*$")
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,8 @@ class FailureScanner:
         self._lines: deque[str] = deque(maxlen=window)
         self._partial = ""
         self._seen: dict[int, RankFailure] = {}
+        self.reported: Optional[RankFailure] = None   # the first rank that said itself why it failed
+        self.summary: Optional[str] = None             # the ranks' last word on lost checkpoints
 
     @property
     def failures(self) -> list[RankFailure]:
@@ -103,12 +118,22 @@ class FailureScanner:
         return bool(self._partial)
 
     def feed(self, text: str) -> None:
-        lines = re.split(r"[\r\n]", self._partial + text)
+        lines = re.split(r"[\r\n]", self._partial + text.replace("\x00", ""))  # MPI_Abort's banner ends in NUL
         self._partial = lines.pop()
         for line in lines:
             if line.strip():
+                self._own(line.strip())
                 self._lines.append(line.strip())
                 self._match(" ".join(" ".join(self._lines).split()))
+
+    def _own(self, line: str) -> None:
+        for pattern in _OWN_FAILURE:
+            m = pattern.match(line)
+            if m and self.reported is None:
+                self.reported = RankFailure(int(m[1]), "failed first", m[2])
+        m = _OWN_SUMMARY.match(line)
+        if m:
+            self.summary = m[1]
 
     def _match(self, text: str) -> None:
         for kind, pattern in _PATTERNS:
@@ -139,9 +164,64 @@ def _failure(kind: str, m: "re.Match[str]") -> RankFailure:
     return RankFailure(int(m[1]), "failed", "called MPI_Abort (its own message is above)", m[2])
 
 
+class BannerFilter:
+    """Drops Open MPI's abort banners (`_NOISE`, between two dashed rules) from one output stream and
+    NUL bytes everywhere; everything else passes as it arrives (a progress bar's \\r updates too: only
+    a line that may open a banner, dashes so far, waits for its end)."""
+
+    def __init__(self, max_lines: int = 60) -> None:
+        self._partial = ""
+        self._emitting = False   # the current line has started going out
+        self._banner: Optional[list[str]] = None
+        self._max = max_lines
+
+    def feed(self, text: str) -> str:
+        out = []
+        for piece in re.split(r"(?<=[\r\n])", text.replace("\x00", "")):  # \r ends a progress bar's line
+            if not piece:
+                continue
+            if self._emitting:
+                out.append(piece)
+                self._emitting = not piece.endswith(("\n", "\r"))
+                continue
+            self._partial += piece
+            if piece.endswith(("\n", "\r")):
+                line, self._partial = self._partial, ""
+                out.append(self._line(line))
+            elif self._banner is None and self._partial.strip("-"):
+                out.append(self._partial)
+                self._partial, self._emitting = "", True
+        return "".join(out)
+
+    def flush(self) -> str:
+        rest = "".join(self._banner or []) + self._partial
+        self._banner, self._partial = None, ""
+        return rest
+
+    def _line(self, line: str) -> str:
+        if self._banner is None:
+            if _RULE.match(line):
+                self._banner = [line]
+                return ""
+            return line
+        self._banner.append(line)
+        if _RULE.match(line) and len(self._banner) > 2:
+            block, self._banner = "".join(self._banner), None
+            return "" if any(n in block for n in _NOISE) else block
+        if _RULE.match(line):  # two rules in a row: the first one was a banner of its own
+            block, self._banner = self._banner[0], [line]
+            return block
+        if len(self._banner) > self._max:  # not a banner after all
+            return self.flush()
+        return ""
+
+
 # ----------------------------------------------------------------------------------- running
-def run(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None, grace: float = 30.0) -> int:
-    """Run `cmd`, stream its output unchanged, report the first dead rank, return its exit code.
+def run(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None, grace: float = 30.0,
+        raw_log: Optional[Path] = None, ckpt_dir: Optional[str] = None) -> int:
+    """Run `cmd`, stream its output (less Open MPI's abort banners), report the first failed rank,
+    return mpirun's exit code. `raw_log`: where mpirun's unfiltered output is kept; `ckpt_dir`: the
+    run's --ckpt-dir, whose last committed checkpoint a failed job names (where to continue from).
 
     mpirun gets its own session so that a terminal Ctrl-C reaches it exactly once, forwarded by
     us (Open MPI treats a second SIGINT as "force"); SIGTERM and SIGHUP are forwarded as well.
@@ -155,20 +235,65 @@ def run(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None, gr
         proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 bufsize=0, start_new_session=True)
         forwarder.attach(proc)
-        pumps = _start_pumps(proc, scanners, seen)
-        rc = _wait(proc, seen, grace)
-    for t in pumps:
-        t.join(timeout=5)
+        with _open_raw(raw_log) as raw:
+            pumps = _start_pumps(proc, scanners, seen, raw)
+            rc = _wait(proc, seen, grace)
+            for t in pumps:
+                t.join(timeout=5)
     code = 128 - rc if rc < 0 else rc
     if scanners[1].mid_line:
         print(file=sys.stderr)
-    _report(scanners[1].failures + scanners[0].failures, host_ranks, dpu_ranks, code, bool(forwarder.received))
+    reported = scanners[1].reported or scanners[0].reported
+    summary = scanners[1].summary or scanners[0].summary
+    _report(([reported] if reported else []) + scanners[1].failures + scanners[0].failures, host_ranks, dpu_ranks,
+            code, bool(forwarder.received), summary)
+    if code != 0 and ckpt_dir and not summary:
+        print(last_checkpoint_line(ckpt_dir), file=sys.stderr, flush=True)
     return code
 
 
+def last_checkpoint_line(ckpt_dir: str) -> str:
+    """Where a job that ended early can continue from: the newest committed checkpoint, if any."""
+    from dpuoffload.common.state.ckptdirs import committed
+
+    done = committed(ckpt_dir)
+    if not done:
+        return f"{PREFIX} no committed checkpoint in {ckpt_dir}: a new run starts from the beginning"
+    return f"{PREFIX} the last committed checkpoint is {done[-1]}; continue with `--resume latest`"
+
+
+@contextlib.contextmanager
+def _open_raw(path: Optional[Path]) -> Iterator[Optional[IO[bytes]]]:
+    """mpirun's unfiltered output, both streams as they arrive (None: not kept)."""
+    if path is None:
+        yield None
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "ab")
+    except OSError as e:
+        print(f"{PREFIX} warning: cannot keep mpirun's output in {path}: {e}", file=sys.stderr, flush=True)
+        yield None
+        return
+    with f:
+        yield _Locked(f)
+
+
+class _Locked:
+    """A binary file two pump threads write to, whole chunks at a time."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f, self._lock = f, threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            self._f.write(data)
+            self._f.flush()
+
+
 def _start_pumps(proc: "subprocess.Popen[bytes]", scanners: tuple[FailureScanner, FailureScanner],
-                 seen: threading.Event) -> list[threading.Thread]:
-    pumps = [threading.Thread(target=_pump, args=(src, dst, sc, seen), daemon=True)
+                 seen: threading.Event, raw: Optional["_Locked"]) -> list[threading.Thread]:
+    pumps = [threading.Thread(target=_pump, args=(src, dst, sc, seen, raw), daemon=True)
              for src, dst, sc in ((proc.stdout, sys.stdout, scanners[0]),
                                   (proc.stderr, sys.stderr, scanners[1]))]
     for t in pumps:
@@ -176,19 +301,32 @@ def _start_pumps(proc: "subprocess.Popen[bytes]", scanners: tuple[FailureScanner
     return pumps
 
 
-def _pump(src: IO[bytes], dst: IO[str], scanner: FailureScanner, seen: threading.Event) -> None:
-    """Copy bytes as they arrive (progress bars use \\r, so no waiting for newlines) and scan."""
+def _pump(src: IO[bytes], dst: IO[str], scanner: FailureScanner, seen: threading.Event,
+          raw: Optional["_Locked"] = None) -> None:
+    """Copy output as it arrives (progress bars use \\r, so no waiting for newlines), less the
+    abort banners (`BannerFilter`), keep it raw in `raw`, and scan it."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    sink = getattr(dst, "buffer", None)
+    shown = BannerFilter()
     while chunk := src.read(65536):
-        if sink is not None:
-            sink.write(chunk)
-        else:  # a text-only stream (e.g. pytest's capture)
-            dst.write(chunk.decode("utf-8", errors="replace"))
-        dst.flush()
-        scanner.feed(decoder.decode(chunk))
+        if raw is not None:
+            raw.write(chunk)
+        text = decoder.decode(chunk)
+        _write(dst, shown.feed(text))
+        scanner.feed(text)
         if scanner.failures:
             seen.set()
+    _write(dst, shown.flush())
+
+
+def _write(dst: IO[str], text: str) -> None:
+    if not text:
+        return
+    sink = getattr(dst, "buffer", None)
+    if sink is not None:
+        sink.write(text.encode("utf-8", errors="replace"))
+    else:  # a text-only stream (e.g. pytest's capture)
+        dst.write(text)
+    dst.flush()
 
 
 def _wait(proc: "subprocess.Popen[bytes]", seen: threading.Event, grace: float) -> int:
@@ -261,9 +399,13 @@ class _SignalForwarder:
 
 
 def _report(failures: list[RankFailure], host_ranks: int, dpu_ranks: Optional[int], code: int,
-            interrupted: bool) -> None:
-    """Print the one-line summary: the first failed rank, or why the job ended otherwise."""
-    if failures:
+            interrupted: bool, summary: Optional[str] = None) -> None:
+    """Print the one-line summary: the first failed rank, or why the job ended otherwise. A rank's
+    own report comes first in `failures`; lost checkpoints (`summary`) are the last word when no
+    rank failed on its own (the rank that exited to say so is not a failure)."""
+    if summary and (not failures or failures[0].verb != "failed first"):
+        print(f"{PREFIX} {summary}", file=sys.stderr, flush=True)
+    elif failures:
         first = failures[0]
         more = len({f.world_rank for f in failures}) - 1
         tail = f" ({more} more rank(s) reported failed after it)" if more else ""

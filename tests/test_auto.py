@@ -16,7 +16,10 @@ def test_auto_predicts_every_runnable_mode_runs_the_choice_and_reports(tmp_path,
     assert res.returncode == 0, res.stderr
     record = read_jsonl(tmp_path / "auto.jsonl")[-1]
     assert set(record["predicted"]) == {"none", "da", "mv", "naive"}  # hybrid needs 2 DPU ranks
-    assert record["chosen"] == min(record["predicted"], key=record["predicted"].get)
+    keeping = {m: t for m, t in record["predicted"].items() if m != "naive"}  # naive only with --auto-allow
+    assert record["chosen"] == min(keeping, key=keeping.get)
+    assert f"[dpuoffload] --mode auto chose {record['chosen']}: the shortest predicted epoch (" in res.stdout
+    assert "--auto-allow naive" in res.stdout
     assert f"[dpuoffload] mode {record['chosen']}:" in res.stdout
     assert f"--mode auto chose {record['chosen']}: predicted" in res.stdout
     assert record["measured_epoch_s"] > 0 and "prediction_error" in record

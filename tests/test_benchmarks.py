@@ -191,3 +191,20 @@ def test_clone_benchmark_quick(tmp_path):
     assert all(r[0]["clone_step"] == 6 and r[0]["readiness_s"] > 0 and r[0]["standby_s"] > 0 for r in by.values())
     assert payload["same_state"]["resnet20"], "the three methods forked different states"
     assert "| ours-staged |" in res.stdout and "identical across methods" in res.stdout
+
+
+@pytest.mark.mpi
+def test_startup_benchmark_quick(tmp_path):
+    out = tmp_path / "startup.json"
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "startup.py"), "--quick", "--out", str(out),
+                          "--plots", str(tmp_path)], capture_output=True, text=True, env=job_env(), cwd=REPO,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    payload = json.loads(out.read_text())
+    assert all(len(w) == 1 and w[0] > 0 for w in payload["walls_s"].values())
+    job = payload["breakdown"]["dpurun"]
+    assert sum(job["parts_s"].values()) == pytest.approx(job["wall_s"])
+    assert {"interpreter + torch import", "MPI init + topology", "training + validation"} <= set(job["parts_s"])
+    assert {r["module"] for r in job["ranks"].values()} == {"dpuoffload.host", "dpuoffload.dpu"}
+    assert (tmp_path / "startup.png").read_bytes()[:8] == PNG_MAGIC
+    assert "| plain torchvision + DataLoader script |" in res.stdout and "Target dpurun − plain" in res.stdout

@@ -2,12 +2,16 @@
 
 - resume is bit-exact: a run stopped mid-epoch (da mode, 2 host ranks, zero-copy slices) and
   resumed gives the same step losses, validation and final weights as the straight run;
-- another host rank count and another mode resume from the same files (re-slicing);
+- the resumed run trains only the remaining steps (host rank 0's phase log: steps and first global step);
+- another host rank count and another mode resume from the same files (re-slicing), and the first
+  resumed step's loss equals the loss of the exported checkpoint on the same batch (a fresh model's
+  does not); another model's checkpoint is refused; a missing shard file is named;
 - a failed checkpoint write is reported, training goes on, the earlier checkpoint stays usable;
 - export-checkpoint gives the run's weights, to the bit, as a plain state_dict;
 - a clone starts from the original's state to the bit and, without overrides, trains identically.
 """
 
+import shutil
 from functools import lru_cache
 
 import pytest
@@ -74,6 +78,8 @@ def test_resume_mid_epoch_in_da_mode_is_bit_exact(job, root):
     assert sorted(stopped["epochs"]) == [0] and stopped["end"]["global_step"] == 12  # stopped in epoch 2
     resumed = ok(job("resumed-da", TWO, "--mode", "da", "--epochs", "3", "--ckpt-dir", ck, "--resume", "latest"))
     assert "(exactly): epoch 2, step 4 done (global step 12)" in resumed["out"]
+    # only the remaining steps were trained: 4 of epoch 2 (global steps 13..16), then 8 of epoch 3
+    assert trained_spans(resumed) == [(1, 4, 13), (2, 8, 17)] and resumed["end"]["global_step"] == 24
     for e in (1, 2):  # the interrupted epoch's record includes the steps before the checkpoint
         for key in ("step_losses", "train_loss", "val_loss_sum", "val_correct", "weights_sha256"):
             assert resumed["epochs"][e][key] == straight["epochs"][e][key], (e, key)
@@ -81,21 +87,76 @@ def test_resume_mid_epoch_in_da_mode_is_bit_exact(job, root):
     assert [p.name for p in ckptfiles.committed(ck)] == ["step-000000008", "step-000000012"]  # --ckpt-keep 2
 
 
-def test_resume_with_another_host_count_and_mode_reslices(job, root):
+def test_resume_with_another_host_count_and_mode_reslices(job, root, bundled_data):
     stopped_da(job, str(root / "da-ck"))
     ck = ckptfiles.step_dir(root / "da-ck", 8)  # end of epoch 1, written by 2 host ranks
     r = ok(job("resumed-1h-mv", ONE, "--mode", "mv", "--epochs", "3", "--resume", str(ck)))
     assert "re-sliced from 2 host rank(s) x batch 16): end of epoch 1 (global step 8)" in r["out"]
     assert sorted(r["epochs"]) == [1, 2] and r["end"]["global_step"] == 8 + 2 * 16
     assert all(r["epochs"][e]["val_count"] == 256 for e in (1, 2))  # the DPU validated the resumed epochs
-    assert r["epochs"][2]["train_loss"] < 3.0
+    assert trained_spans(r) == [(1, 16, 9), (2, 16, 25)]  # epoch 1 trained in full, none retrained
+    # the first resumed step ran on the checkpoint's weights: its loss equals the loss of the exported
+    # checkpoint on the same batch (1 host rank, epoch 2, batch 1), which a fresh model does not give
+    plain = torch.load(_export(str(ck), root / "reslice8.pt"), weights_only=True)
+    data = bundled_data / "cifar10"
+    reference, fresh = first_batch_loss(plain["model"], 1, data), first_batch_loss(None, 1, data)
+    assert r["epochs"][1]["step_losses"][0] == pytest.approx(reference, rel=1e-4)
+    assert abs(r["epochs"][1]["step_losses"][0] - fresh) > 100 * abs(reference * 1e-4)
+
+
+def test_checkpoint_of_another_model_is_refused(job, root):
+    stopped_da(job, str(root / "da-ck"))
+    r = job("other-model", ONE, "--model", "resnet56", "--epochs", "3",
+            "--resume", str(ckptfiles.step_dir(root / "da-ck", 8)))
+    assert r["rc"] != 0
+    assert ("was written by a run with --model resnet20; this run has --model resnet56: resume with the same "
+            "model and data set") in r["err"], r["err"]
+
+
+def test_resume_from_a_checkpoint_missing_a_shard_names_it(job, root):
+    stopped_da(job, str(root / "da-ck"))
+    broken = root / "broken-ck" / "step-000000008"
+    shutil.copytree(ckptfiles.step_dir(root / "da-ck", 8), broken)
+    (broken / ckptfiles.shard_name(1)).unlink()
+    r = job("missing-shard", ONE, "--epochs", "3", "--resume", str(broken))
+    assert r["rc"] != 0
+    assert f"{broken / ckptfiles.shard_name(1)} is missing" in r["err"], r["err"]
+
+
+def trained_spans(r: dict) -> list[tuple[int, int, int]]:
+    """(epoch, steps trained by this run, its first global step) from host rank 0's phase log."""
+    return [(p["epoch"], p["steps"], p["first_global_step"]) for p in read_jsonl(r["log"] / "phases-rank0.jsonl")]
+
+
+def first_batch_loss(weights, epoch: int, data_dir) -> float:
+    """Training-mode loss of the first batch that 1 host rank trains in `epoch`, with `weights`
+    (None: the fresh model every run starts from), computed here with the training code's pieces."""
+    from dpuoffload.common.config import parse_run_config
+    from dpuoffload.common.data.datasets import build_datasets
+    from dpuoffload.common.data.loaders import RankLoader
+    from dpuoffload.common.data.sampling import PerSampleSeeded
+
+    cfg = parse_run_config([*DEBUG, "--data", str(data_dir)])
+    data = build_datasets(cfg)
+    loader = RankLoader(cfg, PerSampleSeeded(data.train, cfg.seed), replicas=1, rank=0)
+    loader.set_epoch(epoch)
+    x, y = next(loader.batches(0, 1))
+    model = build_model(cfg, data.num_classes)
+    if weights is not None:
+        model.load_state_dict(weights)
+    model.train()
+    with torch.no_grad():
+        return float(torch.nn.functional.cross_entropy(model(x), y))
 
 
 def test_failed_write_is_reported_and_training_continues(job, root):
     ck = root / "fail-ck"
     ck.mkdir()
     (ck / "step-000000008").write_text("in the way")  # mkdir of that checkpoint fails
-    r = ok(job("fail", ONE, "--epochs", "1", "--ckpt-dir", str(ck), "--ckpt-every", "4", "--ckpt-keep", "5"))
+    r = job("fail", ONE, "--epochs", "1", "--ckpt-dir", str(ck), "--ckpt-every", "4", "--ckpt-keep", "5")
+    assert r["rc"] == 3, r["out"] + r["err"]  # the run finished, but a checkpoint was lost: not a success
+    assert r["err"].splitlines()[-1] == (f"dpurun: checkpoints: 1 of 4 NOT saved (step 8); the newest intact one "
+                                         f"is {ck / 'step-000000016'}")
     assert "checkpoint at step 8 NOT saved" in r["err"] and "FileExistsError" in r["err"]
     assert "training continues, the last complete checkpoint is" in r["err"] and "step-000000004" in r["err"]
     assert [p.name for p in ckptfiles.committed(ck)] == [f"step-{s:09d}" for s in (4, 12, 16)]

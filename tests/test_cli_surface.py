@@ -15,6 +15,7 @@ LAUNCHER_FLAGS = {
     "--oversubscribe", "--clone-ranks", "--clone-cores",
     "--hosts", "--dpus", "--hostfile", "--dpu-hostfile",
     "--mpi-flavor", "--mpirun", "--python", "--dpu-python", "--mpirun-arg", "--dry-run",
+    "--skip-checks",
 }
 
 TRAINING_FLAGS = {
@@ -23,9 +24,11 @@ TRAINING_FLAGS = {
     "--epochs", "--batch-size", "--val-batch-size", "--drop-last", "--train-subset", "--val-subset",
     "--lr", "--momentum", "--weight-decay", "--lr-schedule", "--seed", "--allreduce", "--log-dir",
     "--no-progress", "--peer-timeout", "--digest-batches", "--da-buffers", "--mv-dpu-fraction",
-    "--dpu-da-ranks", "--dpu-mv-ranks", "--da-fanout", "--dpu-batch-size", "--save-weights", "--trace",
-    "--ckpt-dir", "--ckpt-every", "--ckpt-every-epoch", "--ckpt-keep", "--ckpt-copy", "--resume", "--stop-at-step",
+    "--dpu-da-ranks", "--dpu-mv-ranks", "--da-fanout", "--dpu-batch-size", "--auto-allow", "--save-weights", "--trace",
+    "--ckpt-dir", "--ckpt-every", "--ckpt-every-epoch", "--ckpt-keep", "--ckpt-copy", "--ckpt-errors", "--resume",
+    "--stop-at-step",
     "--clone-at", "--clone-override",
+    "--config", "--tensorboard", "--plots",
 }
 
 

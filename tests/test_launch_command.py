@@ -43,7 +43,7 @@ ENV1 = ["env", "OMP_NUM_THREADS=1", "DPUOFFLOAD_THREADS=1"]
 # ------------------------------------------------------------------------ local emulation
 def test_local_default_openmpi():
     assert build_command(local_spec()) == [
-        MPIRUN, "--bind-to", "none", "--use-hwthread-cpus",
+        MPIRUN, "--bind-to", "none", "--use-hwthread-cpus", "--mca", "btl", "^ofi",
         "-np", "1", *ENV1, "taskset", "-c", "0", *HOST_TAIL,
         ":", "-np", "1", *ENV1, "taskset", "-c", "1", *DPU_TAIL]
 
@@ -63,7 +63,7 @@ def test_local_root_oversubscribe_threads_and_core_ranges():
 def test_local_throttled_dpu_enters_cgroup_before_exec():
     cg = "/sys/fs/cgroup/cpu/dpuoffload-42"
     assert build_command(local_spec(cgroup=cg)) == [
-        MPIRUN, "--bind-to", "none", "--use-hwthread-cpus",
+        MPIRUN, "--bind-to", "none", "--use-hwthread-cpus", "--mca", "btl", "^ofi",
         "-np", "1", *ENV1, "taskset", "-c", "0", *HOST_TAIL,
         ":", "-np", "1", *ENV1, f"DPUOFFLOAD_CGROUP={cg}", "taskset", "-c", "1",
         "sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "dpuoffload-cgexec", *DPU_TAIL]
@@ -76,7 +76,8 @@ def test_cgroup_path_with_spaces_is_quoted_for_the_shell():
 
 def test_no_dpu_ranks_gives_one_app_context():
     spec = local_spec(dpu_ranks=0, dpu_cores=None, host_cores=(0, 1))
-    assert build_command(spec) == [MPIRUN, "--bind-to", "none", "--use-hwthread-cpus", "-np", "1",
+    assert build_command(spec) == [MPIRUN, "--bind-to", "none", "--use-hwthread-cpus", "--mca", "btl", "^ofi",
+                                   "-np", "1",
                                    *ENV1, "taskset", "-c", "0-1", *HOST_TAIL]
 
 
@@ -254,7 +255,7 @@ def dry_run(capsys, *argv: str) -> list[str]:
 
 def test_cli_local_defaults(four_cores, capsys):
     cmd = dry_run(capsys, "--mpi-flavor", "openmpi", "--host-ranks", "3", "--", *TRAIN)
-    assert cmd == ["/bin/true", "--bind-to", "none", "--use-hwthread-cpus",
+    assert cmd == ["/bin/true", "--bind-to", "none", "--use-hwthread-cpus", "--mca", "btl", "^ofi",
                    "-np", "3", *ENV1, "taskset", "-c", "0-2", *HOST_TAIL,
                    ":", "-np", "1", *ENV1, "taskset", "-c", "3", *DPU_TAIL]
 

@@ -65,7 +65,7 @@ def test_choice_and_modes_that_cannot_run():
     heavy_aug = predict_all(profile(host_aug=0.02, dpu_aug=0.02, dpu_ranks=2))
     assert heavy_aug["da"].epoch_s < heavy_aug["mv"].epoch_s < heavy_aug["none"].epoch_s
     # two DPU replicas almost as fast as the host: naive triples the throughput and wins
-    assert choose(profile(host_aug=0.02, dpu_aug=0.02, dpu_ranks=2)) == "naive"
+    assert choose(profile(host_aug=0.02, dpu_aug=0.02, dpu_ranks=2), allow=("naive",)) == "naive"
     slow = predict_all(profile(dpu_aug=1.0, dpu_train=1.0, dpu_eval=1.0, n_val=16))
     assert slow["da"].epoch_s > slow["none"].epoch_s and slow["naive"].epoch_s > slow["none"].epoch_s
     assert slow["mv"].epoch_s > 0.99 * slow["none"].epoch_s  # a hopeless DPU takes almost no validation

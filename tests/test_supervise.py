@@ -224,18 +224,38 @@ def test_real_exit_without_finalize_and_abort(capfd):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
-def test_real_throttle_gives_dpu_rank_its_share(capfd):
+def test_real_throttle_caps_the_dpu_rank_share(capfd):
+    """The cgroup caps the DPU rank at --dpu-speed 0.25 of its core. Only load-independent facts are
+    asserted (other jobs may share the 2 cores): the share stays under the cap and the kernel
+    throttled the cgroup. How much the unthrottled host rank gets is up to the load; not asserted."""
     try:
         plan = throttle.plan_cgroup(0.25, 1)
         throttle.create(plan)
     except throttle.ThrottleUnavailable as e:
-        pytest.skip(f"cgroup throttling unavailable here: {e}")
+        pytest.skip(f"needs a writable cgroup cpu controller (root, cgroup v1 cpu or v2 'cpu'): {e}")
     try:
         spec = toy_spec(("--busy", "2"), dpu_ranks=1, cgroup=plan.path)
         assert supervise.run(toy_command(spec), spec.host_ranks) == 0
+        stat = dict(line.split() for line in (Path(plan.path) / "cpu.stat").read_text().splitlines())
     finally:
         assert throttle.remove(plan) is None
     out = capfd.readouterr().out
     shares = {int(r): float(v) for r, v in re.findall(r"world_rank=(\d+) cpu_share=([\d.]+)", out)}
-    assert shares[0] > 0.8
-    assert 0.15 < shares[1] < 0.35
+    assert sorted(shares) == [0, 1]
+    assert 0 < shares[1] < 0.25 * 1.2, shares  # the quota is a cap: load can only lower the share
+    assert int(stat["nr_throttled"]) > 0, stat  # the busy rank hit the quota: the kernel held it back
+
+
+def test_banner_filter_drops_abort_banners_and_nul_keeps_the_rest():
+    shown = supervise.BannerFilter()
+    text = "step 1\r step 2\r" + OMPI5_ABORT + "\x00" + OMPI5_SIGNAL + "last line\n"
+    out = "".join(shown.feed(text[i:i + 7]) for i in range(0, len(text), 7)) + shown.flush()
+    assert out == "step 1\r step 2\r" + " " + OMPI5_SIGNAL + "last line\n"
+
+
+def test_own_failure_line_is_named_first():
+    scanner = FailureScanner()
+    scanner.feed("[dpuoffload] host rank 0 (world rank 0, node vm) failed: ValueError: x (at m.py:3 in f); "
+                 "full traceback in /t/errors-rank0.txt\n" + OMPI5_ABORT)
+    assert scanner.reported == RankFailure(0, "failed first", "ValueError: x (at m.py:3 in f); full traceback "
+                                                              "in /t/errors-rank0.txt")

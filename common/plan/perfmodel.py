@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Optional
+from typing import Any, Collection, Mapping, Optional
 
 from dpuoffload.common.modes import CONCRETE, Mode
 from dpuoffload.common.plan.naive import balanced_dpu_batch, naive_steps
@@ -161,10 +161,33 @@ def predict_all(p: Profile) -> dict[Mode, Prediction]:
     return out
 
 
-def choose(p: Profile) -> Mode:
-    """The mode with the shortest predicted epoch (ties go to the simpler mode, in MODES order)."""
+def candidates(preds: Mapping[Mode, Prediction], allow: Collection[Mode] = ()) -> list[Mode]:
+    """The predicted modes `--mode auto` may pick: those that keep the math of `none`, plus `allow`.
+
+    A mode that changes the training (naive: other batch sizes and step counts, so other weights)
+    is never picked silently: the user must name it in `allow` (`--auto-allow naive`).
+    """
+    return [m for m in preds if m.keeps_math or m in allow]
+
+
+def choose(p: Profile, allow: Collection[Mode] = ()) -> Mode:
+    """The allowed mode with the shortest predicted epoch (ties go to the simpler mode, in MODES order)."""
     preds = predict_all(p)
-    return min(preds, key=lambda m: (round(preds[m].epoch_s, 9), MODES.index(m)))
+    allowed = candidates(preds, allow)
+    return min(allowed, key=lambda m: (round(preds[m].epoch_s, 9), MODES.index(m)))
+
+
+def explain_choice(preds: Mapping[Mode, Prediction], chosen: Mode, allow: Collection[Mode] = ()) -> str:
+    """One line: what `--mode auto` chose, each candidate's predicted epoch, and what was left out."""
+    allowed = candidates(preds, allow)
+    times = ", ".join(f"{m} {preds[m].epoch_s:.2f} s" for m in sorted(allowed, key=lambda m: preds[m].epoch_s))
+    line = f"--mode auto chose {chosen}: the shortest predicted epoch ({times})"
+    excluded = [m for m in preds if m not in allowed]
+    if excluded:
+        names = ", ".join(f"{m} ({preds[m].epoch_s:.2f} s)" for m in excluded)
+        flags = " ".join(f"--auto-allow {m}" for m in excluded)
+        line += f"; excluded {names}: it changes the training (batch sizes, steps), allow it with {flags}"
+    return line
 
 
 def ring_allreduce_s(nbytes: int, ranks: int, bandwidth_Bps: float, latency_s: float) -> float:

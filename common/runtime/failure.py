@@ -4,23 +4,32 @@ Two paths, following DCP's gathered per-rank errors and mpi4py.futures' rank-lab
 - `collective_call` wraps set-up steps that fail the same way everywhere (bad flags, missing data):
   ranks allgather their outcome, world rank 0 prints ONE message, every rank raises `JobFailed`
   and exits 1 in an orderly way.
-- `run_program` catches anything else (a rank that raises mid-training), prints the rank label and
-  traceback, and calls `COMM_WORLD.Abort` so peers blocked in MPI are killed instead of hanging.
+- `run_program` catches anything else (a rank that raises mid-training), prints ONE line (rank
+  label, exception, the user's file:line), writes the full traceback to
+  `<log-dir>/errors-rank<N>.txt`, and calls `COMM_WORLD.Abort` so peers blocked in MPI are killed
+  instead of hanging. `dpurun` recognizes that line (`launch.supervise`) to name the first failure.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import sysconfig
+import tempfile
 import traceback
+from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 from dpuoffload.common.errors import DpuOffloadError
+from dpuoffload.common.files import write_atomic
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
 T = TypeVar("T")
 PREFIX = "[dpuoffload]"
+EXIT_CHECKPOINT_FAILED = 3   # training ran, but checkpoints were lost (--ckpt-errors)
 
 
 class JobFailed(DpuOffloadError):
@@ -53,19 +62,93 @@ def collective_call(comm: "MPI.Comm", fn: Callable[[], T], label: str) -> T:
             for _, lab, err in failed:
                 by_message.setdefault(err, []).append(lab)
             for err, labels in by_message.items():
-                who = labels[0] if len(labels) == 1 else f"{len(labels)} ranks ({', '.join(labels[:4])}{', ...' if len(labels) > 4 else ''})"
+                more = ", ..." if len(labels) > 4 else ""
+                who = labels[0] if len(labels) == 1 else f"{len(labels)} ranks ({', '.join(labels[:4])}{more})"
                 _err(f"error on {who}: {err}")
         raise JobFailed("set-up failed")
     return result  # type: ignore[return-value]
 
 
 _rank_label = "rank ?"
+_error_dir: Optional[str] = None   # --log-dir, once the flags are parsed
+_ROOT = Path(__file__).resolve().parents[2]   # common/runtime/failure.py -> the folders mapped to dpuoffload.*
+_PACKAGE_DIRS = tuple(f"{_ROOT / d}{os.sep}" for d in ("common", "host", "dpu", "launch"))
+_LIBRARY_DIRS = tuple(f"{p}{os.sep}" for p in
+                      {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")} if p)
 
 
 def set_rank_label(label: str) -> None:
     """Name this rank in failure messages ('DPU rank 1 (world rank 3, node n0)')."""
     global _rank_label
     _rank_label = label
+
+
+def set_error_dir(log_dir: Optional[str]) -> None:
+    """Where a failing rank writes its full traceback (`errors-rank<N>.txt`): the run's --log-dir."""
+    global _error_dir
+    _error_dir = log_dir
+
+
+def error_dir() -> Path:
+    """--log-dir, else `<tmp>/dpuoffload-errors` (never the user's working directory uninvited)."""
+    return Path(_error_dir) if _error_dir else Path(tempfile.gettempdir()) / "dpuoffload-errors"
+
+
+def user_frame(tb: Optional[TracebackType]) -> Optional[traceback.FrameSummary]:
+    """The innermost frame in the user's own code: outside this package, torch and other installed
+    libraries and the standard library; else the innermost frame (the error is ours or a library's)."""
+    frames = traceback.extract_tb(tb)
+    for frame in reversed(frames):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(_PACKAGE_DIRS + _LIBRARY_DIRS) and not frame.filename.startswith("<"):
+            return frame
+    return frames[-1] if frames else None
+
+
+def describe_error(e: BaseException) -> str:
+    """'TypeError: message (at models.py:12 in build)': the exception and where the user's code raised it."""
+    frame = user_frame(e.__traceback__)
+    message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    where = f" (at {_short_path(frame.filename)}:{frame.lineno} in {frame.name})" if frame else ""
+    return f"{type(e).__name__}{': ' + message if message else ''}{where}"
+
+
+def _short_path(filename: str) -> str:
+    """Relative to the working directory when inside it (what the user types), else absolute."""
+    path = os.path.abspath(filename)
+    cwd = os.getcwd() + os.sep
+    return path[len(cwd):] if path.startswith(cwd) else path
+
+
+def world_rank() -> Optional[int]:
+    """This process's world rank, when MPI is up (None before MPI_Init or without mpi4py)."""
+    try:
+        from mpi4py import MPI
+
+        return MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() and not MPI.Is_finalized() else None
+    except Exception:  # noqa: BLE001 - a broken MPI must not hide the original error
+        return None
+
+
+def write_traceback(e: BaseException) -> Optional[Path]:
+    """Write the full traceback to `<error dir>/errors-rank<N>.txt` (temp file + rename: a reader
+    never sees half of it); None when it cannot be written (the one line says so)."""
+    rank = world_rank()
+    name = f"errors-rank{rank if rank is not None else os.getpid()}.txt"
+    text = f"{_rank_label}\n" + "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    try:
+        return write_atomic(error_dir() / name, text.encode(), sync_dir=False, parents=True)
+    except OSError:
+        return None
+
+
+def failure_line(e: BaseException) -> str:
+    """The one line a failing rank prints: who, what, where in the user's code, where the traceback is."""
+    if isinstance(e, DpuOffloadError):  # a user-fixable problem with its own clear message
+        return f"{_rank_label} failed: {type(e).__name__}: {e}"
+    path = write_traceback(e)
+    saved = f"full traceback in {path}" if path else f"the traceback could not be written to {error_dir()}"
+    return f"{_rank_label} failed: {describe_error(e)}; {saved}"
 
 
 def run_program(main: Callable[[], int], default_label: str) -> None:
@@ -80,8 +163,7 @@ def run_program(main: Callable[[], int], default_label: str) -> None:
     except BaseException as e:  # noqa: BLE001 - anything else must not leave peers hanging
         if isinstance(e, SystemExit) and (e.code in (0, None)):
             raise
-        detail = "".join(traceback.format_exception(e)) if not isinstance(e, DpuOffloadError) else f"{type(e).__name__}: {e}"
-        _abort(f"{_rank_label} failed: {detail}".rstrip(), 1)
+        _abort(failure_line(e), 1)
     else:
         sys.exit(code)
 

@@ -24,7 +24,9 @@ class Tag(IntEnum):
     PROFILE = 32       # float64 [seconds per sample]: measured DPU evaluation cost (--mv-dpu-fraction auto)
     CKPT = 33          # training-state slices, host -> its keeper DPU rank: CKPT_HEADER, then meta+local, then shared
     CKPT_REPORT = 34   # keeper DPU rank -> keeper 0 (on the keepers' communicator): files written for a checkpoint
-    CLONE = 35         # keeper DPU rank -> clone rank: CKPT_HEADER then the same two payloads, forwarded as received
+    CLONE = 35         # keeper DPU rank -> clone rank: CKPT_HEADER then the same two payloads, forwarded as received;
+                       # before it PREPARE and HEARTBEAT headers alone
+    CKPT_SUMMARY = 36  # keeper 0 -> host rank 0 after the last hand-off: checkpoints taken/failed, newest intact
 
 
 class ControlKind(IntEnum):
@@ -71,6 +73,8 @@ class StateKind(IntEnum):
     END = 3            # no more state from this host rank (payload sizes 0)
     PREPARE = 4        # after the first step: `shared_nbytes` of this rank's future hand-offs, so the keeper
                        # (and, forwarded, the clone rank) can fault in its receive buffer off the critical path
+    HEARTBEAT = 5      # keeper -> clone rank (Tag.CLONE, header only, sender -1): "alive, the clone state is not
+                       # due yet", every peer_timeout/4 s until the clone is served (`host.clone`'s stand-by deadline)
 
 
 # The CKPT / CLONE message: this header, then `small_nbytes` bytes = `meta_nbytes` of UTF-8 JSON (run-level:

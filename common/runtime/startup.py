@@ -3,6 +3,7 @@
     build_topology      roles, host_comm / dpu_comm, pairing                (allgather + split)
     configure           parse flags, per-side threads                        (collective_call)
     check_peers         same version, protocol, config hash everywhere       (collective_call)
+    run id              world rank 0's id for this run, stamped on log lines  (bcast)
     [auto]              --mode auto: profile, predict, resolve the mode      (collectives)
     prepare             the program's own set-up (data sets, model, ...)     (collective_call)
     profile             what each rank measured or has, for choices that     (allgather)
@@ -14,6 +15,7 @@ ends every rank with one message instead of leaving the other program waiting fo
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
 
@@ -21,8 +23,8 @@ import torch
 
 from dpuoffload.common.config import RunConfig, parse_run_config
 from dpuoffload.common.modes import Mode
-from dpuoffload.common.runtime import env, trace
-from dpuoffload.common.runtime.failure import collective_call, set_rank_label
+from dpuoffload.common.runtime import env, metrics, trace
+from dpuoffload.common.runtime.failure import collective_call, set_error_dir, set_rank_label
 from dpuoffload.common.runtime.handshake import check_peers
 from dpuoffload.common.runtime.malloc import tune_malloc
 from dpuoffload.common.runtime.roles import Role, Topology, build_topology
@@ -32,6 +34,21 @@ from dpuoffload.common.train.autoselect import resolve_auto
 T = TypeVar("T")
 
 
+def use_deterministic_algorithms() -> None:
+    """`torch.use_deterministic_algorithms(True)`, without importing torch._inductor for it.
+
+    Since torch 2.9 the public call also sets `torch._inductor.config.deterministic`; that import
+    pulls in torch._dynamo and sympy, 1.4 s of CPU per rank here before anything runs (an idle DPU
+    rank never needs them; on a real DPU's small cores it is several seconds). The inductor flag
+    only affects compiled graphs, which nothing here compiles. Once inductor is loaded anyway
+    (torchvision imports it), or without the private setter, the public call is used.
+    """
+    if "torch._inductor.config" in sys.modules or not hasattr(torch._C, "_set_deterministic_algorithms"):
+        torch.use_deterministic_algorithms(True)
+    else:
+        torch._C._set_deterministic_algorithms(True, warn_only=False)
+
+
 def configure(argv: Optional[Sequence[str]], prog: str) -> RunConfig:
     """Parse the training flags and apply this side's thread count."""
     cfg = parse_run_config(argv, prog=prog)
@@ -39,7 +56,7 @@ def configure(argv: Optional[Sequence[str]], prog: str) -> RunConfig:
     threads = env.threads_from_env()
     if threads is not None:
         torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True)
+    use_deterministic_algorithms()
     return cfg
 
 
@@ -63,6 +80,9 @@ def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[
     prog = "python -m dpuoffload.host" if role is Role.HOST else "python -m dpuoffload.dpu"
     cfg = collective_call(topo.world, lambda: configure(argv, prog), label)
     collective_call(topo.world, lambda: check_peers(topo, cfg), label)
+    set_error_dir(cfg.log_dir)
+    metrics.set_run(topo.world.bcast(metrics.new_run_id() if topo.world.Get_rank() == 0 else None, root=0),
+                    resuming=cfg.resume is not None)
     auto = None
     if cfg.mode is Mode.AUTO:
         cfg, auto = resolve_auto(cfg, topo, label)

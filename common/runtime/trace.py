@@ -11,10 +11,10 @@ memory and are gathered to world rank 0 once, at the very end, which writes the 
 from __future__ import annotations
 
 import json
-import os
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
+
+from dpuoffload.common.files import write_atomic
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -30,13 +30,21 @@ class Tracer:
         self.events: list[dict[str, Any]] = [
             {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}},
             {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}]
+        self.position: dict[str, int] = {}  # where training is (epoch, step): every span's args
 
     def complete(self, name: str, start_ns: int, end_ns: int, args: Optional[dict[str, Any]] = None) -> None:
         event = {"name": name, "ph": "X", "pid": self.pid, "tid": 0, "ts": start_ns / 1e3,
                  "dur": (end_ns - start_ns) / 1e3}
-        if args:
-            event["args"] = args
+        if args or self.position:
+            event["args"] = {**self.position, **(args or {})}
         self.events.append(event)
+
+
+def set_position(**position: int) -> None:
+    """Tag the spans recorded from now on with `position` (e.g. epoch=0, step=12: the global step
+    being run), so Perfetto shows which step a slow span belongs to. Free without --trace."""
+    if _tracer is not None:
+        _tracer.position = position
 
 
 def start(topo: "Topology", enabled: bool) -> None:
@@ -61,11 +69,4 @@ def finish(world: "MPI.Comm", path: Optional[str]) -> None:
     if world.Get_rank() != 0:
         return
     events = [e for part in gathered for e in part]
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
+    write_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}).encode(), parents=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dpuoffload.common.config import RunConfig
+from dpuoffload.common.runtime import metrics
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.trainstate import Position, position_of, reslice_position
 
@@ -52,11 +53,13 @@ def find_resume(cfg: RunConfig, n_hosts: int, steps_per_epoch: int) -> Optional[
     if fatal:
         old = meta["config"]
         raise ckptfiles.CheckpointError(
-            f"checkpoint {path} was written by a run with " + ", ".join(f"--{k.replace('_', '-')} {old.get(k)}" for k in fatal)
+            f"checkpoint {path} was written by a run with "
+            + ", ".join(f"--{k.replace('_', '-')} {old.get(k)}" for k in fatal)
             + "; this run has " + ", ".join(f"--{k.replace('_', '-')} {getattr(cfg, k)}" for k in fatal)
             + ": resume with the same model and data set")
     old_per_step = int(meta["host_ranks"]) * int(meta["config"]["batch_size"])
     position = reslice_position(position_of(meta), old_per_step, n_hosts * cfg.batch_size, steps_per_epoch)
+    metrics.set_resumed_from(position.global_step)  # stamped on this run's log lines (they append)
     return ResumePoint(path, position, meta, changed)
 
 

@@ -1,11 +1,12 @@
 """`--mode auto`: profile a few steps, predict every mode's epoch with `perfmodel`, run the best.
 
-Run by every rank at start-up, right after the handshake, before any mode-specific set-up:
-every rank measures its per-sample costs (load + augment, forward + backward, evaluation) on the
-real data and model at the same time, so ranks that share cores measure the shared speed they
-will train at, and host rank 0's and DPU rank 0's numbers stand for their sides; the host ranks time an allreduce of the gradient size, all
-ranks one of the whole job (naive), and host rank 0 / DPU rank 0 one batch transfer. Everyone
-gathers the numbers, builds the same `Profile`, and so resolves `auto` to the same mode.
+Run by every rank at start-up, right after the handshake, before any mode-specific set-up: every
+rank measures its per-sample costs (load + augment, forward + backward, evaluation) on the real
+data and model at the same time, so ranks that share cores measure the shared speed they will
+train at, and host rank 0's and DPU rank 0's numbers stand for their sides; the host ranks time an
+allreduce of the gradient size, all ranks one of the whole job (naive), and host rank 0 / DPU rank
+0 one batch transfer. Everyone gathers the numbers, builds the same `Profile`, and so resolves
+`auto` to the same mode.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dpuoffload.common.data.datasets import build_datasets
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.models.zoo import build_model
 from dpuoffload.common.modes import Mode
-from dpuoffload.common.plan.perfmodel import Prediction, Profile, choose, format_table, predict_all
+from dpuoffload.common.plan.perfmodel import Prediction, Profile, choose, explain_choice, format_table, predict_all
 from dpuoffload.common.runtime.failure import collective_call
 from dpuoffload.common.runtime.messages import Tag
 from dpuoffload.common.runtime.roles import Role, Topology
@@ -96,15 +97,16 @@ def resolve_auto(cfg: RunConfig, topo: Topology, label: str) -> tuple[RunConfig,
     """The config with `mode` resolved, and the record of the choice (host rank 0 prints it)."""
     profile = gather_profile(cfg, topo, label)
     preds = predict_all(profile)
-    chosen = choose(profile)
+    allow = (Mode(cfg.auto_allow),) if cfg.auto_allow else ()
+    chosen = choose(profile, allow)
     if topo.world_rank == topo.host_ranks[0]:
-        print("[dpuoffload] --mode auto: predicted epoch times from a short profile\n"
-              + format_table(preds, chosen), flush=True)
-    record = {"event": "auto", "chosen": chosen, "profile": profile.to_dict(),
-              "predicted": {m: p.epoch_s for m, p in preds.items()}}
-    resolved = cfg.replace(mode=chosen)
+        print(f"[dpuoffload] {explain_choice(preds, chosen, allow)}", flush=True)
+    record = {"event": "auto", "chosen": chosen, "profile": profile.to_dict(), "allowed": list(allow),
+              "predicted": {m: p.epoch_s for m, p in preds.items()}, "table": format_table(preds, chosen)}
+    resolved = cfg.replace(mode=chosen, auto_allow=None)
     if chosen is Mode.NAIVE and not isinstance(cfg.dpu_batch_size, int):
-        resolved = resolved.replace(dpu_batch_size=int(preds[Mode.NAIVE].detail["dpu_batch"]))  # the run the model predicted
+        # the run the model predicted
+        resolved = resolved.replace(dpu_batch_size=int(preds[Mode.NAIVE].detail["dpu_batch"]))
     if chosen is not Mode.HYBRID:
         resolved = resolved.replace(dpu_da_ranks=None, dpu_mv_ranks=None, da_fanout=None)
     if chosen is not Mode.NAIVE:

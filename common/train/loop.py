@@ -15,13 +15,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
-import os
 import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol
 
 import numpy as np
 import torch
@@ -35,9 +33,11 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import DatasetPair
 from dpuoffload.common.data.feeds import Batch, Feed
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.files import write_atomic
 from dpuoffload.common.plan.offload import OffloadPlan
-from dpuoffload.common.runtime import env
+from dpuoffload.common.runtime import env, trace
 from dpuoffload.common.runtime.metrics import JsonlLog, PhaseTimer
+from dpuoffload.common.runtime.report import Reports, build_reports
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.state.resume import ResumePoint
 from dpuoffload.common.state.sharding import state_digest
@@ -52,7 +52,13 @@ from dpuoffload.common.train.evaluation import (
 
 
 class StateHooks(Protocol):
-    """Where checkpoints and clones plug into the loop (`host.checkpoint.StateHandoff`)."""
+    """Where checkpoints and clones plug into the loop (`host.checkpoint.StateHandoff`).
+
+    Called by every replica of the group that was given hooks, in this order: `before_optimizer_step`
+    inside each step (before the weights change); `after_step` after each step (the position after
+    it); `after_epoch` after an epoch's end work (BatchNorm sync, validation hand-off), at position
+    (epoch + 1, 0); `finish` once, after the last step and validation.
+    """
 
     def after_step(self, pos: Position, progress: EpochProgress) -> None: ...
 
@@ -64,7 +70,7 @@ class StateHooks(Protocol):
 
 
 class NoHooks:
-    """No checkpoints, no clones. Subclass it to override only the hooks you need."""
+    """Hooks that do nothing: a base class for hooks that need only some of the calls."""
 
     def after_step(self, pos: Position, progress: EpochProgress) -> None:
         pass
@@ -92,15 +98,8 @@ class TrainJob:
 
 
 def save_state_dict(model: nn.Module, path: str) -> None:
-    """Write the final `state_dict` for `torch.load(..., weights_only=True)`: temp file, fsync, rename."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(model.state_dict(), f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
+    """Write the final `state_dict` for `torch.load(..., weights_only=True)`, durably (`common.files`)."""
+    write_atomic(path, lambda f: torch.save(model.state_dict(), f), parents=True)
 
 
 def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.SGD:
@@ -141,7 +140,11 @@ def lr_factor(schedule: str, step: int, total: int) -> float:
 class Trainer:
     def __init__(self, cfg: RunConfig, topo: Topology, job: TrainJob, sync: GradientSync,
                  validation: Validation, share_policy: Optional[SharePolicy] = None,
-                 group: Optional["MPI.Comm"] = None) -> None:
+                 group: Optional["MPI.Comm"] = None, *,
+                 hooks: Optional[Callable[["Trainer"], Optional[StateHooks]]] = None) -> None:
+        """`hooks` builds this trainer's state hooks, called once at the end of the constructor
+        (they need its optimizer and schedule; `host.extensions.HooksFactory`); None or a build
+        that returns None: no hand-offs, and no "handoff" phase in the timings."""
         self.cfg, self.topo, self.sync = cfg, topo, sync
         self.comm = topo.side_comm if group is None else group  # all training replicas
         self.size = self.comm.Get_size()
@@ -157,12 +160,15 @@ class Trainer:
         self.timer = PhaseTimer()
         self.phase_log = JsonlLog(cfg.log_dir, f"phases-rank{topo.world_rank}.jsonl")
         self.metrics_log = JsonlLog(cfg.log_dir if self.is_leader else None, "metrics.jsonl")
-        self.hooks: StateHooks = NoHooks()
         self.start = Position()
         self.global_step = 0
         self.resumed_progress: Optional[EpochProgress] = None
         self.label = ""  # printed before each epoch line ("[clone] " in a clone group)
+        self.reports = Reports([])  # --tensorboard / --plots, built in `fit` once the label is known
         self.step_times: list[float] = []  # seconds of each step of the epoch in flight
+        built = hooks(self) if hooks is not None else None
+        self.hands_off = built is not None  # time the hooks as their own phase only when there are some
+        self.hooks: StateHooks = built if built is not None else NoHooks()
 
     @property
     def is_leader(self) -> bool:
@@ -179,11 +185,13 @@ class Trainer:
             raise ValueError("an epoch has no batches: the training set is smaller than one batch per "
                              "host rank with --drop-last; lower --batch-size or drop --drop-last")
         self.sync.broadcast_parameters_(self.model)
+        self.reports = build_reports(self.cfg, self.is_leader, "clone" if self.label else "")
         records: list[dict[str, Any]] = []
         for span in epoch_spans(self.feed.steps(), self.cfg.epochs, self.start, self.cfg.stop_at_step):
             self.run_epoch(span)
             records += [self.complete(e, sums) for e, sums in self.validation.ready()]
         records += [self.complete(e, sums) for e, sums in self.validation.finish()]
+        self.reports.close()
         self.hooks.finish()
         final = {"event": "end", "weights_sha256": state_digest(self.model), "global_step": self.global_step,
                  "allreduce": self.sync.name, "host_ranks": len(self.topo.host_ranks), "replicas": self.size}
@@ -203,6 +211,7 @@ class Trainer:
         if not span.completes:
             return
         share = self.dpu_share(train_time)
+        trace.set_position(epoch=epoch)
         with self.timer.phase("validation"):
             self.sync.broadcast_buffers_(self.model)
             self.validation.epoch_end(epoch, share)
@@ -213,7 +222,7 @@ class Trainer:
                               "phases": dict(self.timer.totals), "batch_digest": batch_digest,
                               "samples": samples, "first_global_step": self.global_step - len(self.step_times) + 1,
                               "step_times": self.step_times})
-        self.partial[epoch] = self.train_record(epoch, train_sums, losses, epoch_time, share)
+        self.partial[epoch] = self.train_record(epoch, train_sums, losses, (epoch_time, train_time), share)
 
     def dpu_share(self, train_time: float) -> float:
         """Fraction of the validation set the DPU ranks evaluate this epoch (0 without mv)."""
@@ -228,6 +237,7 @@ class Trainer:
         if self.is_leader:
             self.metrics_log.write(record)
             print(self.label + format_epoch_line(record, self.cfg.epochs), flush=True)
+            self.reports.add_epoch(record)
         return record
 
     def train_epoch(self, span: EpochSpan) -> tuple[np.ndarray, list[float], Optional[str], int]:
@@ -244,6 +254,8 @@ class Trainer:
                    disable=not (self.cfg.progress and self.is_leader and env.progress_wanted()))
         batches = self.feed.epoch(span.epoch, span.start, span.stop)
         self.step_times, t_step = [], time.perf_counter()
+        rate = SampleRate(self.size) if not bar.disable else None
+        trace.set_position(epoch=span.epoch, step=self.global_step + 1)
         for i, (x, y) in enumerate(self.timed(batches), start=span.start):
             if digest is not None:
                 digest.update(x.numpy().tobytes())
@@ -252,10 +264,14 @@ class Trainer:
             progress.losses.append(loss)
             progress.sums += (loss * len(y), correct, len(y))
             self.global_step += 1
+            trace.set_position(epoch=span.epoch, step=self.global_step + 1)  # the data wait of the next step
             self.handoff(lambda: self.hooks.after_step(Position(span.epoch, i + 1, self.global_step), progress))
             now = time.perf_counter()
             self.step_times.append(now - t_step)  # data + compute + hand-off: what a checkpoint costs a step
             t_step = now
+            if rate is not None:  # progress bar on: loss and the job's samples/s so far this epoch
+                bar.set_postfix_str(f"loss {loss:.3f}, {rate.add(len(y), self.feed.global_samples(i)):.0f} "
+                                    "samples/s", refresh=False)
             bar.update(1)
         bar.close()
         return (allreduce_sums(self.comm, progress.sums), progress.losses,
@@ -263,7 +279,7 @@ class Trainer:
 
     def handoff(self, hook: Any) -> None:
         """Run a state hand-off hook, timed as its own phase only when checkpoints or clones are on."""
-        if type(self.hooks) is NoHooks:  # subclasses (benchmark baselines) override hooks and must run
+        if not self.hands_off:
             return
         with self.timer.phase("handoff"):
             hook()
@@ -303,13 +319,30 @@ class Trainer:
                 p.grad = torch.zeros_like(p)
         return [p.grad for p in self.model.parameters()]
 
-    def train_record(self, epoch: int, train_sums: np.ndarray, losses: list[float], epoch_time: float,
+    def train_record(self, epoch: int, train_sums: np.ndarray, losses: list[float], times: tuple[float, float],
                      share: float) -> dict[str, Any]:
+        """The epoch's record before validation; `times`: (epoch, training) seconds. samples_per_s is
+        the whole job's: every replica's training samples of the epoch over its training time."""
         train_loss, train_acc = metrics_from_sums(train_sums)
+        epoch_time, train_time = times
         return {"event": "epoch", "epoch": epoch, "train_loss": train_loss, "train_acc": train_acc,
-                "epoch_time": epoch_time, "lr": self.scheduler.get_last_lr()[0], "val_dpu_share": share,
+                "epoch_time": epoch_time, "train_time": train_time, "global_step": self.global_step,
+                "samples_per_s": float(train_sums[2]) / train_time if train_time > 0 else 0.0,
+                "lr": self.scheduler.get_last_lr()[0], "val_dpu_share": share,
                 "phase_shares": self.timer.shares(epoch_time), "step_losses": losses,
                 "weights_sha256": state_digest(self.model)}
+
+
+class SampleRate:
+    """The job's training samples per second since the epoch (or its resumed part) began, from one
+    replica's view: its batch times the replica count, or the step's global count (naive mode)."""
+
+    def __init__(self, replicas: int) -> None:
+        self.replicas, self.samples, self.t0 = replicas, 0, time.perf_counter()
+
+    def add(self, batch: int, global_samples: Optional[int]) -> float:
+        self.samples += global_samples if global_samples is not None else batch * self.replicas
+        return self.samples / max(time.perf_counter() - self.t0, 1e-9)
 
 
 _SHORT = {"data": "data", "forward_backward": "fwd/bwd", "allreduce": "allreduce",
@@ -320,4 +353,4 @@ def format_epoch_line(rec: dict[str, Any], epochs: int) -> str:
     shares = " ".join(f"{_SHORT.get(k, k)} {v:.0%}" for k, v in rec["phase_shares"].items())
     return (f"epoch {rec['epoch'] + 1}/{epochs} | train loss {rec['train_loss']:.4f} acc "
             f"{rec['train_acc']:.1%} | val loss {rec['val_loss']:.4f} acc {rec['val_acc']:.1%} | "
-            f"{rec['epoch_time']:.1f} s | {shares}")
+            f"{rec['epoch_time']:.1f} s, {rec['samples_per_s']:.0f} samples/s | {shares}")

@@ -117,14 +117,19 @@ def measure_profile(cfg: RunConfig, topo: Topology, model: nn.Module, train: Per
 
 
 def build_naive_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded,
-                     profiles: Sequence[dict[str, Any]]) -> NaiveFeed:
-    """This replica's feed; every rank derives the same DPU batch size from the same profiles."""
+                     profiles: Sequence[dict[str, Any]], batch_source: str = "from --dpu-batch-size") -> NaiveFeed:
+    """This replica's feed; every rank derives the same DPU batch size from the same profiles.
+
+    Args:
+        batch_source: where a fixed `cfg.dpu_batch_size` came from, for the message (`--mode auto`
+            fills it in from its profile; the user never gave the flag then).
+    """
     host_cost = profiles[topo.host_ranks[0]].get("train_cost")
     dpu_cost = profiles[topo.dpu_ranks[0]].get("train_cost")
     dpu_batch = resolve_dpu_batch(cfg, host_cost, dpu_cost)
     if topo.world_rank == topo.host_ranks[0]:
         how = (f"measured {host_cost * 1e3:.2f} vs {dpu_cost * 1e3:.2f} ms/sample" if host_cost and dpu_cost
-               else "from --dpu-batch-size")
+               else batch_source)
         print(f"[dpuoffload] naive: host batch {cfg.batch_size}, DPU batch {dpu_batch} ({how})", flush=True)
     sizes = replica_batch_sizes(cfg, len(topo.host_ranks), len(topo.dpu_ranks), dpu_batch)
     sample_shape = tuple(train[0][0].shape)

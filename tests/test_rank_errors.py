@@ -1,0 +1,33 @@
+"""Errors that still happen on the ranks: one line from the rank that failed (exception, message, the
+user's file:line), the full traceback in `<log-dir>/errors-rank<N>.txt`, `dpurun` naming that rank
+(not the ones that died after it), and no Open MPI abort banner (nor its NUL byte) in what the user
+sees; the raw output stays in `<log-dir>/mpirun.log`. Real dpurun jobs on the tiny preset."""
+
+import pytest
+
+from tests.mpijobs import dpurun
+
+pytestmark = pytest.mark.mpi
+TINY = ["--preset", "debug", "--train-subset", "64", "--val-subset", "64", "--no-progress"]
+
+
+def test_rank_that_raises_gives_one_line_a_traceback_file_and_is_named_first(tmp_path, bundled_data):
+    log = tmp_path / "log"
+    res = dpurun(["--host-ranks", "1", "--dpu-ranks", "1"],
+                 [*TINY, "--data", str(bundled_data / "cifar10"), "--epochs", "1", "--mode", "da",
+                  "--model", "tests.fault_factories:raises_at_step3", "--log-dir", str(log)], timeout=120)
+    assert res.returncode == 1, res.stderr
+    traceback_file = log / "errors-rank0.txt"
+    expected = ("host rank 0 (world rank 0, node {}) failed: ValueError: user model broke at step 3 on purpose "
+                f"(at tests/fault_factories.py:23 in forward); full traceback in {traceback_file}")
+    own = [ln for ln in res.stderr.splitlines() if ln.startswith("[dpuoffload] ")]
+    assert len(own) == 1, res.stderr
+    node = own[0].split("node ", 1)[1].split(")", 1)[0]
+    assert own[0] == "[dpuoffload] " + expected.format(node)
+    assert res.stderr.splitlines()[-1] == ("dpurun: world rank 0 = host rank 0 (host program) failed first: "
+                                           + expected.split(" failed: ", 1)[1])
+    assert "Traceback" not in res.stderr and "MPI_ABORT" not in res.stderr and "\x00" not in res.stderr
+    text = traceback_file.read_text()
+    assert text.startswith("host rank 0 (world rank 0") and "Traceback (most recent call last)" in text
+    assert 'tests/fault_factories.py", line 23, in forward' in text
+    assert "MPI_ABORT was invoked on rank 0" in (log / "mpirun.log").read_text(errors="replace")
