@@ -75,13 +75,21 @@ def test_peer_command_is_dpuruns_host_command_with_the_peer_program():
 
 
 # ---------------------------------------------------------------------------------- real runs
-@pytest.mark.mpi
-@pytest.mark.timeout(900)
-def test_suite_quick(tmp_path):
-    md = tmp_path / "RESULTS.md"
-    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--results", str(tmp_path),
+@pytest.fixture(scope="module")
+def quick_suite(tmp_path_factory):
+    """One `benchmarks/run.py --quick` run (every default benchmark); several tests read its output."""
+    out = tmp_path_factory.mktemp("quick-suite")
+    md = out / "RESULTS.md"
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--results", str(out),
                           "--markdown", str(md)], capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
+    return out, md
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(900)
+def test_suite_quick(quick_suite):
+    tmp_path, md = quick_suite
     w = json.loads((tmp_path / "workloads.json").read_text())
     r = w["report"]["resnet20/cifar10"]
     for key in ("da_vs_bound", "da_vs_peer", "mv_vs_train_only", "da_vs_none", "peer_vs_none"):
@@ -128,16 +136,15 @@ def test_modes_benchmark_quick(tmp_path):
 
 
 @pytest.mark.mpi
-def test_transport_benchmark_quick(tmp_path):
-    out = tmp_path / "transport.json"
-    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "transport.py"), "--quick", "--out", str(out)],
-                         capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=300)
-    assert res.returncode == 0, res.stderr
-    results = json.loads(out.read_text())["results"]
+@pytest.mark.timeout(900)
+def test_transport_benchmark_quick(quick_suite):
+    out, md = quick_suite
+    results = json.loads((out / "transport.json").read_text())["results"]
     assert [r["size"] for r in results] == ["cifar 16x3x32x32", "cifar 64x3x32x32"]
     assert all(r["raw_GBps"] > 0 and r["ours_GBps"] > 0 and r["ours_send_only_GBps"] > 0 for r in results)
     assert all(r["messages"] >= 100 for r in results)
-    assert "| ours / raw |" in res.stdout and "| send only / raw |" in res.stdout
+    text = md.read_text()
+    assert "| ours / raw |" in text and "| send only / raw |" in text
 
 
 def test_checkpoint_overhead_is_ckpt_step_and_next_minus_ordinary():
@@ -194,17 +201,15 @@ def test_clone_benchmark_quick(tmp_path):
 
 
 @pytest.mark.mpi
-def test_startup_benchmark_quick(tmp_path):
-    out = tmp_path / "startup.json"
-    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "startup.py"), "--quick", "--out", str(out),
-                          "--plots", str(tmp_path)], capture_output=True, text=True, env=job_env(), cwd=REPO,
-                         timeout=300)
-    assert res.returncode == 0, res.stderr
-    payload = json.loads(out.read_text())
+@pytest.mark.timeout(900)
+def test_startup_benchmark_quick(quick_suite):
+    tmp_path, md = quick_suite
+    payload = json.loads((tmp_path / "startup.json").read_text())
     assert all(len(w) == 1 and w[0] > 0 for w in payload["walls_s"].values())
     job = payload["breakdown"]["dpurun"]
     assert sum(job["parts_s"].values()) == pytest.approx(job["wall_s"])
     assert {"interpreter + torch import", "MPI init + topology", "training + validation"} <= set(job["parts_s"])
     assert {r["module"] for r in job["ranks"].values()} == {"dpuoffload.host", "dpuoffload.dpu"}
     assert (tmp_path / "startup.png").read_bytes()[:8] == PNG_MAGIC
-    assert "| plain torchvision + DataLoader script |" in res.stdout and "Target dpurun − plain" in res.stdout
+    text = md.read_text()
+    assert "| plain torchvision + DataLoader script |" in text and "Target dpurun − plain" in text
