@@ -92,11 +92,19 @@ def assert_same_metrics(a: list[tuple], b: list[tuple]) -> None:
         assert l1 == pytest.approx(l2, rel=1e-6)
 
 
+def fan_out_runs(run) -> tuple[dict, dict]:
+    """The published layout scaled down: 4 host ranks, 2 augmentation ranks feeding 2 host ranks
+    each (--da-fanout 2), 1 validation rank taking half of the validation set (--mv-dpu-fraction 0.5),
+    and its --mode none reference. One pair of jobs proves the hybrid fan-out and the split fraction."""
+    none = run("none", 4, 1, "--train-subset", "128")
+    hy = run("hybrid", 4, 3, "--train-subset", "128", "--da-fanout", "2", "--mv-dpu-fraction", "0.5")
+    return none, hy
+
+
 def test_mv_split_fraction_gives_same_metrics(run):
-    none, mv = run("none", 2, 2), run("mv", 2, 2, "--mv-dpu-fraction", "0.5")
+    none, mv = fan_out_runs(run)  # hosts validate half, the DPU validation rank (rank 6) the other half
     assert_same_metrics(val_sums(mv), val_sums(none))
-    dpu_samples = sum(r["val_samples"] for rank in (2, 3) for r in mv["phases"][rank]
-                      if r.get("work") == "mv" and "epoch" in r)
+    dpu_samples = sum(r["val_samples"] for r in mv["phases"][6] if r.get("work") == "mv" and "epoch" in r)
     assert dpu_samples == 128 * int(EPOCHS)  # half of 256 validation samples per epoch
 
 
@@ -118,10 +126,8 @@ def test_hybrid_both_properties_at_once(run):
 
 
 def test_hybrid_fan_out_layout(run):
-    """The published layout scaled down: 4 host ranks, 2 augmentation ranks feeding 2 host ranks
-    each (--da-fanout 2), 1 validation rank."""
-    none = run("none", 4, 1, "--train-subset", "128")
-    hy = run("hybrid", 4, 3, "--train-subset", "128", "--da-fanout", "2")
+    """4 host ranks, 2 augmentation ranks feeding 2 host ranks each, 1 validation rank (fan_out_runs)."""
+    none, hy = fan_out_runs(run)
     assert_same_training(hy, none, hosts=4)
     assert_same_metrics(val_sums(hy), val_sums(none))  # 1 validation rank vs 4 host shards: other batches
     work = {rank: next(r["work"] for r in hy["phases"][rank] if "work" in r) for rank in (4, 5, 6)}
