@@ -10,4 +10,8 @@ cd "$ROOT"
 "$VENV/bin/ruff" check .
 # The minimum Python (3.10, pyproject.toml) byte-compiles the project and runs the torch-free tests.
 bash "$ROOT/scripts/test-min-python.sh"
-exec "$VENV/bin/python" -m pytest -ra "$@"
+# Two pytest workers (DPUOFFLOAD_TEST_WORKERS; 0 = one process): an MPI test spends much of its wall
+# time in start-up and in sleeping waits on peers, so a second job fills the gaps. Each test file
+# stays on one worker (--dist loadfile) so the jobs a file's tests share run once.
+WORKERS=${DPUOFFLOAD_TEST_WORKERS:-2}
+exec "$VENV/bin/python" -m pytest -ra -n "$WORKERS" --dist loadfile "$@"
