@@ -24,7 +24,6 @@ import shutil
 import sys
 import threading
 import time
-import traceback
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
@@ -32,7 +31,7 @@ import numpy as np
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import PeerError
 from dpuoffload.common.plan.assign import StateAssignment
-from dpuoffload.common.runtime.failure import EXIT_CHECKPOINT_FAILED, PREFIX
+from dpuoffload.common.runtime.failure import EXIT_CHECKPOINT_FAILED, PREFIX, abort_job, failure_line
 from dpuoffload.common.runtime.heartbeat import Heartbeat, interval_for
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.metrics import JsonlLog
@@ -97,12 +96,8 @@ class Keeper:
     def _main(self) -> None:
         try:
             self.loop()
-        except BaseException:  # noqa: BLE001 - a dead keeper thread must not leave the job hanging
-            from mpi4py import MPI
-
-            print(f"{PREFIX} {self.topo.describe()} checkpoint keeper failed:\n{traceback.format_exc()}",
-                  file=sys.stderr, flush=True)
-            MPI.COMM_WORLD.Abort(1)
+        except BaseException as e:  # noqa: BLE001 - a dead keeper thread must not leave the job hanging
+            abort_job(f"{failure_line(e)} (in its checkpoint keeper thread)")
 
     def loop(self) -> None:
         while True:

@@ -31,3 +31,23 @@ def test_rank_that_raises_gives_one_line_a_traceback_file_and_is_named_first(tmp
     assert text.startswith("host rank 0 (world rank 0") and "Traceback (most recent call last)" in text
     assert 'tests/fault_factories.py", line 23, in forward' in text
     assert "MPI_ABORT was invoked on rank 0" in (log / "mpirun.log").read_text(errors="replace")
+
+
+def test_failing_keeper_thread_ends_the_job_with_one_line(tmp_path):
+    """A keeper thread cannot be caught by the program's entry wrapper; it aborts the job itself."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.mpijobs import MPIRUN, job_env
+
+    t0 = time.monotonic()
+    res = subprocess.run([MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", "2", sys.executable,
+                          "tests/probes/keeper_abort_probe.py"], capture_output=True, text=True, timeout=120,
+                         env={**job_env(), "TMPDIR": str(tmp_path)})
+    assert res.returncode != 0 and time.monotonic() - t0 < 60
+    own = [ln for ln in res.stderr.splitlines() if ln.startswith("[dpuoffload] ")]
+    assert len(own) == 1, res.stderr
+    assert own[0].startswith("[dpuoffload] DPU rank 0 (world rank 1) failed: OSError: [Errno 28] No space left")
+    assert own[0].endswith("(in its checkpoint keeper thread)")
+    assert "Traceback" not in own[0]

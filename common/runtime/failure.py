@@ -159,16 +159,20 @@ def run_program(main: Callable[[], int], default_label: str) -> None:
     except JobFailed:
         sys.exit(1)
     except KeyboardInterrupt:
-        _abort(f"{_rank_label}: interrupted", 130)
+        abort_job(f"{_rank_label}: interrupted", 130)
     except BaseException as e:  # noqa: BLE001 - anything else must not leave peers hanging
         if isinstance(e, SystemExit) and (e.code in (0, None)):
             raise
-        _abort(failure_line(e), 1)
+        abort_job(failure_line(e), 1)
     else:
         sys.exit(code)
 
 
-def _abort(message: str, code: int) -> None:
+def abort_job(message: str, code: int = 1) -> None:
+    """Print `message` (one line) and end the whole job: peers blocked in MPI are killed, not left hanging.
+
+    For a failure outside the program's main thread (a DPU keeper thread), where `run_program`
+    cannot catch it."""
     _err(message)
     try:
         from mpi4py import MPI
