@@ -19,20 +19,13 @@ import inspect
 import json
 import numbers
 import sys
-import sysconfig
-import traceback
-from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from dpuoffload.common.config import RunConfig, parse_run_config
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.factories import is_factory_spec, load_factory
+from dpuoffload.common.runtime.failure import short_path, user_frame
 from dpuoffload.launch.checks import PROBE_MARK, batch_vs_size
-
-_OWN_ROOT = Path(__file__).resolve().parent.parent  # dpuoffload's folders (common/, host/, dpu/, launch/)
-_OWN_DIRS = tuple(str(_OWN_ROOT / d) for d in ("common", "host", "dpu", "launch"))
-_LIBRARY_DIRS = tuple({str(Path(sysconfig.get_paths()[k]).resolve())
-                       for k in ("stdlib", "platstdlib", "purelib", "platlib")})
 
 
 class Found(Exception):
@@ -44,25 +37,9 @@ def emit(message: str, warning: bool = False) -> None:
 
 
 # ---------------------------------------------------------------------------------- locations
-def user_frame(tb: Any) -> Optional[traceback.FrameSummary]:
-    """The innermost frame in the user's code (not dpuoffload, the standard library or packages)."""
-    frames = [f for f in traceback.extract_tb(tb) if _is_user_file(f.filename)]
-    return frames[-1] if frames else None
-
-
-def _is_user_file(filename: str) -> bool:
-    path = str(Path(filename).resolve())
-    return not path.startswith(_OWN_DIRS + _LIBRARY_DIRS) and not filename.startswith("<")
-
-
 def where(filename: str, line: int, name: str = "") -> str:
     """`tests/bad_factories.py:12 in fn`, relative to the current directory when inside it."""
-    path = Path(filename).resolve()
-    try:
-        shown = str(path.relative_to(Path.cwd()))
-    except ValueError:
-        shown = str(path)
-    return f"{shown}:{line}" + (f" in {name}" if name else "")
+    return f"{short_path(filename)}:{line}" + (f" in {name}" if name else "")
 
 
 def defined_at(fn: Callable[..., Any]) -> str:
@@ -75,7 +52,7 @@ def defined_at(fn: Callable[..., Any]) -> str:
 
 def describe_exception(e: BaseException, doing: str) -> str:
     """`<doing> raised KeyError: 'x' (at file.py:3 in f)`: the exception and the user's line."""
-    frame = user_frame(e.__traceback__)
+    frame = user_frame(e.__traceback__, fallback=False)
     at = f" (at {where(frame.filename, frame.lineno or 0, frame.name)})" if frame else ""
     if isinstance(e, SyntaxError) and e.filename:  # the user's line is the error's, not a frame's
         at = f" (at {where(e.filename, e.lineno or 0)})"

@@ -94,26 +94,27 @@ def error_dir() -> Path:
     return Path(_error_dir) if _error_dir else Path(tempfile.gettempdir()) / "dpuoffload-errors"
 
 
-def user_frame(tb: Optional[TracebackType]) -> Optional[traceback.FrameSummary]:
+def user_frame(tb: Optional[TracebackType], fallback: bool = True) -> Optional[traceback.FrameSummary]:
     """The innermost frame in the user's own code: outside this package, torch and other installed
-    libraries and the standard library; else the innermost frame (the error is ours or a library's)."""
+    libraries and the standard library; else (with `fallback`) the innermost frame (the error is
+    ours or a library's), or None."""
     frames = traceback.extract_tb(tb)
     for frame in reversed(frames):
         path = os.path.abspath(frame.filename)
         if not path.startswith(_PACKAGE_DIRS + _LIBRARY_DIRS) and not frame.filename.startswith("<"):
             return frame
-    return frames[-1] if frames else None
+    return frames[-1] if frames and fallback else None
 
 
 def describe_error(e: BaseException) -> str:
     """'TypeError: message (at models.py:12 in build)': the exception and where the user's code raised it."""
     frame = user_frame(e.__traceback__)
     message = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    where = f" (at {_short_path(frame.filename)}:{frame.lineno} in {frame.name})" if frame else ""
+    where = f" (at {short_path(frame.filename)}:{frame.lineno} in {frame.name})" if frame else ""
     return f"{type(e).__name__}{': ' + message if message else ''}{where}"
 
 
-def _short_path(filename: str) -> str:
+def short_path(filename: str) -> str:
     """Relative to the working directory when inside it (what the user types), else absolute."""
     path = os.path.abspath(filename)
     cwd = os.getcwd() + os.sep
