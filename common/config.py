@@ -27,6 +27,10 @@ LR_SCHEDULES = ("cosine", "step", "constant")
 CKPT_COPIES = ("staged", "zero")
 CKPT_ERRORS = ("continue", "fail")
 AUTO_ALLOWS = ("naive",)  # modes that change the math, which --mode auto considers only on request
+# With a user's training script (`dpurun -- [flags] train.py`) the script owns the model, data, optimizer
+# and loop; these are the flags that still mean something, and the modes the public API serves so far.
+SCRIPT_FIELDS = ("mode", "script", "da_buffers", "log_dir", "peer_timeout", "progress")
+SCRIPT_MODES = (Mode.NONE, Mode.DA)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +84,7 @@ class RunConfig:
     stop_at_step: Optional[int] = None
     clone_at: Optional[int] = None
     clone_override: tuple[str, ...] = ()
+    script: Optional[str] = None
 
     def __post_init__(self) -> None:
         _check_choice("mode", self.mode, MODES)
@@ -122,6 +127,22 @@ class RunConfig:
         if self.peer_timeout <= 0:
             raise ConfigError(f"--peer-timeout must be > 0 seconds, got {self.peer_timeout}")
         self._check_checkpointing()
+        self._check_script()
+
+    def _check_script(self) -> None:
+        """A user's script: only the offload flags apply (the rest configure the built-in trainer)."""
+        if self.script is None:
+            return
+        if self.mode not in SCRIPT_MODES:
+            raise ConfigError(f"--mode {self.mode} with a training script: the public API offloads data loading "
+                              f"and augmentation so far; use --mode {' or '.join(m.value for m in SCRIPT_MODES)} "
+                              "(validation, checkpoints and clones run under the built-in trainer)")
+        defaults = RunConfig()
+        for f in dataclasses.fields(self):
+            if f.name not in SCRIPT_FIELDS and getattr(self, f.name) != getattr(defaults, f.name):
+                raise ConfigError(f"--{_flag(f.name)} configures dpurun's built-in trainer; {self.script} runs "
+                                  "its own loop: set it in the script (its own arguments go after the script's "
+                                  "name) or drop it")
 
     def _check_reporting(self) -> None:
         """--tensorboard and --plots need optional packages: say so before launch, not after start-up."""
@@ -289,6 +310,9 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
                    help="no progress bar on host rank 0")
     p.add_argument("--peer-timeout", type=float, default=S, metavar="SECONDS",
                    help="abort the job when a peer does not answer within this time")
+    p.add_argument("--script", default=S, metavar="PATH",
+                   help="the user's training script the host ranks run (dpurun sets it from `dpurun -- [flags] "
+                        "train.py [args]`; the DPU ranks import its module-level classes)")
     add_checkpoint_flags(p)
     _append_defaults(p)
     return p

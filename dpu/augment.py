@@ -35,8 +35,9 @@ RING_POLL_SPIN = 0.0002      # ...and spin briefly first, a send of a posted rec
 class SendRing:
     """K send buffers used in turn; `acquire` waits (sleeping) until the next one is free."""
 
-    def __init__(self, world: "MPI.Comm", layout: BatchLayout, k: int, timeout: float) -> None:
-        self.world, self.timeout = world, timeout
+    def __init__(self, world: "MPI.Comm", layout: BatchLayout, k: int, timeout: Optional[float],
+                 tag: int = Tag.BATCH) -> None:
+        self.world, self.timeout, self.tag = world, timeout, tag
         self.buffers = [layout.buffer() for _ in range(k)]
         self.pending: list[Optional["MPI.Request"]] = [None] * k
         self.dests: list[int] = [-1] * k
@@ -48,8 +49,13 @@ class SendRing:
         self._complete(slot)
         return slot, self.buffers[slot]
 
+    def ready(self) -> bool:
+        """Whether `acquire` would return at once (the next buffer's previous send completed)."""
+        req = self.pending[self.next]
+        return req is None or bool(req.Test())
+
     def send(self, slot: int, nbytes: int, dest: int) -> None:
-        self.pending[slot] = self.world.Isend(self.buffers[slot].raw[:nbytes], dest=dest, tag=Tag.BATCH)
+        self.pending[slot] = self.world.Isend(self.buffers[slot].raw[:nbytes], dest=dest, tag=self.tag)
         self.dests[slot] = dest
 
     def drain(self) -> None:

@@ -24,6 +24,7 @@ from dpuoffload.dpu.augment import Augmenter
 from dpuoffload.dpu.idle import idle_until_shutdown
 from dpuoffload.dpu.keeper import Keeper
 from dpuoffload.dpu.replica import Replica
+from dpuoffload.dpu.serve import LoaderService
 from dpuoffload.dpu.validate import Validator
 
 REPLICA = "replica"  # --mode naive: the DPU rank trains as a data-parallel replica
@@ -55,6 +56,9 @@ def prepare(cfg: RunConfig, topo: Topology) -> DpuJob:
     # DPU-only collectives first, before anything that could fail on one rank and not the others
     work_comm = topo.side_comm.Split(color=WORK_COLORS[work], key=me)
     keeper = build_keeper(cfg, topo)
+    if cfg.script is not None:  # a user's script on the host ranks: serve the loaders it opens
+        fed = plan.fed_by(me)
+        return DpuJob(work, LoaderService(cfg, topo, fed), None) if fed else DpuJob(IDLE, None, None)
     if work == DA and plan.fed_by(me):
         train = PerSampleSeeded(build_datasets(cfg).train, cfg.seed)
         start = start_position(find_resume(cfg, len(topo.host_ranks), host_steps(cfg, topo, len(train))))
@@ -106,7 +110,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for record in runner.run():
             log.write({"world_rank": topo.world_rank, "role": "dpu", "work": job.work, **record})
         runner.close()
-    stats: dict[str, Any] = idle_until_shutdown(topo)
+    # (the loader service ends on the shutdown message itself)
+    stats: dict[str, Any] = {} if isinstance(runner, LoaderService) else idle_until_shutdown(topo)
     if job.keeper is not None:
         stats["handoffs"] = len(job.keeper.join())
     log.write({"event": "end", "world_rank": topo.world_rank, "role": "dpu", "work": job.work, "mode": cfg.mode,

@@ -105,6 +105,9 @@ def check_before_launch(cfg: RunConfig, facts: LaunchFacts, training_args: Seque
 
     The dry import runs only when the names resolved (otherwise it would repeat their error).
     """
+    if cfg.script is not None:  # a user's script owns its model and data: the ranks, the file, the log dir
+        return _collect(lambda: check_ranks(cfg, facts), lambda: check_script(cfg, facts),
+                        lambda: check_log_dir(cfg, facts))
     dry = needs_dry_import(cfg) and not facts.skip_slow
     problems = _collect(lambda: check_ranks(cfg, facts), lambda: check_clones(cfg))
     names = _collect(lambda: check_names(cfg, facts.cluster, import_factories=not dry))
@@ -154,6 +157,15 @@ def check_ranks(cfg: RunConfig, facts: LaunchFacts) -> None:
     if facts.clone_ranks and cfg.clone_at is None:
         raise ConfigError(f"--clone-ranks {facts.clone_ranks} without --clone-at STEP: the clones would never "
                           "start; add --clone-at STEP after '--'")
+
+
+def check_script(cfg: RunConfig, facts: LaunchFacts) -> None:
+    """The training script exists (here, unless the ranks run on other machines) and has no clones."""
+    if facts.clone_ranks:
+        raise ConfigError("--clone-ranks needs the built-in trainer; a training script cannot be cloned yet")
+    if not facts.cluster and not Path(str(cfg.script)).is_file():
+        raise ConfigError(f"training script {cfg.script} not found (from {os.getcwd()}); give its path after "
+                          "dpurun's flags: dpurun -- --mode da path/to/train.py [its arguments]")
 
 
 def check_clones(cfg: RunConfig) -> None:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from dpuoffload.common.config import build_parser
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.launch import checks, placement, supervise, throttle
 from dpuoffload.launch.command import FLAVORS, LaunchSpec, build_command
@@ -140,6 +141,18 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def split_script(training_args: Sequence[str]) -> tuple[list[str], Optional[str], list[str]]:
+    """`[flags] train.py [args]`: dpurun's training flags, the user's script (None: the built-in
+    trainer) and the script's own arguments. The script is the first `*.py` word that is not the
+    value of a flag (`--data x.py` is a value)."""
+    takes_value = {opt for a in build_parser()._actions if a.nargs != 0 for opt in a.option_strings}
+    args = list(training_args)
+    for i, word in enumerate(args):
+        if word.endswith(".py") and not word.startswith("-") and not (i and args[i - 1] in takes_value):
+            return args[:i], word, args[i + 1:]
+    return args, None, []
+
+
 def parse_launcher_args(argv: Sequence[str]) -> argparse.Namespace:
     """Parse launcher flags; a training flag given before `--` gets a hint instead of a shrug."""
     parser = build_launcher_parser()
@@ -202,6 +215,7 @@ def resolve_spec(args: argparse.Namespace,
     mpirun = resolve_mpirun(args.mpirun)
     python = args.python or sys.executable
     base = dict(mpirun=mpirun, flavor=args.mpi_flavor or detect_flavor(mpirun),
+                script=getattr(args, "script", None), script_args=tuple(getattr(args, "script_args", ())),
                 host_ranks=args.host_ranks, dpu_ranks=args.dpu_ranks, clone_ranks=args.clone_ranks,
                 host_python=python,
                 dpu_python=args.dpu_python or python, training_args=tuple(training_args),
@@ -383,6 +397,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return project_main(argv[1:])
         launcher_argv, training_args = split_argv(argv)
         args = parse_launcher_args(launcher_argv)
+        training_args, args.script, args.script_args = split_script(training_args)
+        if args.script is not None:
+            training_args += ["--script", args.script]
         spec, cgroup = check_and_resolve(args, training_args)
         if args.dry_run:
             print(shlex.join(build_command(spec)))

@@ -57,6 +57,8 @@ class LaunchSpec:
     progress_tty: bool = False  # dpurun's stdout is a terminal: host rank 0 may draw a progress bar
     clone_ranks: int = 0        # host program ranks of the clone group (--clone-at), on the host side
     clone_cores: Optional[tuple[int, ...]] = None  # local emulation: their cores (default: host_cores)
+    script: Optional[str] = None  # a user's training script: the host ranks run `python SCRIPT [script_args]`
+    script_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
@@ -69,6 +71,8 @@ class LaunchSpec:
         if self.clone_ranks and self.flavor == "mpich" and not self.local:
             raise ConfigError("clone ranks on a cluster need Open MPI's per-context --host lists; with MPICH "
                               "run them on one box or use Open MPI")
+        if self.script is not None and self.clone_ranks:
+            raise ConfigError("clone ranks need the built-in trainer; a training script cannot be cloned yet")
         if self.host_threads < 1 or self.dpu_threads < 1:
             raise ConfigError("host_threads and dpu_threads must be >= 1")
         if self.local == bool(self.host_nodes):
@@ -154,8 +158,12 @@ def _host_list(flag: str, nodes: tuple[Node, ...]) -> list[str]:
 
 def _host_argv(spec: LaunchSpec) -> list[str]:
     extra = {env.PROGRESS_TTY: "1"} if spec.progress_tty else {}
-    return [*_env_prefix(spec, spec.host_threads, extra), *_pin(spec.host_cores),
-            spec.host_python, "-m", HOST_MODULE, *spec.training_args]
+    if spec.script is not None:  # the user's script; dpurun's own flags reach `dpuoffload.init()` by environment
+        extra[env.SCRIPT_ARGS] = shlex.join(spec.training_args)
+        program = [spec.script, *spec.script_args]
+    else:
+        program = ["-m", HOST_MODULE, *spec.training_args]
+    return [*_env_prefix(spec, spec.host_threads, extra), *_pin(spec.host_cores), spec.host_python, *program]
 
 
 def _clone_argv(spec: LaunchSpec) -> list[str]:

@@ -31,6 +31,7 @@ HEADER_BYTES = 8 * len(BATCH_HEADER.fields)
 class BatchKind(IntEnum):
     BATCH = 1
     EPOCH_END = 2  # no payload: the sender has sent every batch of `epoch` to this host rank
+    MARKER = 3     # no payload: API loader streams (`common.data.streams`): batches of plan `epoch` (its seq) follow
 
 
 _KINDS = frozenset(int(k) for k in BatchKind)
@@ -153,6 +154,10 @@ class BatchLayout:
 
     def pack_end(self, buf: "np.ndarray | BatchBuffer", epoch: int) -> int:
         self._write_header(_head(buf), BatchKind.EPOCH_END, epoch, -1, 0)
+        return HEADER_BYTES
+
+    def pack_marker(self, buf: "np.ndarray | BatchBuffer", seq: int) -> int:
+        self._write_header(_head(buf), BatchKind.MARKER, seq, -1, 0)
         return HEADER_BYTES
 
     def unpack_header(self, buf: "np.ndarray | BatchBuffer") -> Mapping[str, int]:

@@ -8,6 +8,7 @@ host would have built. Sharing this one function is what guarantees that.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator, Optional
 
 from torch.utils.data import DataLoader, DistributedSampler
@@ -18,15 +19,41 @@ from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import ConfigError
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How one host rank walks the data set: what `RankLoader` needs besides the data set itself.
+
+    The same value travels to the DPU rank that feeds the host (`common.data.streams`), so both
+    build the same sampler; `seed` is the sampler's shuffle seed and the per-sample augmentation
+    seed (`PerSampleSeeded`) alike.
+    """
+
+    batch_size: int
+    replicas: int = 1
+    rank: int = 0
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
+
+    @classmethod
+    def of(cls, cfg: RunConfig, replicas: int, rank: int) -> "Sampling":
+        """The built-in trainer's sampling (always shuffled) from its flags."""
+        return cls(cfg.batch_size, replicas, rank, cfg.seed, True, cfg.drop_last)
+
+
 class RankLoader:
     """The loader of host rank `rank` of `replicas`; call `set_epoch` before iterating an epoch."""
 
-    def __init__(self, cfg: RunConfig, dataset: PerSampleSeeded, replicas: int, rank: int,
-                 collate: bool = True) -> None:
-        """`collate=False` yields each batch as its list of (sample, label) items, for a caller that
-        stacks them straight into its own buffer (the DPU's send ring: one copy instead of two)."""
-        self.dataset, self.batch_size, self.drop_last = dataset, cfg.batch_size, cfg.drop_last
-        self.sampler = DistributedSampler(dataset, num_replicas=replicas, rank=rank, shuffle=True, seed=cfg.seed)
+    def __init__(self, cfg: "RunConfig | Sampling", dataset: PerSampleSeeded, replicas: Optional[int] = None,
+                 rank: Optional[int] = None, collate: bool = True) -> None:
+        """`cfg`: the run's flags (with `replicas` and `rank`) or a `Sampling`. `collate=False` yields
+        each batch as its list of (sample, label) items, for a caller that stacks them straight
+        into its own buffer (the DPU's send ring: one copy instead of two)."""
+        s = cfg if isinstance(cfg, Sampling) else Sampling.of(cfg, int(replicas or 1), int(rank or 0))
+        self.sampling = s
+        self.dataset, self.batch_size, self.drop_last = dataset, s.batch_size, s.drop_last
+        self.sampler = DistributedSampler(dataset, num_replicas=s.replicas, rank=s.rank, shuffle=s.shuffle,
+                                          seed=s.seed)
         self.collate = None if collate else _items
 
     def set_epoch(self, epoch: int) -> None:
@@ -49,7 +76,6 @@ class RankLoader:
         return iter(loader)
 
 
-
 def steps_per_epoch(n: int, replicas: int, batch_size: int, drop_last: bool) -> int:
     """Batches per epoch of every host rank (`DistributedSampler` pads each rank to ceil(n / replicas))."""
     per_rank = -(-n // replicas)
@@ -60,7 +86,7 @@ def _items(batch: list) -> list:
     return batch
 
 
-def probe_layout(train: PerSampleSeeded, cfg: RunConfig) -> BatchLayout:
+def probe_layout(train: PerSampleSeeded, cfg: "RunConfig | Sampling") -> BatchLayout:
     """The batch message layout, from sample 0 of epoch 0 (host and DPU compute the same one)."""
     saved = train.epoch
     train.set_epoch(0)

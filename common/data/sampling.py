@@ -69,3 +69,13 @@ class PerSampleSeeded(Dataset):
             gen.set_state(saved[0])
             random.setstate(saved[1])
             np.random.set_state(saved[2])
+
+
+def seeded(dataset: Dataset, seed: int = 0) -> PerSampleSeeded:
+    """`dataset` with sample i of epoch e augmented under its own seed (public API: `dpuoffload.seeded`).
+
+    What `job.loader` iterates: `DataLoader(seeded(ds, seed), batch_size, sampler=DistributedSampler(ds,
+    replicas, rank, shuffle=True, seed=seed))`, with `set_epoch(e)` called on both the sampler and the
+    seeded set before epoch e, yields the very batches `job.loader(ds, batch_size, seed=seed)` does.
+    """
+    return PerSampleSeeded(dataset, seed)

@@ -16,6 +16,7 @@ THREADS = "DPUOFFLOAD_THREADS"          # torch intra-op threads of this rank (a
 NODE_MAP = "DPUOFFLOAD_NODE_MAP"        # "dpu-host=host-node,..." : which node a DPU hostname belongs to
 CGROUP = "DPUOFFLOAD_CGROUP"            # informational: cgroup the DPU ranks were put in (throttling)
 PROGRESS_TTY = "DPUOFFLOAD_PROGRESS_TTY"  # "1": the user watches a terminal; draw progress bars
+SCRIPT_ARGS = "DPUOFFLOAD_ARGS"         # a user's script on the host ranks: dpurun's flags for `dpuoffload.init()`
 
 
 def format_node_map(dpu_to_node: Mapping[str, str]) -> str:

@@ -27,6 +27,8 @@ class Tag(IntEnum):
     CLONE = 35         # keeper DPU rank -> clone rank: CKPT_HEADER then the same two payloads, forwarded as received;
                        # before it PREPARE and HEARTBEAT headers alone
     CKPT_SUMMARY = 36  # keeper 0 -> host rank 0 after the last hand-off: checkpoints taken/failed, newest intact
+    LOADER = 40        # public API loaders, host -> its feeder DPU rank: pickled `common.data.streams` messages
+    STREAM_BASE = 1000  # batches of API loader i, DPU -> host, on tag STREAM_BASE + i (`common.data.streams`)
 
 
 class ControlKind(IntEnum):

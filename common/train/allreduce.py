@@ -93,17 +93,8 @@ class TorchSync:
     def __init__(self, group: "MPI.Comm", timeout: float) -> None:
         import torch.distributed as dist
 
-        rank, size = group.Get_rank(), group.Get_size()
-        addr = _rendezvous_address(group)
-        delta = datetime.timedelta(seconds=timeout)
-        if rank == 0:
-            store = dist.TCPStore(addr, 0, size, is_master=True, timeout=delta, wait_for_workers=False)
-            port = group.bcast(store.port, root=0)
-        else:
-            port = group.bcast(None, root=0)
-            store = dist.TCPStore(addr, port, size, is_master=False, timeout=delta)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=delta)
-        self._dist, self._size = dist, size
+        init_torch_group(group, "gloo", timeout)
+        self._dist, self._size = dist, group.Get_size()
 
     def broadcast_parameters_(self, model: nn.Module) -> None:
         for tensor in model.state_dict().values():
@@ -127,6 +118,26 @@ class TorchSync:
 
     def shutdown(self) -> None:
         self._dist.destroy_process_group()
+
+
+def init_torch_group(group: "MPI.Comm", backend: str, timeout: float) -> None:
+    """`torch.distributed.init_process_group` over the ranks of `group` (collective over it).
+
+    Rank 0 of the group opens a TCPStore on a free port and broadcasts the port over MPI, so no
+    MASTER_ADDR/MASTER_PORT environment is needed and two jobs on one box never collide on a port.
+    """
+    import torch.distributed as dist
+
+    rank, size = group.Get_rank(), group.Get_size()
+    addr = _rendezvous_address(group)
+    delta = datetime.timedelta(seconds=timeout)
+    if rank == 0:
+        store = dist.TCPStore(addr, 0, size, is_master=True, timeout=delta, wait_for_workers=False)
+        port = group.bcast(store.port, root=0)
+    else:
+        port = group.bcast(None, root=0)
+        store = dist.TCPStore(addr, port, size, is_master=False, timeout=delta)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=delta)
 
 
 def _rendezvous_address(group: "MPI.Comm") -> str:

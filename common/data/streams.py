@@ -1,0 +1,117 @@
+"""The loader stream protocol behind the public API's `job.loader` (`--mode da`), defined once.
+
+A host rank's loader is one ordered stream of batch messages from its feeder DPU rank:
+
+    host -> DPU, Tag.LOADER, pickled (`encode`/`decode`):
+        OpenLoader(loader, dataset, sampling)  once per loader: the DPU rank builds the host's own
+                                               `RankLoader` (same sampler, per-sample seeds, collate)
+        Plan(loader, seq, epoch, start)        produce batches from (epoch, start) on, epoch after
+                                               epoch, until the next plan; epoch STOP: produce nothing
+    DPU -> host, tag `stream_tag(loader)`, raw `common.data.batches` messages:
+        MARKER(seq)                            everything before it belongs to older plans
+        BATCH(epoch, step) ...                 in order, at most `--da-buffers` in flight
+
+Why plans instead of one request per epoch: the DPU rank runs on into the next epoch while the
+host still trains on this one (per-sample seeds make batch i of epoch e+1 computable at any time),
+so an epoch edge costs the host no pipeline drain, unlike a DataLoader's. A loop that jumps (a
+resumed epoch, an early `break`, the last epoch) sends a new plan and discards the batches of the
+old one up to the marker: at most the ring's few batches are wasted, and MPI's non-overtaking order
+on one (source, tag) is all the synchronisation needed.
+
+Pickled messages carry the user's data set object. On the DPU rank, classes defined in the user's
+script (`__main__.MyDataset` on the host) are found by importing the script as `__mp_main__`,
+without running its `if __name__ == "__main__":` block: the rule multiprocessing's spawn start
+method (and so every DataLoader with workers on macOS) already imposes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import runpy
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from dpuoffload.common.data.loaders import Sampling
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.runtime.messages import Tag
+
+STOP = -1                 # Plan.epoch: stop producing (the loader is closed or the job ends)
+SCRIPT_MODULE = "__mp_main__"
+
+
+@dataclass(frozen=True)
+class OpenLoader:
+    loader: int           # the loader's number on its host rank (0, 1, ... in creation order)
+    dataset: Any          # the user's map-style data set, unwrapped (the DPU rank seeds it itself)
+    sampling: Sampling
+
+
+@dataclass(frozen=True)
+class Plan:
+    loader: int
+    seq: int              # 1, 2, ... per loader; the MARKER that starts this plan's batches repeats it
+    epoch: int            # first epoch to produce, or STOP
+    start: int = 0        # first step of that epoch
+
+
+Message = Union[OpenLoader, Plan]
+
+
+def stream_tag(loader: int) -> int:
+    """The MPI tag of loader `loader`'s batches (one ordered stream per host rank and loader)."""
+    return int(Tag.STREAM_BASE) + loader
+
+
+def encode(message: Message) -> bytes:
+    """Pickle a message on the host rank, with an error that names what cannot be sent and the fix."""
+    try:
+        return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        what = type(message.dataset).__name__ if isinstance(message, OpenLoader) else "the message"
+        raise ConfigError(f"job.loader cannot send the data set ({what}) to its DPU rank: {e}. The data set "
+                          "and its transforms must pickle, as for a DataLoader with workers under the spawn start "
+                          "method: use module-level functions or classes instead of lambdas and local "
+                          "functions") from None
+
+
+def decode(data: bytes, script: Optional[str]) -> Message:
+    """Unpickle a message on the DPU rank; `script` is the user's training script (for `__main__`)."""
+    return _ScriptUnpickler(io.BytesIO(data), script).load()
+
+
+class _ScriptUnpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, script: Optional[str]) -> None:
+        super().__init__(file)
+        self.script = script
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "__main__" and self.script is not None:
+            main = import_script(self.script)
+            if not hasattr(main, name):
+                raise ConfigError(f"the DPU rank cannot find {name} in {self.script}: define it at module level "
+                                  "(outside `if __name__ == \"__main__\":`)")
+            return getattr(main, name)
+        return super().find_class(module, name)
+
+
+def import_script(script: str) -> types.ModuleType:
+    """The user's script as module `__mp_main__` (once), its folder on sys.path as `python script.py` has it."""
+    loaded = sys.modules.get(SCRIPT_MODULE)
+    if loaded is not None and getattr(loaded, "__file__", None) == os.path.abspath(script):
+        return loaded
+    folder = os.path.dirname(os.path.abspath(script))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    module = types.ModuleType(SCRIPT_MODULE)
+    module.__file__ = os.path.abspath(script)
+    sys.modules[SCRIPT_MODULE] = module
+    try:
+        module.__dict__.update(runpy.run_path(script, run_name=SCRIPT_MODULE))
+    except BaseException:
+        del sys.modules[SCRIPT_MODULE]
+        raise
+    return module

@@ -1,0 +1,212 @@
+"""The public host-side API behind `import dpuoffload`: `init()` and the `Job` it returns.
+
+A user's training script, launched by `dpurun -- [--mode da] train.py [its own args]`, runs on the
+host ranks; the DPU ranks run the DPU program, which serves what the script asks for
+(`dpu.serve`). `init()` runs the same start-up sequence as the built-in trainer (roles, the
+version/config handshake with the DPU ranks, the offload plan), so a mismatch or a bad flag still
+ends every rank with one line. After it, the script is in charge: its own model, optimizer, loss,
+allreduce and loop; the job only hands out loaders and, at the end, releases the DPU ranks.
+
+Started without dpurun (`python train.py`, `torchrun`, `horovodrun`), `init()` warns once and
+returns a local job: `job.loader` then loads in the calling process, with the same batches, so one
+script runs with and without DPUs.
+
+Failures: an exception that escapes the script on a host rank ends the whole job with the one-line
+error of the built-in programs (a DPU rank waiting for a batch request must not hang), and a
+script that returns without `job.finish()` finishes at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shlex
+import sys
+import threading
+import warnings
+from typing import TYPE_CHECKING, Any, Optional, cast
+
+from dpuoffload.common.config import RunConfig
+from dpuoffload.common.data.loaders import Sampling, probe_layout
+from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.modes import Mode
+from dpuoffload.common.plan.offload import OffloadPlan, plan_offload, require_feeder
+from dpuoffload.common.runtime import env
+from dpuoffload.common.runtime.failure import JobFailed, abort_job, failure_line, set_rank_label
+from dpuoffload.common.runtime.roles import Role, Topology
+from dpuoffload.common.runtime.startup import start_program
+from dpuoffload.host.control import shutdown_dpus
+from dpuoffload.host.loader import DpuLoader, RemoteSource, check_dataset, local_loader
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+# Environment variables of launchers that start one process per rank, for the fallback's rank count.
+_RANK_VARS = (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"), ("PMI_SIZE", "PMI_RANK"), ("WORLD_SIZE", "RANK"))
+_job: Optional["Job"] = None
+
+
+class Job:
+    """This host rank's handle on the job: loaders, the host ranks' communicator, and the end.
+
+    Attributes:
+        rank: this host rank (0 .. size-1); what `hvd.rank()` or `dist.get_rank()` would be.
+        size: the number of host ranks (training replicas).
+        mode: the offload mode (`dpurun -- --mode ...`); `none` when started without dpurun.
+        offloaded: whether DPU ranks build this rank's batches.
+        comm: the host ranks' mpi4py communicator (give it to `hvd.init(comm=job.comm)`: Horovod over
+            COMM_WORLD would take the DPU ranks for training replicas), or None without MPI.
+    """
+
+    def __init__(self, rank: int, size: int, mode: Mode, comm: Optional["MPI.Comm"] = None,
+                 topo: Optional[Topology] = None, cfg: Optional[RunConfig] = None,
+                 plan: Optional[OffloadPlan] = None) -> None:
+        self.rank, self.size, self.mode, self.comm = rank, size, mode, comm
+        self.topo, self.cfg, self.plan = topo, cfg, plan
+        self.loaders: list[DpuLoader] = []
+        self.finished = False
+
+    @property
+    def offloaded(self) -> bool:
+        return self.topo is not None and self.mode.augments_on_dpu
+
+    def loader(self, dataset: Any, batch_size: int, *, shuffle: bool = True, seed: int = 0,
+               drop_last: bool = False, copy: bool = True) -> DpuLoader:
+        """A loader of `dataset` for this host rank, augmented by its DPU rank in `--mode da`.
+
+        Args:
+            dataset: a map-style data set with its transforms (the user's own, unchanged). In `da`
+                it is pickled once to the DPU rank: transforms must pickle (no lambdas), as for a
+                DataLoader with workers under the spawn start method.
+            batch_size: samples per batch on this host rank.
+            shuffle, seed: the `DistributedSampler`'s; `seed` also seeds each sample's augmentation
+                (`seeded`), so a sample is augmented the same wherever it is.
+            drop_last: drop this rank's last partial batch of an epoch.
+            copy: False hands out views of the receive buffers, valid until the next batch is asked
+                for (saves one copy per batch; keep nothing across steps then).
+        """
+        self._check_open()
+        check_dataset(dataset, batch_size)
+        sampling = Sampling(batch_size, self.size, self.rank, seed, shuffle, drop_last)
+        if not self.offloaded:
+            made = local_loader(dataset, sampling)
+        else:
+            made = self._remote_loader(dataset, sampling, copy)
+        self.loaders.append(made)
+        return made
+
+    def _remote_loader(self, dataset: Any, sampling: Sampling, copy: bool) -> DpuLoader:
+        topo, cfg, plan = cast(Topology, self.topo), cast(RunConfig, self.cfg), cast(OffloadPlan, self.plan)
+        feeder = require_feeder(plan, topo.world_rank, topo.describe())
+        seeded_set = PerSampleSeeded(dataset, sampling.seed)
+        layout = probe_layout(seeded_set, sampling)
+        steps = len(local_loader(dataset, sampling))
+        source = RemoteSource(topo.world, feeder, topo.describe(feeder), len(self.loaders), layout, steps,
+                              cfg.peer_timeout, copy)
+        source.open(dataset, sampling)
+        return DpuLoader(source, sampling, steps, dataset, topo.describe(feeder))
+
+    def init_process_group(self, backend: str = "gloo", timeout: Optional[float] = None) -> None:
+        """`torch.distributed.init_process_group` over the host ranks only (for DDP).
+
+        The rendezvous address is agreed over `job.comm`, so no MASTER_ADDR/PORT is needed; a
+        plain `init_process_group()` from torchrun's environment would not exist under dpurun.
+        """
+        from dpuoffload.common.train.allreduce import init_torch_group
+
+        if self.comm is None:
+            raise ConfigError("job.init_process_group needs MPI: start the script with dpurun (or mpirun)")
+        init_torch_group(self.comm, backend, timeout or (self.cfg.peer_timeout if self.cfg else 600.0))
+
+    def finish(self) -> None:
+        """Close every loader and release the DPU ranks; call once, on every host rank, at the end.
+
+        Collective over the host ranks (a barrier: host rank 0 tells the DPU ranks to stop only
+        after every host closed its loaders). Called at exit if the script does not.
+        """
+        if self.finished:
+            return
+        self.finished = True
+        for made in self.loaders:
+            made.close()
+        if self.topo is not None and self.cfg is not None:
+            self.topo.side_comm.Barrier()
+            shutdown_dpus(self.topo, self.cfg.peer_timeout)
+
+    def __enter__(self) -> "Job":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.finish()
+
+    def _check_open(self) -> None:
+        if self.finished:
+            raise ConfigError("job.finish() was called: this job hands out no more loaders")
+
+
+def init() -> Job:
+    """Join the job as a host rank: roles, the handshake with the DPU ranks, the offload plan.
+
+    Call once per process, before building loaders. Collective over every rank of the job under
+    dpurun. Started without dpurun, returns a local job (with a warning): same batches, loaded here.
+    """
+    global _job
+    if _job is not None:
+        return _job
+    argv = os.environ.get(env.SCRIPT_ARGS)
+    _job = _local_job() if argv is None else _dpurun_job(shlex.split(argv))
+    return _job
+
+
+def _dpurun_job(argv: list[str]) -> Job:
+    set_rank_label("host program")
+    _install_failure_hooks()
+    try:
+        started = start_program(Role.HOST, argv, lambda cfg, topo: plan_offload(topo.ranks, cfg), lambda *_: {})
+    except JobFailed:  # a collective start-up step failed on some rank: world rank 0 printed why, all exit
+        sys.exit(1)
+    cfg, topo = started.cfg, started.topo
+    if topo.role is not Role.HOST:
+        abort_job(f"{topo.describe()}: a training script runs on host ranks only (app context 0); "
+                  "start it with dpurun, which puts the DPU program in context 1")
+    job = Job(topo.side_rank, len(topo.host_ranks), cfg.mode, topo.side_comm, topo, cfg, started.state)
+    atexit.register(job.finish)
+    if topo.side_rank == 0:
+        print(f"[dpuoffload] mode {cfg.mode}: {len(topo.host_ranks)} host rank(s), {len(topo.dpu_ranks)} DPU "
+              f"rank(s), script {cfg.script}", flush=True)
+    return job
+
+
+def _local_job() -> Job:
+    """No dpurun: the loader loads here; rank and size from the launcher's environment, if any."""
+    size, rank = 1, 0
+    for size_var, rank_var in _RANK_VARS:
+        if size_var in os.environ and rank_var in os.environ:
+            size, rank = int(os.environ[size_var]), int(os.environ[rank_var])
+            break
+    warnings.warn("dpuoffload: not started by dpurun, so there are no DPU ranks: batches are loaded and "
+                  "augmented in this process. Launch with `dpurun -- --mode da SCRIPT [ARGS]` to offload them",
+                  RuntimeWarning, stacklevel=3)
+    comm = None
+    if size > 1 and ("OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ):
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    return Job(rank, size, Mode.NONE, comm)
+
+
+def _install_failure_hooks() -> None:
+    """An exception that escapes the script (main thread or another) ends the whole job in one line."""
+    def on_error(kind: type[BaseException], e: BaseException, tb: Any) -> None:
+        if isinstance(e, KeyboardInterrupt):
+            abort_job("host program: interrupted", 130)
+        abort_job(failure_line(e), 1)  # (the full traceback goes to errors-rank<N>.txt)
+
+    def on_thread_error(args: threading.ExceptHookArgs) -> None:
+        if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
+            abort_job(failure_line(args.exc_value), 1)
+
+    sys.excepthook = on_error
+    threading.excepthook = on_thread_error

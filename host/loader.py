@@ -1,0 +1,211 @@
+"""`job.loader(...)`: the public API's data loader, fed by a DPU rank (`--mode da`) or built here.
+
+`DpuLoader` is what a user's loop iterates. Its batches are those of torch's `DataLoader` over
+`seeded(dataset, seed)` with a `DistributedSampler(num_replicas=host ranks, rank=this host rank,
+shuffle, seed)` and the default collate, bit for bit, wherever they are built: the DPU rank builds
+the very same `RankLoader` (`common.data.loaders`) from the same `Sampling`.
+
+`RemoteSource` is the host end of the loader stream protocol (`common.data.streams`): two
+receive buffers, both kept posted, take the stream's messages in order; a batch is copied out of
+its buffer (so the user owns it, as with a DataLoader, and the buffer takes the next message at
+once) or, with `copy=False`, handed out as a view that stays valid until the next batch is asked
+for (one copy less; what the built-in trainer does).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Iterator, Optional, Protocol
+
+import torch
+
+from dpuoffload.common.data.batches import BatchBuffer, BatchKind, BatchLayout
+from dpuoffload.common.data.loaders import RankLoader, Sampling
+from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, encode, stream_tag
+from dpuoffload.common.errors import ConfigError, PeerError
+from dpuoffload.common.runtime.messages import Tag
+from dpuoffload.common.runtime.waits import wait
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+BATCH_POLL_MAX_SLEEP = 0.001  # a batch is on the critical path: poll at least every millisecond
+BATCH_POLL_SPIN = 0.0005      # and spin briefly first: a batch in flight lands within microseconds
+
+
+class Source(Protocol):
+    """Where a `DpuLoader`'s batches come from."""
+
+    def batches(self, epoch: int, start: int, stop: int) -> Iterator[Batch]: ...
+
+    def close(self) -> None: ...
+
+
+class LocalSource:
+    """This process loads and augments (`--mode none`, or no DPU ranks at all)."""
+
+    def __init__(self, loader: RankLoader) -> None:
+        self.loader = loader
+
+    def batches(self, epoch: int, start: int, stop: int) -> Iterator[Batch]:
+        self.loader.set_epoch(epoch)
+        yield from self.loader.batches(start, stop)
+
+    def close(self) -> None:
+        pass
+
+
+class RemoteSource:
+    """The host end of one loader stream from DPU rank `feeder`."""
+
+    def __init__(self, world: "MPI.Comm", feeder: int, feeder_label: str, loader_id: int, layout: BatchLayout,
+                 steps: int, timeout: float, copy: bool) -> None:
+        self.world, self.feeder, self.feeder_label = world, feeder, feeder_label
+        self.loader_id, self.layout, self.steps = loader_id, layout, steps
+        self.timeout, self.copy = timeout, copy
+        self.tag = stream_tag(loader_id)
+        self.buffers: list[BatchBuffer] = [layout.buffer(), layout.buffer()]
+        self.reqs: list[Optional["MPI.Request"]] = [None, None]
+        self.head = 0                                # the buffer the next message lands in
+        self.held: Optional[int] = None              # copy=False: the buffer the user's batch views
+        self.seq = 0
+        self.next: Optional[tuple[int, int]] = None  # (epoch, step) of the stream's next batch; None: no plan
+        self.closed = False
+
+    def open(self, dataset: object, sampling: Sampling) -> None:
+        """Send the data set and sampling to the feeder (once), then post both receives."""
+        self._send(OpenLoader(self.loader_id, dataset, sampling))
+        for slot in (0, 1):
+            self._post(slot)
+
+    def batches(self, epoch: int, start: int, stop: int) -> Iterator[Batch]:
+        """Batches [start, stop) of `epoch`; a new plan first unless the stream is already there."""
+        if self.closed:
+            raise ConfigError("this loader is closed (job.finish() or loader.close() was called)")
+        if self.next != (epoch, start):
+            self._replan(epoch, start)
+        for step in range(start, stop):
+            buf = self._receive(f"batch {step} of epoch {epoch}")
+            head = self.layout.unpack_header(buf)
+            if head["kind"] != BatchKind.BATCH or head["epoch"] != epoch or head["step"] != step:
+                raise PeerError(f"expected batch {step} of epoch {epoch} from {self.feeder_label}, got "
+                                f"{BatchKind(head['kind']).name} epoch {head['epoch']} step {head['step']}: "
+                                "host and DPU programs disagree on the loader's batches")
+            x, y = self.layout.unpack(buf, head["count"])
+            self.next = (epoch + 1, 0) if step + 1 == self.steps else (epoch, step + 1)
+            if self.copy:
+                x, y = x.clone(), y.clone()
+                self._post(self._advance())
+            else:
+                self.held = self._advance()
+            yield x, y
+
+    def close(self) -> None:
+        """Stop the stream: a STOP plan, the stream drained to its marker, leftover receives cancelled."""
+        if self.closed:
+            return
+        self._replan(STOP, 0)
+        for slot, req in enumerate(self.reqs):
+            if req is not None:
+                req.Cancel()
+                req.Wait()
+                self.reqs[slot] = None
+        self.closed = True
+
+    def _replan(self, epoch: int, start: int) -> None:
+        """Send the plan, then discard messages until its marker (batches of the old plan)."""
+        self.seq += 1
+        self._send(Plan(self.loader_id, self.seq, epoch, start))
+        while True:
+            buf = self._receive(f"the start of plan {self.seq} (epoch {epoch}, step {start})")
+            head = self.layout.unpack_header(buf)
+            self._post(self._advance())
+            if head["kind"] == BatchKind.MARKER and head["epoch"] == self.seq:
+                break
+        self.next = None if epoch == STOP else (epoch, start)
+
+    def _send(self, message: OpenLoader | Plan) -> None:
+        req = self.world.isend(encode(message), dest=self.feeder, tag=Tag.LOADER)
+        wait(req, self.timeout, f"{self.feeder_label} to take loader message {type(message).__name__}")
+
+    def _receive(self, what: str) -> BatchBuffer:
+        """The next message of the stream (the held view's buffer is released first)."""
+        if self.held is not None:
+            self._post(self.held)
+            self.held = None
+        req = self.reqs[self.head]
+        if req is None:
+            raise PeerError(f"loader {self.loader_id}: no receive posted for {what} (a bug: please report it)")
+        if not req.Test():
+            wait(req, self.timeout, f"{what} from {self.feeder_label}", max_sleep=BATCH_POLL_MAX_SLEEP,
+                 spin=BATCH_POLL_SPIN)
+        self.reqs[self.head] = None
+        return self.buffers[self.head]
+
+    def _advance(self) -> int:
+        """The buffer just received is done with by the stream; the other one is next."""
+        slot, self.head = self.head, 1 - self.head
+        return slot
+
+    def _post(self, slot: int) -> None:
+        self.reqs[slot] = self.world.Irecv(self.buffers[slot].raw, source=self.feeder, tag=self.tag)
+
+
+class DpuLoader:
+    """A host rank's training batches: iterate `loader.epoch(e)` (or the loader itself, epoch after epoch).
+
+    Every batch is `(samples, labels)`: what `DataLoader(seeded(dataset, seed), batch_size,
+    sampler=DistributedSampler(dataset, host ranks, host rank, shuffle=shuffle, seed=seed))` yields
+    for that epoch, to the bit, wherever it was built.
+    """
+
+    def __init__(self, source: Source, sampling: Sampling, steps: int, dataset: object, where: str) -> None:
+        self.source, self.sampling, self._steps, self.dataset = source, sampling, steps, dataset
+        self.where = where               # "DPU rank 0 (world rank 2, node n0)" or "this process"
+        self.batch_size = sampling.batch_size
+        self._epochs = itertools.count()
+
+    def __len__(self) -> int:
+        """Batches per epoch on this host rank (the same on every host rank)."""
+        return self._steps
+
+    def epoch(self, epoch: int, start: int = 0, stop: Optional[int] = None) -> Iterator[Batch]:
+        """Batches [start, stop) of epoch `epoch`, in order (`start`: where a resumed epoch goes on)."""
+        stop = self._steps if stop is None else stop
+        if not 0 <= start <= stop <= self._steps:
+            raise ConfigError(f"loader.epoch({epoch}, start={start}, stop={stop}): need 0 <= start <= stop <= "
+                              f"{self._steps} (batches per epoch)")
+        if epoch < 0:
+            raise ConfigError(f"loader.epoch({epoch}): epochs are numbered from 0")
+        return self.source.batches(epoch, start, stop)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next plain `for x, y in loader` iterate epoch `epoch` (as `DistributedSampler.set_epoch`)."""
+        self._epochs = itertools.count(epoch)
+
+    def __iter__(self) -> Iterator[Batch]:
+        """The next epoch: 0, 1, ... (or from `set_epoch`); like re-iterating a DataLoader each epoch."""
+        return self.epoch(next(self._epochs))
+
+    def close(self) -> None:
+        """Stop the DPU rank's work for this loader (`job.finish()` closes every loader)."""
+        self.source.close()
+
+
+def local_loader(dataset: object, sampling: Sampling) -> DpuLoader:
+    """Loading in this process, as the DPU rank would (the fallback and `--mode none`)."""
+    loader = RankLoader(sampling, PerSampleSeeded(dataset, sampling.seed))  # type: ignore[arg-type]
+    return DpuLoader(LocalSource(loader), sampling, len(loader), dataset, "this process")
+
+
+def check_dataset(dataset: object, batch_size: int) -> None:
+    """The mistakes `job.loader` can name before anything is sent."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"job.loader: batch_size must be an integer >= 1, got {batch_size!r}")
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise ConfigError(f"job.loader needs a map-style data set (with __getitem__ and __len__), got "
+                          f"{type(dataset).__name__}; an IterableDataset cannot be split by sample index")
+    if len(dataset) == 0:  # type: ignore[arg-type]
+        raise ConfigError("job.loader: the data set is empty")
