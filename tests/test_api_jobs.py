@@ -1,0 +1,64 @@
+"""The public API under dpurun (real MPMD jobs): loader streams, failures, the launcher's script mode."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.mpijobs import dpurun
+
+SCRIPT = "tests/api_scripts/streams.py"
+FAN_OUT = ["--host-ranks", "2", "--dpu-ranks", "1", "--oversubscribe"]  # one DPU rank feeds both host ranks
+
+
+@pytest.fixture(scope="module")
+def walks(tmp_path_factory) -> dict[str, list[dict]]:
+    """The same awkward walk over two loaders, fed by the DPU rank (da) and built on the hosts (none)."""
+    out = {}
+    for mode in ("da", "none"):
+        prefix = tmp_path_factory.mktemp(mode) / "seen"
+        r = dpurun(FAN_OUT, ["--mode", mode, SCRIPT, "--out", str(prefix)])
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"[dpuoffload] mode {mode}: 2 host rank(s), 1 DPU rank(s), script {SCRIPT}" in r.stdout
+        out[mode] = [json.loads((prefix.parent / f"seen-{rank}.json").read_text()) for rank in (0, 1)]
+    return out
+
+
+@pytest.mark.mpi
+def test_da_batches_equal_the_hosts_own_through_jumps_breaks_and_partial_epochs(walks):
+    for rank in (0, 1):
+        da, none = walks["da"][rank], walks["none"][rank]
+        assert da == none
+        assert [len(da[k]) for k in ("a0", "a1", "a2-rest", "a5-part", "b0", "a6")] == [7, 7, 4, 3, 2, 7]
+    assert walks["da"][0]["a0"] != walks["da"][1]["a0"]    # each host rank its own shard
+    assert walks["da"][0]["a0"] != walks["da"][0]["a1"]    # each epoch its own order and augmentation
+    assert walks["da"][0]["a0"] == walks["da"][0]["a0-again"]  # a jump back re-plans, same batches
+
+
+@pytest.mark.mpi
+def test_plain_iteration_walks_epochs_in_order(walks):
+    seen = walks["da"][0]
+    assert seen["b-iter0"] == seen["b0"] and seen["b-iter1"] != seen["b0"]
+    assert seen["sizes"] == ["7", "2", "2", "0"]  # ceil(ceil(50/2)/4); drop_last: floor(11/5); 2 host ranks
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("where, message", [
+    ("host", "host rank 0 (host program) failed first: RuntimeError: the user's loop failed (at "
+             "tests/api_scripts/streams.py:"),
+    ("dpu", "DPU rank 0 (DPU program) failed first: ValueError: sample 3 is corrupt (at tests/api_scripts/streams.py:"),
+])
+def test_a_failure_in_the_script_or_the_data_set_ends_the_job_in_one_line(tmp_path, where, message):
+    r = dpurun(["--host-ranks", "1", "--dpu-ranks", "1"], ["--mode", "da", SCRIPT, "--out", str(tmp_path / "x"),
+                                                           "--fail", where], timeout=120)
+    assert r.returncode == 1
+    assert message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_built_in_trainer_flags_are_refused_with_a_script_before_launch():
+    r = dpurun([], ["--mode", "da", "--lr", "0.1", SCRIPT, "--out", "x"], timeout=60)
+    assert r.returncode == 2
+    assert "--lr configures dpurun's built-in trainer; tests/api_scripts/streams.py runs its own loop" in r.stderr
+    assert "running:" not in r.stderr  # no rank started
