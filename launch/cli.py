@@ -31,6 +31,9 @@ examples:
   dpurun make-data /tmp/dpudata
   dpurun -- --preset debug --data /tmp/dpudata/cifar10
 
+  # your own training script (import dpuoffload; job.loader): its batches augmented on a DPU rank
+  dpurun -- --mode da examples/plain_loop.py --epochs 2
+
   # one box, 2 DPU ranks sharing core 1 at a quarter of its speed (cgroup; needs root)
   dpurun --dpu-ranks 2 --dpu-cores 1 --dpu-speed 0.25 --oversubscribe \\
       -- --preset debug --data /tmp/dpudata/cifar10
@@ -63,7 +66,9 @@ def build_launcher_parser() -> argparse.ArgumentParser:
     """The launcher flags (before `--`). tests/test_cli_surface.py freezes this set."""
     p = argparse.ArgumentParser(
         prog=PROG, formatter_class=_HelpFormatter, epilog=EPILOG,
-        usage=(f"{PROG} [launcher flags] -- [training flags]\n       {PROG} make-data [...]\n"
+        usage=(f"{PROG} [launcher flags] -- [training flags]\n"
+               f"       {PROG} [launcher flags] -- [--mode none|da ...] SCRIPT.py [script args]\n"
+               f"       {PROG} make-data [...]\n"
                f"       {PROG} project PROFILE [...]\n       {PROG} export-checkpoint DIR OUT.pt"),
         description="Start the host program (app context 0) and the DPU program (app context 1) "
                     "as one MPMD mpirun job with identical training flags.")

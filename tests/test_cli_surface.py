@@ -28,7 +28,7 @@ TRAINING_FLAGS = {
     "--ckpt-dir", "--ckpt-every", "--ckpt-every-epoch", "--ckpt-keep", "--ckpt-copy", "--ckpt-errors", "--resume",
     "--stop-at-step",
     "--clone-at", "--clone-override",
-    "--config", "--tensorboard", "--plots",
+    "--config", "--tensorboard", "--plots", "--script",
 }
 
 
@@ -77,11 +77,12 @@ def test_training_help_via_separator(capsys):
 def test_epilog_examples_parse():
     lines = cli.EPILOG.replace("\\\n", " ").splitlines()
     examples = [shlex.split(ln)[1:] for ln in lines if ln.strip().startswith("dpurun -")]
-    assert len(examples) == 3
+    assert len(examples) == 4
     for argv in examples:
         launcher_argv, training_args = cli.split_argv(argv)
         cli.parse_launcher_args(launcher_argv)
-        parse_run_config(training_args)
+        flags, script, _ = cli.split_script(training_args)
+        parse_run_config(flags + (["--script", script] if script else []))
 
 
 def test_mpirun_arg_is_repeatable_and_shell_split(monkeypatch, capsys):

@@ -1,0 +1,157 @@
+"""The public API without dpurun (pure, no MPI): the local fallback, argument errors, script mode parsing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from dpuoffload.common.config import parse_run_config
+from dpuoffload.common.data.loaders import Sampling
+from dpuoffload.common.data.streams import OpenLoader, decode, encode
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.launch.cli import split_script
+from dpuoffload.launch.command import LaunchSpec, build_command
+from tests.mpijobs import REPO
+
+
+class Noise(Dataset):
+    def __len__(self) -> int:
+        return 23
+
+    def __getitem__(self, i: int):
+        return torch.rand(2, 3) + i, i % 3
+
+
+@pytest.fixture()
+def local_job(monkeypatch):
+    import dpuoffload.host.library as library
+
+    for var in ("DPUOFFLOAD_ARGS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(library, "_job", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        job = library.init()
+    return job, caught
+
+
+def test_without_dpurun_init_warns_once_and_loads_here(local_job):
+    job, caught = local_job
+    assert (job.rank, job.size, job.offloaded, job.comm) == (0, 1, False, None)
+    assert len(caught) == 1 and "not started by dpurun" in str(caught[0].message)
+    assert "dpurun -- --mode da SCRIPT" in str(caught[0].message)
+
+
+@pytest.mark.parametrize("shuffle, drop_last", [(True, False), (False, True)])
+def test_local_loader_equals_torch_dataloader_over_seeded(local_job, shuffle, drop_last):
+    import dpuoffload as dpu
+
+    job, _ = local_job
+    loader = job.loader(Noise(), batch_size=4, seed=7, shuffle=shuffle, drop_last=drop_last)
+    seeded = dpu.seeded(Noise(), 7)
+    sampler = DistributedSampler(seeded, num_replicas=1, rank=0, shuffle=shuffle, seed=7)
+    reference = DataLoader(seeded, batch_size=4, sampler=sampler, drop_last=drop_last)
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        seeded.set_epoch(epoch)
+        ours = list(loader.epoch(epoch))
+        theirs = list(reference)
+        assert len(ours) == len(theirs) == len(loader)
+        for (x, y), (rx, ry) in zip(ours, theirs):
+            assert torch.equal(x, rx) and torch.equal(y, ry)
+    job.finish()
+
+
+def test_loader_arguments_are_checked(local_job):
+    job, _ = local_job
+    with pytest.raises(ConfigError, match="batch_size must be an integer >= 1"):
+        job.loader(Noise(), batch_size=0)
+    with pytest.raises(ConfigError, match="map-style data set"):
+        job.loader(iter([1, 2]), batch_size=2)
+    loader = job.loader(Noise(), batch_size=5)
+    with pytest.raises(ConfigError, match=r"need 0 <= start <= stop <= 5"):
+        loader.epoch(0, start=6)
+    job.finish()
+    with pytest.raises(ConfigError, match="job.finish\\(\\) was called"):
+        job.loader(Noise(), batch_size=2)
+
+
+def test_importing_dpuoffload_does_not_import_torch():
+    """The launcher and the torch-free planning code import the package first."""
+    code = "import sys, dpuoffload; print(dpuoffload.API_VERSION, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[1] == "False" and out[0].count(".") == 2
+
+
+def test_a_lambda_transform_is_named_as_what_cannot_be_sent():
+    data = Noise()
+    data.transform = lambda x: x
+    with pytest.raises(ConfigError, match=r"cannot send the data set \(Noise\) to its DPU rank: .*instead of lambdas"):
+        encode(OpenLoader(0, data, Sampling(4)))
+
+
+def test_main_module_classes_are_found_in_the_users_script(tmp_path):
+    """`__main__.Thing` pickled on the host is rebuilt on the DPU rank from the script, without running
+    the script's `if __name__ == "__main__":` block."""
+    script = tmp_path / "train.py"
+    script.write_text("class Thing:\n    def __init__(self, v):\n        self.v = v\n"
+                      "if __name__ == '__main__':\n    raise SystemExit('the main block must not run')\n")
+    fake_main = type(sys)("__main__")
+    exec(script.read_text().split("if __name__")[0], fake_main.__dict__)
+    fake_main.Thing.__module__ = "__main__"
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = fake_main
+    try:
+        blob = encode(OpenLoader(0, fake_main.Thing(41), Sampling(2)))
+    finally:
+        sys.modules["__main__"] = saved
+    message = decode(blob, str(script))
+    assert type(message.dataset).__module__ == "__mp_main__" and message.dataset.v == 41
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--mode", "da", "train.py", "--epochs", "2"], (["--mode", "da"], "train.py", ["--epochs", "2"])),
+    (["--data", "x.py", "--mode", "da"], (["--data", "x.py", "--mode", "da"], None, [])),
+    (["--mode", "none", "--no-progress", "a/b.py"], (["--mode", "none", "--no-progress"], "a/b.py", [])),
+    (["--mode", "da"], (["--mode", "da"], None, [])),
+])
+def test_split_script(args, expected):
+    assert split_script(args) == expected
+
+
+def test_script_mode_command_line():
+    spec = LaunchSpec(mpirun="mpirun", host_python="py", dpu_python="py", host_cores=(0,), dpu_cores=(1,),
+                      training_args=("--mode", "da", "--script", "t.py"), script="t.py", script_args=("--lr", "1"))
+    cmd = build_command(spec)
+    host = cmd[cmd.index("-np"): cmd.index(":")]
+    assert host[-4:] == ["py", "t.py", "--lr", "1"]
+    assert "DPUOFFLOAD_ARGS=--mode da --script t.py" in host
+    assert cmd[-7:] == ["py", "-m", "dpuoffload.dpu", "--mode", "da", "--script", "t.py"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--mode", "mv"], "--mode mv with a training script: the public API offloads data loading"),
+    (["--epochs", "5"], "--epochs configures dpurun's built-in trainer"),
+    (["--preset", "debug"], "configures dpurun's built-in trainer"),
+])
+def test_script_mode_refuses_what_the_script_owns(flags, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        parse_run_config([*flags, "--script", "t.py"])
+
+
+def test_script_mode_keeps_the_offload_flags():
+    cfg = parse_run_config(["--mode", "da", "--da-buffers", "8", "--peer-timeout", "30", "--script", "t.py"])
+    assert (cfg.da_buffers, cfg.peer_timeout, cfg.script) == (8, 30.0, "t.py")
+
+
+def test_the_examples_name_their_dpu_lines():
+    """README promise: each example marks the lines that make it a dpuoffload script."""
+    for name in ("plain_loop.py", "horovod_loop.py", "ddp_loop.py"):
+        text = (REPO / "examples" / name).read_text()
+        assert "import dpuoffload as dpu  # dpu" in text and "job = dpu.init()  # dpu" in text
+        assert "job.finish()  # dpu" in text
