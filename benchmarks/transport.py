@@ -8,7 +8,9 @@ batch size it measures, interleaved rep by rep:
   buffer, which the kernel backs with its shared zero page and which would flatter the baseline);
 - ours: the `--mode da` path end to end — the sender stacks a batch's samples straight into a
   `SendRing` buffer (`BatchLayout.pack_items`: the collate copy, labels, header) and `Isend`s it,
-  the receiver takes it from `RemoteFeed` (double-buffered `Irecv`, header checks, zero-copy views);
+  the receiver takes it from the public API loader's `RemoteSource` (double-buffered `Irecv`, header
+  checks, zero-copy views, `copy=False` as the built-in trainer uses it); the sender answers the loader
+  stream protocol (open, plan, marker, batches, stop) as a DPU rank's `LoaderService` does;
 - ours, send only: the same ring and feed with the batch already in the buffer (raw's situation).
 Bandwidth = payload bytes / receiver time; target: ours >= 0.8 x raw.
 """
@@ -29,8 +31,11 @@ import torch  # noqa: E402
 
 from benchmarks.harness import BIN, RESULTS, Section, job_env, machine, table, write_json  # noqa: E402
 from dpuoffload.common.data.batches import layout_for  # noqa: E402
-from dpuoffload.dpu.augment import SendRing  # noqa: E402
-from dpuoffload.host.feed import RemoteFeed  # noqa: E402
+from dpuoffload.common.data.loaders import Sampling  # noqa: E402
+from dpuoffload.common.data.streams import decode, stream_tag  # noqa: E402
+from dpuoffload.common.runtime.messages import Tag  # noqa: E402
+from dpuoffload.dpu.serve import SendRing  # noqa: E402
+from dpuoffload.host.loader import RemoteSource  # noqa: E402
 
 # (label, batch, sample shape): CIFAR batch 16 / 64, Tiny-ImageNet 64x64 batch 64, ImageNet 224 batch 32
 MIN_BYTES = 1e9  # per variant and repetition: ~0.1-0.2 s, so scheduler noise stays small against it
@@ -75,24 +80,35 @@ def raw(world, layout, items, steps: int) -> None:
 
 def ours(world, layout, items, steps: int, prepacked: bool = False) -> None:
     """The `--mode da` path: SendRing (collate into the buffer unless `prepacked`, Isend) ->
-    RemoteFeed (double-buffered Irecv, header checks, views)."""
+    RemoteSource (double-buffered Irecv, header checks, views), over the loader stream protocol."""
     if world.Get_rank() == 0:
-        for _ in RemoteFeed(world, 1, "sender", layout, steps, 60).epoch(0):
+        source = RemoteSource(world, 1, "sender", 0, layout, steps, 60, copy=False)
+        source.prepare(None, Sampling(len(items)))
+        for _ in source.batches(0, 0, steps):
             pass
+        source.close()
         return
-    ring = SendRing(world, layout, 4, 60)
+    ring = SendRing(world, layout, 4, 0, stream_tag(0), 60)
+    decode(world.recv(source=0, tag=Tag.LOADER), None)  # the OpenLoader
+    answer_plan(world, layout, ring)
     for buf in ring.buffers if prepacked else ():
         layout.pack_items(buf, 0, 0, items)
     for step in range(steps):
         slot, buf = ring.acquire()
         if prepacked:  # the batch is in place: only its header changes
             layout.pack_header(buf, 0, step, len(items))
-            ring.send(slot, layout.nbytes(len(items)), 0)
+            ring.send(slot, layout.nbytes(len(items)))
         else:
-            ring.send(slot, layout.pack_items(buf, 0, step, items), 0)
-    slot, buf = ring.acquire()
-    ring.send(slot, layout.pack_end(buf, 0), 0)
+            ring.send(slot, layout.pack_items(buf, 0, step, items))
+    answer_plan(world, layout, ring)  # the STOP plan of `close`
     ring.drain()
+
+
+def answer_plan(world, layout, ring: SendRing) -> None:
+    """Receive the host's next plan and send its marker (what the DPU rank's `Stream.replan` does)."""
+    plan = decode(world.recv(source=0, tag=Tag.LOADER), None)
+    slot, buf = ring.acquire()
+    ring.send(slot, layout.pack_marker(buf, plan.seq))
 
 
 VARIANTS = {"raw": raw, "ours": ours, "ours-send-only": lambda *a: ours(*a, prepacked=True)}

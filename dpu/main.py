@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Sequence
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.data.datasets import build_datasets
-from dpuoffload.common.data.loaders import probe_layout, steps_per_epoch
+from dpuoffload.common.data.datasets import build_datasets, build_train_set
+from dpuoffload.common.data.loaders import steps_per_epoch
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.models.zoo import build_model
 from dpuoffload.common.plan.assign import StateAssignment
@@ -20,7 +21,6 @@ from dpuoffload.common.runtime.startup import start_program
 from dpuoffload.common.state.resume import find_resume, start_position
 from dpuoffload.common.state.trainstate import epoch_spans
 from dpuoffload.common.train.naive import measure_profile
-from dpuoffload.dpu.augment import Augmenter
 from dpuoffload.dpu.idle import idle_until_shutdown
 from dpuoffload.dpu.keeper import Keeper
 from dpuoffload.dpu.replica import Replica
@@ -56,13 +56,13 @@ def prepare(cfg: RunConfig, topo: Topology) -> DpuJob:
     # DPU-only collectives first, before anything that could fail on one rank and not the others
     work_comm = topo.side_comm.Split(color=WORK_COLORS[work], key=me)
     keeper = build_keeper(cfg, topo)
-    if cfg.script is not None:  # a user's script on the host ranks: serve the loaders it opens
-        fed = plan.fed_by(me)
-        return DpuJob(work, LoaderService(cfg, topo, fed), None) if fed else DpuJob(IDLE, None, None)
-    if work == DA and plan.fed_by(me):
-        train = PerSampleSeeded(build_datasets(cfg).train, cfg.seed)
-        start = start_position(find_resume(cfg, len(topo.host_ranks), host_steps(cfg, topo, len(train))))
-        return DpuJob(work, Augmenter(cfg, topo, train, probe_layout(train, cfg), plan.fed_by(me), start), keeper)
+    if work == DA and plan.fed_by(me):  # the loaders its host ranks open (their plans say which batches)
+        service = LoaderService(cfg, topo, plan.fed_by(me))
+        if cfg.script is None:  # the built-in trainer's hosts name the training set by this recipe
+            service.prebuild(functools.partial(build_train_set, cfg))
+        return DpuJob(work, service, keeper)
+    if cfg.script is not None:  # a user's script: nothing else is offloaded to DPU ranks yet
+        return DpuJob(IDLE, None, None)
     if work == MV:
         data = build_datasets(cfg)
         steps = host_steps(cfg, topo, len(data.train))

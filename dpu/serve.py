@@ -1,9 +1,12 @@
-"""The DPU program under a user's training script (`dpurun ... train.py`): serve the host's loaders.
+"""`--mode da` on a DPU rank: serve the loaders of the host ranks it feeds (the public API's `job.loader`).
 
-The script on the host ranks calls the public API (`import dpuoffload`); this rank does what it is
-told over the loader stream protocol (`common.data.streams`): for every loader a fed host rank
-opens, it builds that host's own `RankLoader` over the host's data set and produces its batches
-per the host's plans, each stream through its own ring of `--da-buffers` send buffers. Streams are
+The host ranks (a user's script, or the built-in trainer, which uses the same API) open loaders
+and plan them over the loader stream protocol (`common.data.streams`): for every loader a fed host
+rank opens, this rank builds that host's own `RankLoader` over the host's data set (received, or
+built from its recipe) and produces its batches per the host's plans, each stream through its own
+ring of `--da-buffers` send buffers used in turn: a buffer is refilled only once its previous send
+completed, so memory stays bounded however far the DPU rank runs ahead. Each batch is collated
+straight into its send buffer (one copy, `BatchLayout.pack_items`) and sent as one raw message. Streams are
 served round-robin and a stream whose ring is full (its host is busy computing) is skipped, so one
 slow host never stalls another's batches. The loop sleeps with a back-off when no stream can move,
 and ends when host rank 0 sends SHUTDOWN (`job.finish()`, after every host closed its loaders).
@@ -15,53 +18,109 @@ validation may take an hour). A dead host rank ends the job through mpirun.
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from dpuoffload.common.config import RunConfig
+from dpuoffload.common.data.batches import BatchBuffer, BatchLayout
 from dpuoffload.common.data.loaders import RankLoader, probe_layout
 from dpuoffload.common.data.sampling import PerSampleSeeded
-from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, decode, stream_tag
+from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, Recipe, decode, stream_tag
 from dpuoffload.common.errors import ConfigError, PeerError
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
-from dpuoffload.dpu.augment import SendRing, transform_name
+from dpuoffload.common.runtime.waits import wait
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-IDLE_MAX_SLEEP = 0.002   # nothing to do: poll for the host's receives and messages at least this often
+IDLE_MAX_SLEEP = 0.002       # nothing to do: poll for the host's receives and messages at least this often
+RING_POLL_MAX_SLEEP = 0.002  # a marker waits for a free buffer: poll often...
+RING_POLL_SPIN = 0.0002      # ...and spin briefly first, a send of a posted receive completes in microseconds
+
+
+class SendRing:
+    """K send buffers to one host rank on one tag, used in turn."""
+
+    def __init__(self, world: "MPI.Comm", layout: BatchLayout, k: int, dest: int, tag: int,
+                 timeout: Optional[float] = None) -> None:
+        self.world, self.dest, self.tag, self.timeout = world, dest, tag, timeout
+        self.buffers = [layout.buffer() for _ in range(k)]
+        self.pending: list[Optional["MPI.Request"]] = [None] * k
+        self.next = 0
+
+    def ready(self) -> bool:
+        """Whether `acquire` returns at once (the next buffer's previous send completed)."""
+        req = self.pending[self.next]
+        return req is None or bool(req.Test())
+
+    def acquire(self) -> tuple[int, BatchBuffer]:
+        """The next buffer, once its previous send completed (waits, sleeping, if need be)."""
+        slot = self.next
+        self.next = (self.next + 1) % len(self.buffers)
+        self._complete(slot)
+        return slot, self.buffers[slot]
+
+    def send(self, slot: int, nbytes: int) -> None:
+        self.pending[slot] = self.world.Isend(self.buffers[slot].raw[:nbytes], dest=self.dest, tag=self.tag)
+
+    def drain(self) -> None:
+        for slot in range(len(self.buffers)):
+            self._complete(slot)
+
+    def _complete(self, slot: int) -> None:
+        req = self.pending[slot]
+        if req is None:
+            return
+        if not req.Test():  # (a completed send skips building the wait's message)
+            wait(req, self.timeout, f"host world rank {self.dest} to receive a batch",
+                 max_sleep=RING_POLL_MAX_SLEEP, spin=RING_POLL_SPIN)
+        self.pending[slot] = None
+
+
+def transform_name(dataset: Any) -> str:
+    """The user's transform, for error messages (looks through Subset wrappers)."""
+    while not hasattr(dataset, "transform") and hasattr(dataset, "dataset"):
+        dataset = dataset.dataset
+    return repr(getattr(dataset, "transform", None)).replace("\n", " ")
 
 
 class Stream:
     """One host rank's loader on this DPU rank: its sampler, its send ring, where its plan stands."""
 
     def __init__(self, world: "MPI.Comm", host: int, host_label: str, opened: OpenLoader, buffers: int,
-                 timer: PhaseTimer) -> None:
+                 timer: PhaseTimer, on_epoch_end: Optional[Callable[[int], None]] = None,
+                 prebuilt: Optional[dict[bytes, Any]] = None) -> None:
         self.world, self.host, self.host_label, self.timer = world, host, host_label, timer
-        train = PerSampleSeeded(opened.dataset, opened.sampling.seed)
+        self.on_epoch_end = on_epoch_end
+        dataset = _prebuilt_or_none(opened, prebuilt or {})
+        dataset = opened.materialize() if dataset is None else dataset
+        train = PerSampleSeeded(dataset, opened.sampling.seed)
         self.loader = RankLoader(opened.sampling, train, collate=False)
         self.layout = probe_layout(train, opened.sampling)
-        self.ring = SendRing(world, self.layout, buffers, None, tag=stream_tag(opened.loader))
-        self.transform = transform_name(opened.dataset)
+        self.ring = SendRing(world, self.layout, buffers, host, stream_tag(opened.loader))
+        self.transform = transform_name(dataset)
         self.steps = len(self.loader)
-        self.epoch, self.step = STOP, 0
+        self.epoch, self.step, self.end = STOP, 0, STOP
         self.batches: Optional[Iterator[list]] = None
         self.sent = 0
+        self.sent_in: dict[int, int] = {}   # batches sent per epoch (for the per-epoch records)
+        self.finished = -1                  # the last epoch this stream produced to its end
 
     @property
     def active(self) -> bool:
-        return self.epoch != STOP and self.steps > 0
+        return self.epoch != STOP and self.steps > 0 and (self.end == STOP or self.epoch < self.end)
 
     def replan(self, plan: Plan) -> None:
         """Start `plan`: the marker first (the host discards what came before it), then its batches."""
         if plan.epoch != STOP and not 0 <= plan.start < max(self.steps, 1):
             raise PeerError(f"{self.host_label} asked for step {plan.start} of an epoch of {self.steps} steps")
-        self.epoch, self.step, self.batches = plan.epoch, plan.start, None
+        self.epoch, self.step, self.end, self.batches = plan.epoch, plan.start, plan.end, None
         slot, buf = self.ring.acquire()  # the host is receiving: it waits for this marker
-        self.ring.send(slot, self.layout.pack_marker(buf, plan.seq), self.host)
+        self.ring.send(slot, self.layout.pack_marker(buf, plan.seq))
 
     def produce(self) -> None:
         """Augment and send the next batch (the caller checked `ring.ready()`), then advance."""
@@ -70,7 +129,7 @@ class Stream:
             self.batches = self.loader.batches(self.step)
         with self.timer.phase("augment"):
             items = next(self.batches)
-        with self.timer.phase("send"):
+        with self.timer.phase("send"):  # collate straight into the send buffer, then Isend
             slot, buf = self.ring.acquire()
             try:
                 nbytes = self.layout.pack_items(buf, self.epoch, self.step, items)
@@ -79,29 +138,48 @@ class Stream:
                                   f"the training transform {self.transform} does not ({e}); end it with a "
                                   "fixed-size step such as RandomResizedCrop(size) or Resize(size) + "
                                   "CenterCrop(size)") from None
-            self.ring.send(slot, nbytes, self.host)
+            self.ring.send(slot, nbytes)
         self.sent += 1
+        self.sent_in[self.epoch] = self.sent_in.get(self.epoch, 0) + 1
         self.step += 1
         if self.step == self.steps:  # run on into the next epoch: the host most likely wants it next
+            self.finished = self.epoch
+            if self.on_epoch_end is not None:
+                self.on_epoch_end(self.epoch)
             self.epoch, self.step, self.batches = self.epoch + 1, 0, None
 
 
+def _prebuilt_or_none(opened: OpenLoader, prebuilt: dict[bytes, Any]) -> Any:
+    """The data set of a recipe this rank already built at start-up, or None."""
+    if not isinstance(opened.dataset, Recipe):
+        return None
+    return prebuilt.get(pickle.dumps(opened.dataset.build))
+
+
 class LoaderService:
-    """This DPU rank's work under a user's script: the loaders of the host ranks it feeds."""
+    """This DPU rank's work in `--mode da`: the loaders of the host ranks it feeds."""
 
     def __init__(self, cfg: RunConfig, topo: Topology, hosts: tuple[int, ...]) -> None:
         self.cfg, self.topo, self.hosts = cfg, topo, hosts
         self.streams: dict[tuple[int, int], Stream] = {}
         self.timer = PhaseTimer()
         self.turn = 0
+        self.prebuilt: dict[bytes, Any] = {}
+        self.records: list[dict[str, Any]] = []
+        self.mark = time.perf_counter()       # when the last epoch record was taken
+        self.recorded = -1                    # the last epoch recorded
         if cfg.script is not None:  # the script's own modules import as they do on the host
             folder = os.path.dirname(os.path.abspath(cfg.script))
             if folder not in sys.path:
                 sys.path.insert(0, folder)
 
+    def prebuild(self, recipe: Callable[[], Any]) -> None:
+        """Build a data set the hosts will name by this recipe now, during start-up: its cost (and
+        its errors) belong to start-up, not to the host's wait for its first batch."""
+        self.prebuilt[pickle.dumps(recipe)] = recipe()
+
     def run(self) -> list[dict[str, Any]]:
-        """Serve until SHUTDOWN; one record with the batches sent and the phase totals."""
-        t0 = time.perf_counter()
+        """Serve until SHUTDOWN; a record per epoch all streams produced (phases, batches sent)."""
         shutdown = CONTROL.empty()
         ctl = self.topo.world.Irecv(shutdown, source=self.topo.host_ranks[0], tag=CONTROL.tag)
         sleep = 0.0
@@ -115,11 +193,23 @@ class LoaderService:
             if moved:
                 sleep = 0.0
                 continue
-            with self.timer.phase("idle"):
+            with self.timer.phase("buffer_wait"):
                 time.sleep(sleep)
             sleep = min(max(sleep * 2, 1e-4), IDLE_MAX_SLEEP)
-        return [{"epoch": -1, "epoch_time": time.perf_counter() - t0, "loaders": len(self.streams),
-                 "batches": sum(s.sent for s in self.streams.values()), "phases": dict(self.timer.totals)}]
+        return self.records
+
+    def epoch_done(self, epoch: int) -> None:
+        """A stream finished producing `epoch`; once every stream has, one record of this rank's
+        phases since the previous record and the batches of that epoch (what the benchmarks read
+        per epoch, as for the host ranks)."""
+        if epoch <= self.recorded or any(s.finished < epoch for s in self.streams.values()):
+            return
+        now = time.perf_counter()
+        batches = sum(s.sent_in.pop(epoch, 0) for s in self.streams.values())
+        self.records.append({"epoch": epoch, "epoch_time": now - self.mark, "batches": batches,
+                             "phases": dict(self.timer.totals)})
+        self.timer.reset()
+        self.mark, self.recorded = now, epoch
 
     def poll_messages(self) -> bool:
         """Handle every loader message that has arrived; whether there was one."""
@@ -139,7 +229,8 @@ class LoaderService:
                             "which does not feed it: host and DPU programs disagree on the offload plan")
         if isinstance(message, OpenLoader):
             self.streams[(host, message.loader)] = Stream(self.topo.world, host, self.topo.describe(host), message,
-                                                          self.cfg.da_buffers, self.timer)
+                                                          self.cfg.da_buffers, self.timer, self.epoch_done,
+                                                          self.prebuilt)
         elif isinstance(message, Plan):
             stream = self.streams.get((host, message.loader))
             if stream is None:

@@ -19,19 +19,22 @@ Order of calls on one host program rank (host ranks in app context 0, clone rank
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol
+from typing import Any, Iterator, Optional, Protocol
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.data.feeds import Feed, LocalFeed
-from dpuoffload.common.data.loaders import RankLoader, probe_layout
+from dpuoffload.common.data.datasets import build_train_set
+from dpuoffload.common.data.feeds import Batch, Feed, LocalFeed
+from dpuoffload.common.data.loaders import RankLoader
 from dpuoffload.common.data.sampling import PerSampleSeeded
-from dpuoffload.common.plan.offload import OffloadPlan, require_feeder
+from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.train.loop import StateHooks, Trainer
 from dpuoffload.host.checkpoint import StateHandoff
 from dpuoffload.host.clone import adopt
-from dpuoffload.host.feed import RemoteFeed
+from dpuoffload.host.library import current
+from dpuoffload.host.loader import DpuLoader
 
 
 class FeedFactory(Protocol):
@@ -67,14 +70,30 @@ class CloneAdopter(Protocol):
     def __call__(self, trainer: Trainer, topo: Topology, original: RunConfig, clone: RunConfig) -> dict[str, Any]: ...
 
 
+class LoaderFeed:
+    """`--mode da`: the trainer's batches from the public API's loader, fed by a DPU rank."""
+
+    def __init__(self, loader: DpuLoader) -> None:
+        self.loader = loader
+
+    def steps(self) -> int:
+        return len(self.loader)
+
+    def global_samples(self, step: int) -> Optional[int]:
+        return None
+
+    def epoch(self, epoch: int, start: int = 0, stop: Optional[int] = None) -> Iterator[Batch]:
+        return self.loader.epoch(epoch, start, stop)
+
+
 def build_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded, plan: OffloadPlan) -> Feed:
-    """This host rank's own loader, or a receiver of the batches its augmentation DPU rank sends."""
-    loader = RankLoader(cfg, train, len(topo.host_ranks), topo.side_rank)
+    """This host rank's own loader, or `job.loader` (the public API): batches from its DPU rank,
+    which builds the training set from the run's flags rather than receiving it."""
     if not cfg.mode.augments_on_dpu:
-        return LocalFeed(loader)
-    feeder = require_feeder(plan, topo.world_rank, topo.describe())
-    return RemoteFeed(topo.world, feeder, topo.describe(feeder), probe_layout(train, cfg), len(loader),
-                      cfg.peer_timeout)
+        return LocalFeed(RankLoader(cfg, train, len(topo.host_ranks), topo.side_rank))
+    loader = current().loader(train.dataset, cfg.batch_size, seed=cfg.seed, drop_last=cfg.drop_last, copy=False,
+                              epochs=cfg.epochs, build_on_dpu=functools.partial(build_train_set, cfg))
+    return LoaderFeed(loader)
 
 
 def build_hooks(cfg: RunConfig, topo: Topology, trainer: Trainer,

@@ -24,11 +24,12 @@ import shlex
 import sys
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any, Optional, cast
+from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.loaders import Sampling, probe_layout
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.data.streams import Recipe
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.modes import Mode
 from dpuoffload.common.plan.offload import OffloadPlan, plan_offload, require_feeder
@@ -72,7 +73,8 @@ class Job:
         return self.topo is not None and self.mode.augments_on_dpu
 
     def loader(self, dataset: Any, batch_size: int, *, shuffle: bool = True, seed: int = 0,
-               drop_last: bool = False, copy: bool = True) -> DpuLoader:
+               drop_last: bool = False, copy: bool = True, epochs: Optional[int] = None,
+               build_on_dpu: Optional[Callable[[], Any]] = None) -> DpuLoader:
         """A loader of `dataset` for this host rank, augmented by its DPU rank in `--mode da`.
 
         Args:
@@ -85,27 +87,37 @@ class Job:
             drop_last: drop this rank's last partial batch of an epoch.
             copy: False hands out views of the receive buffers, valid until the next batch is asked
                 for (saves one copy per batch; keep nothing across steps then).
+            epochs: the epochs you will iterate, if known: the DPU rank then stops running ahead
+                after the last one (else it makes up to --da-buffers batches of an epoch never asked for).
+            build_on_dpu: a picklable zero-argument callable (a module-level function, or a
+                `functools.partial` of one) that builds the same data set on the DPU rank, sent instead
+                of `dataset` itself: for data sets held in memory (CIFAR-10's arrays are 150 MB).
+
+        No communication happens here: the DPU rank hears of the loader with the first batch request.
         """
         self._check_open()
         check_dataset(dataset, batch_size)
+        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+            raise ConfigError(f"job.loader: epochs must be an integer >= 1 or None, got {epochs!r}")
         sampling = Sampling(batch_size, self.size, self.rank, seed, shuffle, drop_last)
         if not self.offloaded:
-            made = local_loader(dataset, sampling)
+            made = local_loader(dataset, sampling, epochs)
         else:
-            made = self._remote_loader(dataset, sampling, copy)
+            made = self._remote_loader(dataset, sampling, copy, epochs, build_on_dpu)
         self.loaders.append(made)
         return made
 
-    def _remote_loader(self, dataset: Any, sampling: Sampling, copy: bool) -> DpuLoader:
+    def _remote_loader(self, dataset: Any, sampling: Sampling, copy: bool, epochs: Optional[int],
+                       build_on_dpu: Optional[Callable[[], Any]]) -> DpuLoader:
         topo, cfg, plan = cast(Topology, self.topo), cast(RunConfig, self.cfg), cast(OffloadPlan, self.plan)
         feeder = require_feeder(plan, topo.world_rank, topo.describe())
         seeded_set = PerSampleSeeded(dataset, sampling.seed)
         layout = probe_layout(seeded_set, sampling)
         steps = len(local_loader(dataset, sampling))
         source = RemoteSource(topo.world, feeder, topo.describe(feeder), len(self.loaders), layout, steps,
-                              cfg.peer_timeout, copy)
-        source.open(dataset, sampling)
-        return DpuLoader(source, sampling, steps, dataset, topo.describe(feeder))
+                              cfg.peer_timeout, copy, epochs)
+        source.prepare(dataset if build_on_dpu is None else Recipe(build_on_dpu), sampling)
+        return DpuLoader(source, sampling, steps, dataset, topo.describe(feeder), epochs)
 
     def init_process_group(self, backend: str = "gloo", timeout: Optional[float] = None) -> None:
         """`torch.distributed.init_process_group` over the host ranks only (for DDP).
@@ -144,6 +156,20 @@ class Job:
     def _check_open(self) -> None:
         if self.finished:
             raise ConfigError("job.finish() was called: this job hands out no more loaders")
+
+
+def attach(cfg: RunConfig, topo: Topology, plan: OffloadPlan) -> Job:
+    """The built-in host program's job (its start-up already ran): the same API a script uses."""
+    global _job
+    _job = Job(topo.side_rank, len(topo.host_ranks), cfg.mode, topo.side_comm, topo, cfg, plan)
+    return _job
+
+
+def current() -> Job:
+    """The job `init` or `attach` made in this process."""
+    if _job is None:
+        raise ConfigError("no dpuoffload job in this process: call dpuoffload.init() first")
+    return _job
 
 
 def init() -> Job:

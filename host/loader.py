@@ -61,8 +61,9 @@ class RemoteSource:
     """The host end of one loader stream from DPU rank `feeder`."""
 
     def __init__(self, world: "MPI.Comm", feeder: int, feeder_label: str, loader_id: int, layout: BatchLayout,
-                 steps: int, timeout: float, copy: bool) -> None:
+                 steps: int, timeout: float, copy: bool, epochs: Optional[int] = None) -> None:
         self.world, self.feeder, self.feeder_label = world, feeder, feeder_label
+        self.end = STOP if epochs is None else epochs  # the DPU rank produces no batch of epoch `end` or later
         self.loader_id, self.layout, self.steps = loader_id, layout, steps
         self.timeout, self.copy = timeout, copy
         self.tag = stream_tag(loader_id)
@@ -72,11 +73,21 @@ class RemoteSource:
         self.held: Optional[int] = None              # copy=False: the buffer the user's batch views
         self.seq = 0
         self.next: Optional[tuple[int, int]] = None  # (epoch, step) of the stream's next batch; None: no plan
+        self.opening: Optional[bytes] = None         # the pickled OpenLoader, until it is sent
         self.closed = False
 
-    def open(self, dataset: object, sampling: Sampling) -> None:
-        """Send the data set and sampling to the feeder (once), then post both receives."""
-        self._send(OpenLoader(self.loader_id, dataset, sampling))
+    def prepare(self, dataset: object, sampling: Sampling) -> None:
+        """Pickle the loader's opening message now (a data set that cannot be sent fails at
+        `job.loader`, not at the first batch); it goes to the feeder with the first batch request,
+        so building a loader involves no communication (the built-in trainer builds its loader
+        during start-up, while the DPU ranks are in their own start-up collectives)."""
+        self.opening = encode(OpenLoader(self.loader_id, dataset, sampling))
+
+    def _open(self) -> None:
+        if self.opening is None:
+            return
+        self._send_bytes(self.opening, "OpenLoader")
+        self.opening = None
         for slot in (0, 1):
             self._post(slot)
 
@@ -84,6 +95,7 @@ class RemoteSource:
         """Batches [start, stop) of `epoch`; a new plan first unless the stream is already there."""
         if self.closed:
             raise ConfigError("this loader is closed (job.finish() or loader.close() was called)")
+        self._open()
         if self.next != (epoch, start):
             self._replan(epoch, start)
         for step in range(start, stop):
@@ -106,18 +118,20 @@ class RemoteSource:
         """Stop the stream: a STOP plan, the stream drained to its marker, leftover receives cancelled."""
         if self.closed:
             return
+        self.closed = True
+        if self.opening is not None:  # never used: the feeder never heard of it
+            return
         self._replan(STOP, 0)
         for slot, req in enumerate(self.reqs):
             if req is not None:
                 req.Cancel()
                 req.Wait()
                 self.reqs[slot] = None
-        self.closed = True
 
     def _replan(self, epoch: int, start: int) -> None:
         """Send the plan, then discard messages until its marker (batches of the old plan)."""
         self.seq += 1
-        self._send(Plan(self.loader_id, self.seq, epoch, start))
+        self._send(Plan(self.loader_id, self.seq, epoch, start, self.end))
         while True:
             buf = self._receive(f"the start of plan {self.seq} (epoch {epoch}, step {start})")
             head = self.layout.unpack_header(buf)
@@ -127,8 +141,11 @@ class RemoteSource:
         self.next = None if epoch == STOP else (epoch, start)
 
     def _send(self, message: OpenLoader | Plan) -> None:
-        req = self.world.isend(encode(message), dest=self.feeder, tag=Tag.LOADER)
-        wait(req, self.timeout, f"{self.feeder_label} to take loader message {type(message).__name__}")
+        self._send_bytes(encode(message), type(message).__name__)
+
+    def _send_bytes(self, data: bytes, what: str) -> None:
+        req = self.world.isend(data, dest=self.feeder, tag=Tag.LOADER)
+        wait(req, self.timeout, f"{self.feeder_label} to take loader message {what}")
 
     def _receive(self, what: str) -> BatchBuffer:
         """The next message of the stream (the held view's buffer is released first)."""
@@ -161,8 +178,10 @@ class DpuLoader:
     for that epoch, to the bit, wherever it was built.
     """
 
-    def __init__(self, source: Source, sampling: Sampling, steps: int, dataset: object, where: str) -> None:
+    def __init__(self, source: Source, sampling: Sampling, steps: int, dataset: object, where: str,
+                 epochs: Optional[int] = None) -> None:
         self.source, self.sampling, self._steps, self.dataset = source, sampling, steps, dataset
+        self.epochs = epochs
         self.where = where               # "DPU rank 0 (world rank 2, node n0)" or "this process"
         self.batch_size = sampling.batch_size
         self._epochs = itertools.count()
@@ -179,6 +198,9 @@ class DpuLoader:
                               f"{self._steps} (batches per epoch)")
         if epoch < 0:
             raise ConfigError(f"loader.epoch({epoch}): epochs are numbered from 0")
+        if self.epochs is not None and epoch >= self.epochs:
+            raise ConfigError(f"loader.epoch({epoch}): this loader was made for epochs=0..{self.epochs - 1} "
+                              f"(job.loader(..., epochs={self.epochs})); raise epochs or leave it unset")
         return self.source.batches(epoch, start, stop)
 
     def set_epoch(self, epoch: int) -> None:
@@ -194,10 +216,10 @@ class DpuLoader:
         self.source.close()
 
 
-def local_loader(dataset: object, sampling: Sampling) -> DpuLoader:
+def local_loader(dataset: object, sampling: Sampling, epochs: Optional[int] = None) -> DpuLoader:
     """Loading in this process, as the DPU rank would (the fallback and `--mode none`)."""
     loader = RankLoader(sampling, PerSampleSeeded(dataset, sampling.seed))  # type: ignore[arg-type]
-    return DpuLoader(LocalSource(loader), sampling, len(loader), dataset, "this process")
+    return DpuLoader(LocalSource(loader), sampling, len(loader), dataset, "this process", epochs)
 
 
 def check_dataset(dataset: object, batch_size: int) -> None:

@@ -29,8 +29,8 @@ from dpuoffload.common.train.loop import Trainer, TrainJob
 from dpuoffload.common.train.naive import build_naive_feed, measure_profile, naive_backend
 from dpuoffload.host.checkpoint import StateHandoff, resume_trainer
 from dpuoffload.host.clone import check_clone_flags, clone_config, describe_overrides
-from dpuoffload.host.control import shutdown_dpus
 from dpuoffload.host.extensions import CloneAdopter, HostExtensions
+from dpuoffload.host.library import attach, current
 from dpuoffload.host.validation import AutoShare, OffloadedValidation, fixed_share
 
 
@@ -41,6 +41,8 @@ def prepare(cfg: RunConfig, topo: Topology, extensions: HostExtensions) -> Train
     resolve_backend(cfg.allreduce)
     data = build_datasets(cfg)
     plan = plan_offload(topo.ranks, cfg)
+    if topo.role is Role.HOST:  # the public API's job: the da feed's loader and the end of the run
+        attach(cfg, topo, plan)
     train = PerSampleSeeded(data.train, cfg.seed)
     job = TrainJob(data=data, train=train, model=build_model(cfg, data.num_classes),
                    feed=extensions.feed_factory(cfg, topo, train, plan), plan=plan)
@@ -108,7 +110,7 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
     records = trainer.fit()
     if started.auto is not None and topo.side_rank == 0:
         report_auto(started.auto, records, cfg)
-    shutdown_dpus(topo, cfg.peer_timeout)
+    current().finish()  # the loaders closed, then the DPU ranks told to stop
     sync.shutdown()
     trace.finish(topo.world, cfg.trace)
     return report_end(cfg, topo, trainer)

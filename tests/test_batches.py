@@ -26,7 +26,7 @@ def random_batch(layout: BatchLayout, count: int, seed: int = 0) -> tuple[torch.
 
 
 def test_header_is_defined_once_with_its_tag():
-    assert BATCH_HEADER.tag is Tag.BATCH
+    assert BATCH_HEADER.tag is Tag.STREAM_BASE  # (plus the loader's number: `streams.stream_tag`)
     assert BATCH_HEADER.fields == ("kind", "epoch", "step", "count", "dtype", "ndim", "dim0", "dim1", "dim2", "dim3")
     assert HEADER_BYTES == 80
 
@@ -63,12 +63,12 @@ def test_only_the_first_count_bytes_are_sent():
     assert layout.empty().nbytes == layout.nbytes(16)
 
 
-def test_epoch_end_round_trip():
+def test_marker_round_trip():
     layout = BatchLayout((3, 4), np.dtype(np.uint8), max_batch=4)
     buf = layout.empty()
-    assert layout.pack_end(buf, epoch=7) == HEADER_BYTES
+    assert layout.pack_marker(buf, seq=7) == HEADER_BYTES
     head = layout.unpack_header(buf)
-    assert head["kind"] == BatchKind.EPOCH_END and head["epoch"] == 7 and head["count"] == 0
+    assert head["kind"] == BatchKind.MARKER and head["epoch"] == 7 and head["count"] == 0
 
 
 def test_unpack_returns_views_into_the_buffer():

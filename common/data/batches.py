@@ -23,15 +23,15 @@ from dpuoffload.common.errors import PeerError
 from dpuoffload.common.runtime.messages import HeaderLayout, Tag
 
 MAX_DIMS = 4
-BATCH_HEADER = HeaderLayout("batch", Tag.BATCH, ("kind", "epoch", "step", "count", "dtype", "ndim",
+BATCH_HEADER = HeaderLayout("batch", Tag.STREAM_BASE, ("kind", "epoch", "step", "count", "dtype", "ndim",
                                                   *(f"dim{i}" for i in range(MAX_DIMS))))
 HEADER_BYTES = 8 * len(BATCH_HEADER.fields)
 
 
 class BatchKind(IntEnum):
     BATCH = 1
-    EPOCH_END = 2  # no payload: the sender has sent every batch of `epoch` to this host rank
-    MARKER = 3     # no payload: API loader streams (`common.data.streams`): batches of plan `epoch` (its seq) follow
+    # 2 was EPOCH_END (protocol 2): plans and markers (`common.data.streams`) replaced it
+    MARKER = 3     # no payload: the batches of plan number `epoch` follow (`common.data.streams`)
 
 
 _KINDS = frozenset(int(k) for k in BatchKind)
@@ -151,10 +151,6 @@ class BatchLayout:
         """Only the header of a batch whose samples and labels are already in `buf`; the bytes to send."""
         self._write_header(_head(buf), BatchKind.BATCH, epoch, step, count)
         return self.nbytes(count)
-
-    def pack_end(self, buf: "np.ndarray | BatchBuffer", epoch: int) -> int:
-        self._write_header(_head(buf), BatchKind.EPOCH_END, epoch, -1, 0)
-        return HEADER_BYTES
 
     def pack_marker(self, buf: "np.ndarray | BatchBuffer", seq: int) -> int:
         self._write_header(_head(buf), BatchKind.MARKER, seq, -1, 0)

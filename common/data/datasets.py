@@ -211,6 +211,12 @@ def build_datasets(cfg: RunConfig) -> DatasetPair:
                        num_classes=pair.num_classes, input_size=pair.input_size)
 
 
+def build_train_set(cfg: RunConfig) -> "Dataset":
+    """The training set alone: what a DPU augmentation rank builds for itself (`job.loader`'s
+    `build_on_dpu`) instead of receiving the host's copy pickled."""
+    return build_datasets(cfg).train
+
+
 def _subset(ds: "Dataset", n: Optional[int], flag: str) -> "Dataset":
     """The first `n` samples: the same ones on every rank, whatever the sampler does later."""
     from torch.utils.data import Subset

@@ -1,8 +1,8 @@
 """Where a training replica's batches come from: the `Feed` protocol and the local loader feed.
 
 Host ranks feed from their own loader (`LocalFeed`, `--mode none`/`mv`) or from a DPU rank
-(`host.feed.RemoteFeed`, `da`/`hybrid`); in `--mode naive` every replica, host or DPU, feeds from
-its own share of the epoch (`common.naive.NaiveFeed`).
+(`host.extensions.LoaderFeed`: the public API's loader, `da`/`hybrid`); in `--mode naive` every
+replica, host or DPU, feeds from its own share of the epoch (`common.naive.NaiveFeed`).
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ A host rank's loader is one ordered stream of batch messages from its feeder DPU
     host -> DPU, Tag.LOADER, pickled (`encode`/`decode`):
         OpenLoader(loader, dataset, sampling)  once per loader: the DPU rank builds the host's own
                                                `RankLoader` (same sampler, per-sample seeds, collate)
-        Plan(loader, seq, epoch, start)        produce batches from (epoch, start) on, epoch after
-                                               epoch, until the next plan; epoch STOP: produce nothing
+        Plan(loader, seq, epoch, start, end)   produce batches from (epoch, start) on, epoch after
+                                               epoch, until the next plan or epoch `end` (the
+                                               loader's `epochs`, if known); epoch STOP: nothing
     DPU -> host, tag `stream_tag(loader)`, raw `common.data.batches` messages:
         MARKER(seq)                            everything before it belongs to older plans
         BATCH(epoch, step) ...                 in order, at most `--da-buffers` in flight
@@ -33,7 +34,7 @@ import runpy
 import sys
 import types
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.errors import ConfigError
@@ -44,10 +45,21 @@ SCRIPT_MODULE = "__mp_main__"
 
 
 @dataclass(frozen=True)
+class Recipe:
+    """A data set the DPU rank builds itself, `build()`, instead of receiving it pickled."""
+
+    build: Callable[[], Any]
+
+
+@dataclass(frozen=True)
 class OpenLoader:
     loader: int           # the loader's number on its host rank (0, 1, ... in creation order)
-    dataset: Any          # the user's map-style data set, unwrapped (the DPU rank seeds it itself)
+    dataset: Any          # the user's map-style data set, unwrapped (the DPU rank seeds it itself), or a Recipe
     sampling: Sampling
+
+    def materialize(self) -> Any:
+        """The data set on the DPU rank: as received, or built from its recipe."""
+        return self.dataset.build() if isinstance(self.dataset, Recipe) else self.dataset
 
 
 @dataclass(frozen=True)
@@ -56,6 +68,7 @@ class Plan:
     seq: int              # 1, 2, ... per loader; the MARKER that starts this plan's batches repeats it
     epoch: int            # first epoch to produce, or STOP
     start: int = 0        # first step of that epoch
+    end: int = STOP       # produce no batch of this epoch or later (STOP: no bound, run on)
 
 
 Message = Union[OpenLoader, Plan]
@@ -72,6 +85,9 @@ def encode(message: Message) -> bytes:
         return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError) as e:
         what = type(message.dataset).__name__ if isinstance(message, OpenLoader) else "the message"
+        if isinstance(message, OpenLoader) and isinstance(message.dataset, Recipe):
+            raise ConfigError(f"job.loader cannot send build_on_dpu={message.dataset.build!r} to its DPU rank: "
+                              f"{e}. Pass a module-level function (or a functools.partial of one)") from None
         raise ConfigError(f"job.loader cannot send the data set ({what}) to its DPU rank: {e}. The data set "
                           "and its transforms must pickle, as for a DataLoader with workers under the spawn start "
                           "method: use module-level functions or classes instead of lambdas and local "

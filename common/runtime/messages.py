@@ -18,7 +18,7 @@ class Tag(IntEnum):
     """MPI tags on `COMM_WORLD` for host<->DPU traffic. Never reuse a number for another meaning."""
 
     CONTROL = 10       # control header (shutdown, epoch boundaries)
-    BATCH = 20         # augmented batches, DPU -> host (--mode da); layout in `common.batches`
+    # 20 was BATCH (protocol 2): batches now go on per-loader stream tags, STREAM_BASE + loader
     STATE = 30         # model state slices, host -> DPU (--mode mv); packing in `common.sharding`
     METRICS = 31       # validation sums of one epoch, DPU validation rank 0 -> host rank 0
     PROFILE = 32       # float64 [seconds per sample]: measured DPU evaluation cost (--mv-dpu-fraction auto)
@@ -28,7 +28,8 @@ class Tag(IntEnum):
                        # before it PREPARE and HEARTBEAT headers alone
     CKPT_SUMMARY = 36  # keeper 0 -> host rank 0 after the last hand-off: checkpoints taken/failed, newest intact
     LOADER = 40        # public API loaders, host -> its feeder DPU rank: pickled `common.data.streams` messages
-    STREAM_BASE = 1000  # batches of API loader i, DPU -> host, on tag STREAM_BASE + i (`common.data.streams`)
+    STREAM_BASE = 1000  # augmented batches of loader i, DPU -> host (--mode da), on tag STREAM_BASE + i;
+                        # layout in `common.data.batches`, protocol in `common.data.streams`
 
 
 class ControlKind(IntEnum):
