@@ -8,7 +8,7 @@ throttled with `--dpu-speed`. Every comparison is measured side by side inside o
 Each benchmark NAME writes `<results>/<NAME>.json` and its PNG plots into `<results>/`; the run
 appends one section with the machine description and every table to the markdown file.
 
-Benchmarks (default: all but `modes` and `baseline`, whose fuller runs take 15+ min on 2 cores):
+Benchmarks (default: all but `modes`, `baseline` (15+ min each on 2 cores) and `own_loop` (12 min)):
   workloads  phase shares, the DataLoader peer, the ideal bounds of da and mv, prediction error
   augweight  light -> heavy augmentation: none / da / mv / peer at each weight
   sweep      samples/s vs threads per rank and batch size, host and (throttled) DPU
@@ -17,6 +17,7 @@ Benchmarks (default: all but `modes` and `baseline`, whose fuller runs take 15+ 
   modes      none / da / mv / hybrid / naive side by side
   baseline   idle DPU rank cost, Horovod vs torch.distributed
   startup    wall time of a tiny dpurun job vs a plain torchvision + DataLoader script, and where it goes
+  own_loop   a user's own script: torch's DataLoader on the spare core vs job.loader with a DPU rank there
 
 `--quick` shrinks every benchmark to seconds (1 repetition, tiny subsets) and writes to
 `benchmarks/results/quick/` so it never overwrites the real results; the test suite runs it.
@@ -36,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import RESULTS, ROOT, Section, machine, machine_line, table  # noqa: E402
 
-BENCHMARKS = ("workloads", "augweight", "sweep", "transport", "interference", "startup", "modes", "baseline")
+BENCHMARKS = ("workloads", "augweight", "sweep", "transport", "interference", "startup", "modes", "baseline",
+              "own_loop")
 DEFAULT = ("workloads", "augweight", "sweep", "transport", "interference", "startup")
 TITLES = {"workloads": "Phases, the DataLoader peer, ideal bounds and prediction error",
           "augweight": "Augmentation weight sweep", "sweep": "Thread and batch sweeps",
@@ -44,7 +46,8 @@ TITLES = {"workloads": "Phases, the DataLoader peer, ideal bounds and prediction
           "interference": "Emulation fidelity: DPU-core load slowing the host core",
           "modes": "Offload modes side by side",
           "baseline": "Baseline: idle DPU rank, Horovod vs torch.distributed",
-          "startup": "Start-up: a tiny dpurun job vs a plain torchvision script"}
+          "startup": "Start-up: a tiny dpurun job vs a plain torchvision script",
+          "own_loop": "Own loop: a user's script, DataLoader worker vs job.loader"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,6 +107,11 @@ def targets(sections: dict[str, Section]) -> str:
                            ("ratio_send_only", "transport / raw MPI (send only)")):
             for r in sections["transport"].payload["results"]:
                 rows.append([label, r["size"], "≥ 0.80", f"{r[key]:.2f}", "met" if r[key] >= 0.8 else "missed"])
+    if "own_loop" in sections:
+        for w, r in sections["own_loop"].payload["report"].items():
+            value = r["ratio_api_vs_peer"]["median"]
+            rows.append(["job.loader / DataLoader epoch (own loop)", w, "≤ 1.00", f"{value:.3f}",
+                         "met" if value <= 1.0 else "missed"])
     return table(["target", "workload", "limit", "measured (median)", ""], rows) if rows else ""
 
 
