@@ -100,7 +100,7 @@ def summarize(phases: list[dict[str, Any]], handoffs: list[dict[str, Any]], star
 
 def run(args: Any) -> dict[str, Any]:
     data = make_data(("cifar10", "tinyimagenet"))
-    steps, at = (10, 6) if args.quick else (16, 8)
+    steps, at = (8, 6) if args.quick else (16, 8)  # quick: ordinary steps 3-5 and 8
     results: dict[str, dict[str, list[dict[str, Any]]]] = {m: {k: [] for k in METHODS} for m in args.models}
     for rep in range(args.reps):
         for model in args.models:
@@ -145,7 +145,7 @@ def markdown(payload: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    p = bench_parser(__doc__, "clone", "tiny runs (10 steps) for the test suite", reps=3, epochs=False, plots=False)
+    p = bench_parser(__doc__, "clone", "tiny runs (8 steps) for the test suite", reps=3, epochs=False, plots=False)
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
     args = p.parse_args()
     payload = run(args)

@@ -73,7 +73,7 @@ def host_rate(steps: int) -> float:
 
 
 def measure(args: argparse.Namespace) -> dict[str, list[float]]:
-    steps = 20 if args.quick else 150
+    steps = 10 if args.quick else 150
     variants = ("idle", f"load at {args.dpu_speed}", "load at 1.0")
     runs: dict[str, list[float]] = {v: [] for v in variants}
     with throttle_cgroup(args.dpu_speed, 1) as cgroup:
@@ -100,7 +100,7 @@ def markdown(runs: dict[str, list[float]], args: argparse.Namespace) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = bench_parser(__doc__, "interference", "20 steps, 1 rep", reps=3, epochs=False, plots=False)
+    p = bench_parser(__doc__, "interference", "10 steps, 1 rep", reps=3, epochs=False, plots=False)
     p.add_argument("--probe", choices=("train", "load"), help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=150, help=argparse.SUPPRESS)
     return p

@@ -78,7 +78,7 @@ def dpu_busy(records: list[dict], host_epoch_time: dict[int, float]) -> float | 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = bench_parser(__doc__, "modes", "1 rep, 2 epochs, cifar10 only, small subsets", plots=False)
+    p = bench_parser(__doc__, "modes", "1 rep, 2 epochs, cifar10 only, 64 train / 32 val samples", plots=False)
     p.add_argument("--train", type=int, default=512, help="training samples (default: 512)")
     p.add_argument("--val", type=int, default=256, help="validation samples (default: 256)")
     return p
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> Section:
     workloads = dict(WORKLOADS)
     if args.quick:
-        args.reps, args.epochs, args.train, args.val = 1, 2, 128, 64
+        args.reps, args.epochs, args.train, args.val = 1, 2, 64, 32
         workloads = {k: v for k, v in workloads.items() if "cifar10" in k}
     data = make_data()
     runs: dict[str, dict[str, list[dict]]] = {w: {m: [] for m in MODES} for w in workloads}

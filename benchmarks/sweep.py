@@ -151,7 +151,7 @@ def plot(report: dict[str, Any], path: Path) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = bench_parser(__doc__, "sweep", "1 thread, batches 8 and 16, 1 rep, 0.5 s timings", epochs=False)
+    p = bench_parser(__doc__, "sweep", "1 thread, batches 8 and 16, 1 rep, 0.25 s timings", epochs=False)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--batches", type=int, nargs="+", default=[8, 16, 32, 64])
     p.add_argument("--min-seconds", type=float, default=1.0,
@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> Section:
     if args.quick:
-        args.reps, args.threads, args.batches, args.min_seconds = 1, [1], [8, 16], 0.5
+        args.reps, args.threads, args.batches, args.min_seconds = 1, [1], [8, 16], 0.25
     make_data(["cifar10"])
     report = analyze(measure(args))
     payload = {"machine": machine(), "settings": settings(args), "report": report}

@@ -173,12 +173,13 @@ def test_failed_write_is_reported_and_training_continues(job, root):
 
 def test_clone_starts_from_the_same_state_and_trains_identically(job, root):
     ck = str(root / "clone-ck")
+    # 128 samples: 4 steps per host rank and epoch, the clone at global step 3 of 8, inside the first epoch
     r = ok(job("clone", ("--host-ranks", "2", "--dpu-ranks", "1", "--clone-ranks", "2"), "--epochs", "2",
-               "--clone-at", "6", "--ckpt-dir", ck, "--ckpt-every", "6"))
+               "--train-subset", "128", "--clone-at", "3", "--ckpt-dir", ck, "--ckpt-every", "3"))
     start = r["clone"][0]
-    assert start["event"] == "clone_start" and start["global_step"] == 6 and start["overrides"] == []
+    assert start["event"] == "clone_start" and start["global_step"] == 3 and start["overrides"] == []
     # the state the clones rebuilt == the state the original group checkpointed at the same step
-    plain = torch.load(_export(str(ckptfiles.step_dir(ck, 6)), root / "clone6.pt"), weights_only=True)
+    plain = torch.load(_export(str(ckptfiles.step_dir(ck, 3)), root / "clone3.pt"), weights_only=True)
     model = build_model(RunConfig(), 10)
     opt = build_optimizer(RunConfig(), model)
     model.load_state_dict(plain["model"])
@@ -191,7 +192,7 @@ def test_clone_starts_from_the_same_state_and_trains_identically(job, root):
     assert r["clone"][-1]["weights_sha256"] == r["end"]["weights_sha256"]
     assert "[clone] epoch 2/2" in r["out"]
     handed = [h for h in read_jsonl(r["log"] / "handoff-rank0.jsonl") if h["kind"] == "clone"]
-    assert [h["global_step"] for h in handed] == [6]
+    assert [h["global_step"] for h in handed] == [3]
     assert 0 < start["ready_time"] - handed[0]["wall_time"] < 60  # readiness: hand-off end -> clones ready
 
 

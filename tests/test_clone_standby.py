@@ -16,7 +16,7 @@ def test_heartbeats_keep_a_stand_by_longer_than_the_peer_timeout_alive(bundled_d
     timeout = 2.0
     res = dpurun(["--host-ranks", "1", "--dpu-ranks", "1", "--clone-ranks", "1", "--oversubscribe"],
                  ["--preset", "debug", "--no-progress", "--train-subset", "256",
-                  "--data", str(bundled_data / "cifar10"), "--log-dir", str(tmp_path), "--epochs", "4",
+                  "--data", str(bundled_data / "cifar10"), "--log-dir", str(tmp_path), "--epochs", "3",
                   "--clone-at", "32", "--peer-timeout", str(timeout)],
                  timeout=240)
     assert res.returncode == 0, res.stdout + res.stderr

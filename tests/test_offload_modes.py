@@ -19,6 +19,10 @@ EPOCHS = "2"
 # so half the steps prove the same (tests that need other shapes pass their own --train-subset).
 TRAIN = 256
 STEPS = TRAIN // 2 // 16  # per host rank and epoch with 2 host ranks, batch 16
+# 50 samples over 3 host ranks (17 each, padded), batch 16: 2 batches per host rank and epoch, the last of
+# 1 sample, fewer than --da-buffers; one DPU rank feeds all three (the uneven and the fan-out test share it).
+# Their tests check training only, so 32 validation samples keep the validation pass short.
+TINY = ("--train-subset", "50", "--da-buffers", "4", "--val-subset", "32")
 
 
 @pytest.fixture(scope="module")
@@ -53,18 +57,26 @@ def val_sums(r: dict) -> list[tuple]:
 
 
 # ------------------------------------------------------------------------------------------- da
+def none_ref(run, hosts: int, *extra: str) -> dict:
+    """The --mode none reference for `hosts` host ranks. Its DPU rank only idles (none trains on the
+    host ranks alone), so one DPU rank serves every comparison, whatever the compared run's count."""
+    return run("none", hosts, 1, *extra)
+
+
 def test_da_batches_losses_and_weights_equal_none(run):
-    none, da = run("none", 2, 2), run("da", 2, 2)
+    none, da = none_ref(run, 2), run("da", 2, 2)
     assert_same_training(da, none, hosts=2)
     assert all(d is not None for d in batch_digests(da, 2)[0])
     assert len(da["epochs"]) == int(EPOCHS)
 
 
-def test_da_fan_out_two_hosts_per_dpu(run):
-    none, da = run("none", 2, 2), run("da", 2, 1)
-    assert_same_training(da, none, hosts=2)
-    dpu = [r for r in da["phases"][2] if r.get("work") == "da" and "epoch" in r]
-    assert [r["batches"] for r in dpu] == [2 * STEPS] * int(EPOCHS)  # both hosts' batches
+def test_da_fan_out_several_hosts_per_dpu(run):
+    """One DPU rank feeds 3 host ranks (the uneven runs below, shared): training as in none, and the
+    DPU rank sends every host's batches (3 hosts x 2 batches per epoch)."""
+    none, da = none_ref(run, 3, *TINY), run("da", 3, 1, *TINY)
+    assert_same_training(da, none, hosts=3)
+    dpu = [r for r in da["phases"][3] if r.get("work") == "da" and "epoch" in r]
+    assert [r["batches"] for r in dpu] == [3 * 2] * int(EPOCHS)  # all three hosts' batches
 
 
 def test_da_host_stall_is_logged_per_epoch(run):
@@ -75,7 +87,7 @@ def test_da_host_stall_is_logged_per_epoch(run):
 
 # ------------------------------------------------------------------------------------------- mv
 def test_mv_dpu_metrics_equal_host_metrics_for_same_weights(run):
-    none, mv = run("none", 2, 2), run("mv", 2, 2)
+    none, mv = none_ref(run, 2), run("mv", 2, 2)
     assert_same_training(mv, none, hosts=2)
     assert val_sums(mv) == val_sums(none)  # same shards, same batches: bit-identical sums
     assert [e["val_dpu_share"] for e in mv["epochs"]] == [1.0] * int(EPOCHS)
@@ -96,7 +108,7 @@ def fan_out_runs(run) -> tuple[dict, dict]:
     """The published layout scaled down: 4 host ranks, 2 augmentation ranks feeding 2 host ranks
     each (--da-fanout 2), 1 validation rank taking half of the validation set (--mv-dpu-fraction 0.5),
     and its --mode none reference. One pair of jobs proves the hybrid fan-out and the split fraction."""
-    none = run("none", 4, 1, "--train-subset", "128")
+    none = none_ref(run, 4, "--train-subset", "128")
     hy = run("hybrid", 4, 3, "--train-subset", "128", "--da-fanout", "2", "--mv-dpu-fraction", "0.5")
     return none, hy
 
@@ -118,7 +130,7 @@ def test_mv_auto_fraction_picks_a_share_and_reports_every_epoch(run):
 
 # --------------------------------------------------------------------------------------- hybrid
 def test_hybrid_both_properties_at_once(run):
-    none, hy = run("none", 2, 2), run("hybrid", 2, 2)
+    none, hy = none_ref(run, 2), run("hybrid", 2, 2)
     assert_same_training(hy, none, hosts=2)
     assert val_sums(hy) == val_sums(none)
     work = {rank: next(r["work"] for r in hy["phases"][rank] if "work" in r) for rank in (2, 3)}
@@ -140,15 +152,14 @@ def test_hybrid_fan_out_layout(run):
 def test_uneven_tiny_epochs_more_hosts_than_dpus(run):
     """50 samples over 3 host ranks (17 each, padded), batch 16: 2 batches, the last of 1 sample,
     fewer batches per epoch than --da-buffers; one DPU rank feeds all three host ranks."""
-    tiny = ("--train-subset", "50", "--da-buffers", "4")
-    none, da = run("none", 3, 1, *tiny), run("da", 3, 1, *tiny)
+    none, da = none_ref(run, 3, *TINY), run("da", 3, 1, *TINY)
     assert_same_training(da, none, hosts=3)
     assert all(e["steps"] == 2 for e in da["phases"][0])
 
 
 def test_drop_last_and_more_dpu_ranks_than_needed(run):
-    opts = ("--train-subset", "50", "--drop-last")
-    none, da = run("none", 1, 3, *opts), run("da", 1, 3, *opts)
+    opts = ("--train-subset", "50", "--drop-last", "--val-subset", "32")  # checks training only
+    none, da = none_ref(run, 1, *opts), run("da", 1, 3, *opts)
     assert_same_training(da, none, hosts=1)
     assert all(e["steps"] == 3 for e in da["phases"][0])  # 50 // 16
     idle = [r for rank in (2, 3) for r in da["phases"][rank] if r.get("event") == "end"]
