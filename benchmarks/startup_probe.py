@@ -62,6 +62,7 @@ def instrument(package: str) -> None:
     mark("import_program")
     from dpuoffload.common.runtime import startup, trace
     from dpuoffload.common.train import allreduce
+    from dpuoffload.host import library
 
     for owner, attr, name in ((startup, "build_topology", "mpi_init_topology"), (startup, "configure", "configure"),
                               (startup, "check_peers", "handshake"), (main, "prepare", "prepare_data_model"),
@@ -69,7 +70,7 @@ def instrument(package: str) -> None:
         timed(owner, attr, name)
     if package.endswith("host"):
         for owner, attr, name in ((main, "build_sync", "allreduce_init"), (main.Trainer, "fit", "trained"),
-                                  (main, "shutdown_dpus", "shutdown_sent"),
+                                  (library, "shutdown_dpus", "shutdown_sent"),
                                   (allreduce.HorovodSync, "shutdown", "allreduce_shutdown"),
                                   (allreduce.TorchSync, "shutdown", "allreduce_shutdown")):
             timed(owner, attr, name)

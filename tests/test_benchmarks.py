@@ -215,3 +215,19 @@ def test_startup_benchmark_quick(quick_suite):
     assert (tmp_path / "startup.png").read_bytes()[:8] == PNG_MAGIC
     text = md.read_text()
     assert "| plain torchvision + DataLoader script |" in text and "Target dpurun − plain" in text
+
+
+@pytest.mark.mpi
+def test_own_loop_benchmark_quick(tmp_path):
+    out = tmp_path / "own_loop.json"
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "own_loop.py"), "--quick", "--out", str(out)],
+                         capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads(out.read_text())["report"]
+    assert set(report) == {"resnet20/cifar10", "shufflenet_v2/tinyimagenet"}
+    for w, r in report.items():
+        ratio = r["ratio_api_vs_peer"]["median"]
+        assert math.isfinite(ratio) and ratio > 0
+        assert all(math.isfinite(r["next_us"][v]["median"]) and r["next_us"][v]["steps"] == 2 for v in ("peer", "api"))
+        assert f"| {w} | 2 |" in res.stdout
+    assert "**API per-step overhead**" in res.stdout
