@@ -29,8 +29,9 @@ CKPT_ERRORS = ("continue", "fail")
 AUTO_ALLOWS = ("naive",)  # modes that change the math, which --mode auto considers only on request
 # With a user's training script (`dpurun -- [flags] train.py`) the script owns the model, data, optimizer
 # and loop; these are the flags that still mean something, and the modes the public API serves so far.
-SCRIPT_FIELDS = ("mode", "script", "da_buffers", "log_dir", "peer_timeout", "progress")
-SCRIPT_MODES = (Mode.NONE, Mode.DA)
+SCRIPT_FIELDS = ("mode", "script", "da_buffers", "log_dir", "peer_timeout", "progress", "mv_dpu_fraction",
+                 "dpu_da_ranks", "dpu_mv_ranks", "da_fanout")
+SCRIPT_MODES = (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,8 +136,11 @@ class RunConfig:
             return
         if self.mode not in SCRIPT_MODES:
             raise ConfigError(f"--mode {self.mode} with a training script: the public API offloads data loading "
-                              f"and augmentation so far; use --mode {' or '.join(m.value for m in SCRIPT_MODES)} "
-                              "(validation, checkpoints and clones run under the built-in trainer)")
+                              f"and validation so far; use --mode {', '.join(m.value for m in SCRIPT_MODES)} "
+                              "(naive and auto run under the built-in trainer)")
+        if self.mv_dpu_fraction == "auto":
+            raise ConfigError("--mv-dpu-fraction auto needs the built-in trainer's epoch timings; with a script give "
+                              "a number in [0, 1]")
         defaults = RunConfig()
         for f in dataclasses.fields(self):
             if f.name not in SCRIPT_FIELDS and getattr(self, f.name) != getattr(defaults, f.name):

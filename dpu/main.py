@@ -25,13 +25,15 @@ from dpuoffload.dpu.idle import idle_until_shutdown
 from dpuoffload.dpu.keeper import Keeper
 from dpuoffload.dpu.replica import Replica
 from dpuoffload.dpu.serve import LoaderService
-from dpuoffload.dpu.validate import Validator
+from dpuoffload.dpu.validate import ScriptValidation, Validator
 
 REPLICA = "replica"  # --mode naive: the DPU rank trains as a data-parallel replica
 WORK_COLORS = {IDLE: 0, DA: 1, MV: 2}
 
 
 class Work(Protocol):
+    ends_on_shutdown: bool  # run() returns on host rank 0's SHUTDOWN itself (else: idle until it comes)
+
     def run(self) -> list[dict[str, Any]]: ...
 
     def close(self) -> None: ...
@@ -61,8 +63,9 @@ def prepare(cfg: RunConfig, topo: Topology) -> DpuJob:
         if cfg.script is None:  # the built-in trainer's hosts name the training set by this recipe
             service.prebuild(functools.partial(build_train_set, cfg))
         return DpuJob(work, service, keeper)
-    if cfg.script is not None:  # a user's script: nothing else is offloaded to DPU ranks yet
-        return DpuJob(IDLE, None, None)
+    if cfg.script is not None:  # a user's script: validation when it calls job.validate, else idle
+        return DpuJob(MV, ScriptValidation(cfg, topo, work_comm, plan.states_to(me)), None) if work == MV \
+            else DpuJob(IDLE, None, None)
     if work == MV:
         data = build_datasets(cfg)
         steps = host_steps(cfg, topo, len(data.train))
@@ -110,8 +113,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for record in runner.run():
             log.write({"world_rank": topo.world_rank, "role": "dpu", "work": job.work, **record})
         runner.close()
-    # (the loader service ends on the shutdown message itself)
-    stats: dict[str, Any] = {} if isinstance(runner, LoaderService) else idle_until_shutdown(topo)
+    # (the loader service and a script's validation end on the shutdown message itself)
+    stats: dict[str, Any] = {} if runner is not None and runner.ends_on_shutdown else idle_until_shutdown(topo)
     if job.keeper is not None:
         stats["handoffs"] = len(job.keeper.join())
     log.write({"event": "end", "world_rank": topo.world_rank, "role": "dpu", "work": job.work, "mode": cfg.mode,

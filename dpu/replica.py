@@ -22,6 +22,8 @@ from dpuoffload.common.train.naive import build_naive_feed, naive_backend
 
 
 class Replica:
+    ends_on_shutdown = False
+
     def __init__(self, cfg: RunConfig, topo: Topology, data: DatasetPair, train: PerSampleSeeded,
                  model: nn.Module) -> None:
         self.cfg, self.topo, self.data, self.train, self.model = cfg, topo, data, train, model

@@ -17,9 +17,7 @@ validation may take an hour). A dead host rank ends the job through mpirun.
 
 from __future__ import annotations
 
-import os
 import pickle
-import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
@@ -159,6 +157,8 @@ def _prebuilt_or_none(opened: OpenLoader, prebuilt: dict[bytes, Any]) -> Any:
 class LoaderService:
     """This DPU rank's work in `--mode da`: the loaders of the host ranks it feeds."""
 
+    ends_on_shutdown = True
+
     def __init__(self, cfg: RunConfig, topo: Topology, hosts: tuple[int, ...]) -> None:
         self.cfg, self.topo, self.hosts = cfg, topo, hosts
         self.streams: dict[tuple[int, int], Stream] = {}
@@ -168,10 +168,6 @@ class LoaderService:
         self.records: list[dict[str, Any]] = []
         self.mark = time.perf_counter()       # when the last epoch record was taken
         self.recorded = -1                    # the last epoch recorded
-        if cfg.script is not None:  # the script's own modules import as they do on the host
-            folder = os.path.dirname(os.path.abspath(cfg.script))
-            if folder not in sys.path:
-                sys.path.insert(0, folder)
 
     def prebuild(self, recipe: Callable[[], Any]) -> None:
         """Build a data set the hosts will name by this recipe now, during start-up: its cost (and

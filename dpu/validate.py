@@ -11,16 +11,17 @@ deadline (an epoch may take hours); a dead host rank makes Open MPI end the job.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 from torch import nn
 from torch.utils.data import Dataset
 
 from dpuoffload.common.config import RunConfig
+from dpuoffload.common.data.streams import decode
 from dpuoffload.common.errors import PeerError
 from dpuoffload.common.plan.validation_split import dpu_count
-from dpuoffload.common.runtime.messages import STATE_HEADER, STATE_HEADER_BYTES, Tag
+from dpuoffload.common.runtime.messages import CONTROL, STATE_HEADER, STATE_HEADER_BYTES, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import wait
@@ -45,6 +46,8 @@ STATE_POLL_MAX_SLEEP = 0.01
 
 
 class Validator:
+    ends_on_shutdown = False
+
     def __init__(self, cfg: RunConfig, topo: Topology, comm: "MPI.Comm", model: nn.Module, val_set: Dataset,
                  hosts: tuple[int, ...], epochs: Sequence[int]) -> None:
         """`epochs`: the epochs the host ranks complete in this run (a resumed or stopped run skips some)."""
@@ -68,13 +71,16 @@ class Validator:
         req = self.topo.world.Isend(np.array([cost], dtype=np.float64), dest=self.topo.host_ranks[0], tag=Tag.PROFILE)
         wait(req, self.cfg.peer_timeout, "host rank 0 to receive the DPU evaluation profile")
 
-    def run_epoch(self, epoch: int) -> dict[str, Any]:
+    def run_epoch(self, epoch: Optional[int], on_poll: Optional[Callable[[], None]] = None) -> dict[str, Any]:
+        """Validate one epoch; `epoch` None: whichever epoch the host ranks' state is of (a user's
+        script decides when it validates). `on_poll` runs while the state is awaited (it may raise
+        to stop waiting)."""
         self.timer.reset()
         with self.timer.phase("wait_state"):
-            received = self.receive()
+            received = self.receive(on_poll)
         t0 = time.perf_counter()
         with self.timer.phase("gather_state"):
-            share = self.rebuild(epoch, self.allgather(received))
+            epoch, share = self.rebuild(epoch, self.allgather(received))
         with self.timer.phase("evaluate"):
             n_dpu = dpu_count(len(self.val_set), share)
             mine = shard_range(n_dpu, self.comm.Get_rank(), self.comm.Get_size())
@@ -88,15 +94,24 @@ class Validator:
     def close(self) -> None:
         """Nothing pending: every send was waited for in `report`."""
 
-    def receive(self) -> bytes:
-        """The packed slices of every paired host rank, concatenated in host order."""
+    def receive(self, on_poll: Optional[Callable[[], None]] = None) -> bytes:
+        """The packed slices of every paired host rank, concatenated in host order (receives still
+        pending are cancelled if `on_poll` raises)."""
         bufs, reqs = [], []
         for h in self.hosts:
             buf = byte_buffer(self.sizes[self.topo.host_ranks.index(h)])
             bufs.append(buf)
             reqs.append(self.topo.world.Irecv(buf, source=h, tag=Tag.STATE))
-        for h, req in zip(self.hosts, reqs):
-            wait(req, None, f"the model state from {self.topo.describe(h)}", max_sleep=STATE_POLL_MAX_SLEEP)
+        try:
+            for h, req in zip(self.hosts, reqs):
+                wait(req, None, f"the model state from {self.topo.describe(h)}", max_sleep=STATE_POLL_MAX_SLEEP,
+                     on_poll=on_poll)
+        except BaseException:
+            for req in reqs:
+                if not req.Test():
+                    req.Cancel()
+                    req.Wait()
+            raise
         return b"".join(b.tobytes() for b in bufs)
 
     def allgather(self, mine: bytes) -> np.ndarray:
@@ -107,11 +122,12 @@ class Validator:
         self.comm.Allgatherv(np.frombuffer(mine, dtype=np.uint8), [out, counts, displs, _byte_type()])
         return out
 
-    def rebuild(self, epoch: int, gathered: np.ndarray) -> float:
-        """Unpack every host rank's slices into the model; return the DPU share f of this epoch."""
+    def rebuild(self, epoch: Optional[int], gathered: np.ndarray) -> tuple[int, float]:
+        """Unpack every host rank's slices into the model; return the epoch and its DPU share f."""
         offset, shares, seen = 0, set(), set()
         while offset < len(gathered):
             head = STATE_HEADER.unpack(gathered[offset: offset + STATE_HEADER_BYTES].view(np.int64).copy())
+            epoch = head["epoch"] if epoch is None else epoch
             if head["epoch"] != epoch:
                 raise PeerError(f"model state of epoch {head['epoch']} arrived while validating epoch {epoch}")
             start = offset + STATE_HEADER_BYTES
@@ -122,7 +138,7 @@ class Validator:
         if len(seen) != len(self.topo.host_ranks) or len(shares) != 1:
             raise PeerError(f"epoch {epoch}: state slices from host ranks {sorted(seen)} with shares {shares}; "
                             f"expected all {len(self.topo.host_ranks)} host ranks and one share")
-        return shares.pop() / 1e6
+        return int(epoch), shares.pop() / 1e6  # type: ignore[arg-type]
 
     def report(self, epoch: int, sums: np.ndarray) -> None:
         from mpi4py import MPI
@@ -139,3 +155,48 @@ def _byte_type():
     from mpi4py import MPI
 
     return MPI.BYTE
+
+
+class ShutdownReceived(Exception):
+    """Host rank 0 ended the job while this rank waited for a state."""
+
+
+class ScriptValidation:
+    """`--mode mv`/`hybrid` under a user's script: the DPU validation ranks learn the model and the
+    validation set at the script's first `job.validate` (`ValidatorSetup`, from host rank 0), then
+    validate whichever epochs the script hands them until `job.finish()` sends SHUTDOWN."""
+
+    ends_on_shutdown = True
+
+    def __init__(self, cfg: RunConfig, topo: Topology, comm: "MPI.Comm", hosts: tuple[int, ...]) -> None:
+        self.cfg, self.topo, self.comm, self.hosts = cfg, topo, comm, hosts
+        self.shutdown = CONTROL.empty()
+        self.ctl = topo.world.Irecv(self.shutdown, source=topo.host_ranks[0], tag=CONTROL.tag)
+
+    def check_shutdown(self) -> None:
+        if self.ctl.Test() and CONTROL.unpack(self.shutdown)["kind"] == ControlKind.SHUTDOWN:
+            raise ShutdownReceived()
+
+    def run(self) -> list[dict[str, Any]]:
+        source = self.topo.host_ranks[0]
+        try:
+            # The setup, or the end of a job that never validated. (Probe, then receive: mpi4py's
+            # `irecv` without a buffer would post one of a fixed size, too small for a model.)
+            while not self.topo.world.Iprobe(source=source, tag=Tag.VALIDATOR):
+                self.check_shutdown()
+                time.sleep(STATE_POLL_MAX_SLEEP)
+        except ShutdownReceived:
+            return []
+        data = self.topo.world.recv(source=source, tag=Tag.VALIDATOR)
+        setup = decode(data, self.cfg.script)
+        validator = Validator(self.cfg.replace(val_batch_size=setup.batch_size), self.topo, self.comm, setup.model,
+                              setup.val_set, self.hosts, ())
+        records = []
+        while True:
+            try:
+                records.append(validator.run_epoch(None, self.check_shutdown))
+            except ShutdownReceived:
+                return records
+
+    def close(self) -> None:
+        """Nothing pending: the shutdown message was received."""

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from workload import SmallNet, batches, classes, parser, save_losses, train_set
+from workload import SmallNet, batches, classes, parser, save_record, train_set, val_set
 
 import dpuoffload as dpu  # dpu
 
@@ -23,7 +23,7 @@ def main() -> None:
     job = dpu.init()  # dpu
     job.init_process_group("gloo")  # dpu (was: dist.init_process_group("gloo"))
     torch.manual_seed(args.seed)
-    data = train_set(args.data, args.subset)
+    data, held_out = train_set(args.data, args.subset), val_set(args.data, args.subset)
     model = DDP(SmallNet(classes(data)))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     epoch_batches, steps = batches(job, data, args)  # dpu: job.loader(data, batch_size, seed)
@@ -37,12 +37,13 @@ def main() -> None:
             losses.append(loss.item())
         mean = torch.tensor(sum(losses[-steps:]) / steps)
         dist.all_reduce(mean)
+        job.validate(model.module, held_out, epoch)  # dpu: the bare model, not the DDP wrapper
         if dist.get_rank() == 0:
             print(f"epoch {epoch}: mean loss {mean.item() / dist.get_world_size():.4f} over "
                   f"{dist.get_world_size()} ranks ({steps} steps each)", flush=True)
-    save_losses(args.losses, losses, job.rank)
+    validation = job.finish()  # dpu: every epoch's validation results (host rank 0)
+    save_record(args.record, job.rank, losses, validation)
     dist.destroy_process_group()
-    job.finish()  # dpu
 
 
 if __name__ == "__main__":

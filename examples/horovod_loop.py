@@ -12,7 +12,7 @@ from __future__ import annotations
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
-from workload import SmallNet, batches, classes, parser, save_losses, train_set
+from workload import SmallNet, batches, classes, parser, save_record, train_set, val_set
 
 import dpuoffload as dpu  # dpu
 
@@ -22,7 +22,7 @@ def main() -> None:
     job = dpu.init()  # dpu
     hvd.init(comm=job.comm)  # dpu: the host ranks only (was: hvd.init())
     torch.manual_seed(args.seed)
-    data = train_set(args.data, args.subset)
+    data, held_out = train_set(args.data, args.subset), val_set(args.data, args.subset)
     model = SmallNet(classes(data))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
@@ -38,11 +38,12 @@ def main() -> None:
             opt.step()
             losses.append(loss.item())
         mean = hvd.allreduce(torch.tensor(sum(losses[-steps:]) / steps), name="loss").item()
+        job.validate(model, held_out, epoch)  # dpu
         if hvd.rank() == 0:
             print(f"epoch {epoch}: mean loss {mean:.4f} over {hvd.size()} ranks ({steps} steps each)", flush=True)
-    save_losses(args.losses, losses, job.rank)
+    validation = job.finish()  # dpu: every epoch's validation results (host rank 0)
+    save_record(args.record, job.rank, losses, validation)
     hvd.shutdown()
-    job.finish()  # dpu
 
 
 if __name__ == "__main__":

@@ -29,6 +29,13 @@ def train_set(root: str, subset: Optional[int] = None) -> Dataset:
     return Subset(images, range(min(subset, len(images)))) if subset else images
 
 
+def val_set(root: str, subset: Optional[int] = None) -> Dataset:
+    """The validation images, resized and centre-cropped (no randomness)."""
+    plain = T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor(), T.Normalize(MEAN, STD)])
+    images = datasets.ImageFolder(f"{root}/val", transform=plain)
+    return Subset(images, range(min(subset, len(images)))) if subset else images
+
+
 def classes(data: Dataset) -> int:
     return len((data.dataset if isinstance(data, Subset) else data).classes)
 
@@ -56,7 +63,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--loader", choices=("dpu", "torch"), default="dpu",
                    help="dpu: job.loader; torch: torch's DataLoader over the same per-sample seeds (the reference)")
     p.add_argument("--subset", type=int, metavar="N", help="train on the first N images only (quick runs)")
-    p.add_argument("--losses", metavar="FILE", help="write the step losses here as JSON ({rank}: this host rank)")
+    p.add_argument("--record", metavar="FILE",
+                   help="write the step losses and validation results here as JSON ({rank}: this host rank)")
     return p
 
 
@@ -76,7 +84,7 @@ def batches(job: dpu.Job, data: Dataset, args: argparse.Namespace) -> tuple[Batc
     return epoch, len(loader)
 
 
-def save_losses(path: Optional[str], losses: list[float], rank: int) -> None:
+def save_record(path: Optional[str], rank: int, losses: list[float], validation: dict) -> None:
     if path:
         with open(path.format(rank=rank), "w") as f:
-            json.dump(losses, f)
+            json.dump({"losses": losses, "validation": {str(k): v for k, v in validation.items()}}, f)

@@ -39,6 +39,7 @@ from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import start_program
 from dpuoffload.host.control import shutdown_dpus
 from dpuoffload.host.loader import DpuLoader, RemoteSource, check_dataset, local_loader
+from dpuoffload.host.validation import JobValidation
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -66,6 +67,7 @@ class Job:
         self.rank, self.size, self.mode, self.comm = rank, size, mode, comm
         self.topo, self.cfg, self.plan = topo, cfg, plan
         self.loaders: list[DpuLoader] = []
+        self.validation: Optional[JobValidation] = None
         self.finished = False
 
     @property
@@ -119,6 +121,30 @@ class Job:
         source.prepare(dataset if build_on_dpu is None else Recipe(build_on_dpu), sampling)
         return DpuLoader(source, sampling, steps, dataset, topo.describe(feeder), epochs)
 
+    def validate(self, model: Any, val_set: Any, epoch: int, *, batch_size: int = 128) -> dict[int, dict[str, float]]:
+        """Validate `model` as it is now, the end of epoch `epoch`: cross-entropy loss and accuracy.
+
+        Collective over the host ranks. In `--mode mv`/`hybrid` each host rank hands its slice of
+        the model state to the DPU validation ranks and goes on training while they evaluate (the
+        first call also sends them the model and `val_set`, pickled: pass the same two objects every
+        epoch, and the bare model, not a DDP wrapper); elsewhere the host ranks evaluate their
+        shards now. Either way the model's buffers become host rank 0's first (as DDP does) and
+        the sums are the same. Returns, on host rank 0, the results that have arrived so far
+        ({epoch: {"loss", "accuracy", "count"}}; a DPU rank's result for epoch i usually arrives
+        during epoch i+1, and `finish()` returns them all); other host ranks get {}.
+        """
+        self._check_open()
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"job.validate: batch_size must be an integer >= 1, got {batch_size!r}")
+        if self.validation is None:
+            share = float(self.cfg.mv_dpu_fraction) if self.cfg is not None else 0.0
+            self.validation = JobValidation(model, val_set, batch_size, self.comm, self.topo,
+                                            self.plan if self.topo is not None and self.mode.validates_on_dpu else None,
+                                            share, self.cfg.peer_timeout if self.cfg else 600.0)
+        self.validation.check_same(model, val_set)
+        self.validation.epoch_end(epoch)
+        return dict(self.validation.results)
+
     def init_process_group(self, backend: str = "gloo", timeout: Optional[float] = None) -> None:
         """`torch.distributed.init_process_group` over the host ranks only (for DDP).
 
@@ -131,20 +157,23 @@ class Job:
             raise ConfigError("job.init_process_group needs MPI: start the script with dpurun (or mpirun)")
         init_torch_group(self.comm, backend, timeout or (self.cfg.peer_timeout if self.cfg else 600.0))
 
-    def finish(self) -> None:
-        """Close every loader and release the DPU ranks; call once, on every host rank, at the end.
+    def finish(self) -> dict[int, dict[str, float]]:
+        """Close every loader, wait for outstanding validations, release the DPU ranks; call once,
+        on every host rank, at the end. Returns every epoch's validation results (host rank 0).
 
         Collective over the host ranks (a barrier: host rank 0 tells the DPU ranks to stop only
         after every host closed its loaders). Called at exit if the script does not.
         """
         if self.finished:
-            return
+            return dict(self.validation.results) if self.validation else {}
         self.finished = True
         for made in self.loaders:
             made.close()
+        results = self.validation.finish() if self.validation is not None else {}
         if self.topo is not None and self.cfg is not None:
             self.topo.side_comm.Barrier()
             shutdown_dpus(self.topo, self.cfg.peer_timeout)
+        return dict(results)
 
     def __enter__(self) -> "Job":
         return self

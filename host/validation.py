@@ -12,12 +12,15 @@ blocks for the staging copy; the buffer is reused only after its previous send c
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence, cast
 
 import numpy as np
 from torch import nn
 from torch.utils.data import Dataset
 
+from dpuoffload.common.data.streams import ValidatorSetup, encode
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.plan.validation_split import auto_share, dpu_count
 from dpuoffload.common.runtime.messages import (
     METRICS_FIELDS,
@@ -34,11 +37,14 @@ from dpuoffload.common.state.sharding import (
     state_tensors,
 )
 from dpuoffload.common.train.evaluation import (
+    LocalValidation,
     SharePolicy,
     Sums,
+    Validation,
     allreduce_sums,
     eval_seconds_per_sample,
     evaluate_sums,
+    metrics_from_sums,
     shard_range,
 )
 
@@ -132,3 +138,67 @@ class OffloadedValidation:
         if int(buf[0]) != epoch:
             raise RuntimeError(f"DPU validation results for epoch {int(buf[0])} arrived, expected {epoch}")
         return epoch, host_sums + buf[1:]
+
+
+class JobValidation:
+    """The public API's `job.validate`: one epoch's validation on the DPU validation ranks (`--mode
+    mv`/`hybrid`, `OffloadedValidation`) or on the host ranks (`LocalValidation`), same sums.
+
+    Built at the first `job.validate`; host rank 0 then sends the model and the validation set
+    once to every DPU validation rank (`ValidatorSetup`); later calls send only the state slices.
+    Before each validation the model's buffers (BatchNorm statistics) are made host rank 0's on
+    every host rank, as DDP does, so the state assembled from every rank's slice is one state.
+    """
+
+    def __init__(self, model: nn.Module, val_set: Dataset, batch_size: int, comm: Optional["MPI.Comm"],
+                 topo: Optional[Topology], plan: Optional[OffloadPlan], share: float, timeout: float) -> None:
+        self.model, self.val_set, self.comm, self.share = model, val_set, comm, share
+        self.results: dict[int, dict[str, float]] = {}
+        self.offloaded = topo is not None and plan is not None and bool(plan.mv_ranks)
+        self.inner: Validation
+        if self.offloaded:
+            topo, plan = cast(Topology, topo), cast(OffloadPlan, plan)
+            if topo.side_rank == 0:
+                send_setup(topo, plan.mv_ranks, ValidatorSetup(model, val_set, batch_size), timeout)
+            self.inner = OffloadedValidation(model, val_set, batch_size, topo, plan.mv_target[topo.world_rank],
+                                             plan.mv_ranks[0], timeout)
+        else:
+            self.inner = LocalValidation(model, val_set, batch_size, comm)
+
+    def check_same(self, model: nn.Module, val_set: Dataset) -> None:
+        if model is not self.model or val_set is not self.val_set:
+            raise ConfigError("job.validate: pass the same model and validation set objects every epoch (the DPU "
+                              "validation ranks received them at the first call)")
+
+    def epoch_end(self, epoch: int) -> None:
+        if self.comm is not None and self.comm.Get_size() > 1:
+            for buffer in self.model.buffers():
+                self.comm.Bcast(buffer.detach().numpy(), root=0)
+        self.inner.epoch_end(epoch, self.share if self.offloaded else 0.0)
+        self.collect(self.inner.ready())
+
+    def collect(self, done: list[tuple[int, Sums]]) -> dict[int, dict[str, float]]:
+        """Record (and print) arrived results; on host rank 0 only, wherever they were computed."""
+        if self.comm is not None and self.comm.Get_rank() != 0:
+            return self.results
+        for epoch, sums in done:
+            loss, accuracy = metrics_from_sums(sums)
+            self.results[epoch] = {"loss": loss, "accuracy": accuracy, "count": int(sums[2])}
+            where = "on the DPU ranks" if self.offloaded else "on the host ranks"
+            print(f"[dpuoffload] validation of epoch {epoch}: loss {loss:.4f} accuracy {accuracy:.1%} "
+                  f"({int(sums[2])} samples, {where})", flush=True)
+        return self.results
+
+    def poll(self) -> dict[int, dict[str, float]]:
+        return self.collect(self.inner.ready())
+
+    def finish(self) -> dict[int, dict[str, float]]:
+        return self.collect(self.inner.finish())
+
+
+def send_setup(topo: Topology, mv_ranks: Sequence[int], setup: ValidatorSetup, timeout: float) -> None:
+    """Host rank 0: the pickled model and validation set to every DPU validation rank."""
+    data = encode(setup)
+    reqs = [topo.world.isend(data, dest=d, tag=Tag.VALIDATOR) for d in mv_ranks]
+    for d, req in zip(mv_ranks, reqs):
+        wait(req, timeout, f"{topo.describe(d)} to take the model and validation set")

@@ -27,6 +27,11 @@ class Noise(Dataset):
         return torch.rand(2, 3) + i, i % 3
 
 
+class Fixed(Noise):
+    def __getitem__(self, i: int):
+        return torch.full((2, 3), i / 7.0), i % 3
+
+
 @pytest.fixture()
 def local_job(monkeypatch):
     import dpuoffload.host.library as library
@@ -79,6 +84,28 @@ def test_loader_arguments_are_checked(local_job):
     job.finish()
     with pytest.raises(ConfigError, match="job.finish\\(\\) was called"):
         job.loader(Noise(), batch_size=2)
+
+
+def test_local_validate_returns_every_epoch_and_needs_the_same_objects(local_job):
+    from dpuoffload.common.train.evaluation import evaluate_sums, metrics_from_sums
+
+    job, _ = local_job
+    model, data = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(6, 3)), Fixed()
+    first = job.validate(model, data, 0, batch_size=5)
+    assert list(first) == [0] and list(job.validate(model, data, 1, batch_size=5)) == [0, 1]
+    loss, accuracy = metrics_from_sums(evaluate_sums(model, data, range(len(data)), 5))
+    assert job.finish() == {e: {"loss": loss, "accuracy": accuracy, "count": 23} for e in (0, 1)}
+    with pytest.raises(ConfigError, match="job.finish\\(\\) was called"):
+        job.validate(model, data, 2)
+
+
+def test_validate_refuses_another_model_after_the_first(local_job):
+    job, _ = local_job
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(6, 3))
+    job.validate(model, Noise(), 0)
+    with pytest.raises(ConfigError, match="pass the same model and validation set objects every epoch"):
+        job.validate(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(6, 3)), Noise(), 1)
+    job.finish()
 
 
 def test_importing_dpuoffload_does_not_import_torch():
@@ -135,7 +162,8 @@ def test_script_mode_command_line():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--mode", "mv"], "--mode mv with a training script: the public API offloads data loading"),
+    (["--mode", "naive"], "--mode naive with a training script: the public API offloads data loading and validation"),
+    (["--mode", "mv", "--mv-dpu-fraction", "auto"], "--mv-dpu-fraction auto needs the built-in trainer"),
     (["--epochs", "5"], "--epochs configures dpurun's built-in trainer"),
     (["--preset", "debug"], "configures dpurun's built-in trainer"),
 ])

@@ -9,18 +9,19 @@ import pytest
 from tests.mpijobs import dpurun
 
 SCRIPT = "tests/api_scripts/streams.py"
-FAN_OUT = ["--host-ranks", "2", "--dpu-ranks", "1", "--oversubscribe"]  # one DPU rank feeds both host ranks
+# hybrid: one DPU rank feeds both host ranks, the other waits for a job.validate that never comes
+FAN_OUT = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe"]
 
 
 @pytest.fixture(scope="module")
 def walks(tmp_path_factory) -> dict[str, list[dict]]:
-    """The same awkward walk over two loaders, fed by the DPU rank (da) and built on the hosts (none)."""
+    """The same awkward walk over two loaders, fed by a DPU rank (hybrid) and built on the hosts (none)."""
     out = {}
-    for mode in ("da", "none"):
+    for mode in ("hybrid", "none"):
         prefix = tmp_path_factory.mktemp(mode) / "seen"
         r = dpurun(FAN_OUT, ["--mode", mode, SCRIPT, "--out", str(prefix)])
         assert r.returncode == 0, r.stdout + r.stderr
-        assert f"[dpuoffload] mode {mode}: 2 host rank(s), 1 DPU rank(s), script {SCRIPT}" in r.stdout
+        assert f"[dpuoffload] mode {mode}: 2 host rank(s), 2 DPU rank(s), script {SCRIPT}" in r.stdout
         out[mode] = [json.loads((prefix.parent / f"seen-{rank}.json").read_text()) for rank in (0, 1)]
     return out
 
@@ -28,17 +29,17 @@ def walks(tmp_path_factory) -> dict[str, list[dict]]:
 @pytest.mark.mpi
 def test_da_batches_equal_the_hosts_own_through_jumps_breaks_and_partial_epochs(walks):
     for rank in (0, 1):
-        da, none = walks["da"][rank], walks["none"][rank]
+        da, none = walks["hybrid"][rank], walks["none"][rank]
         assert da == none
         assert [len(da[k]) for k in ("a0", "a1", "a2-rest", "a5-part", "b0", "a6")] == [7, 7, 4, 3, 2, 7]
-    assert walks["da"][0]["a0"] != walks["da"][1]["a0"]    # each host rank its own shard
-    assert walks["da"][0]["a0"] != walks["da"][0]["a1"]    # each epoch its own order and augmentation
-    assert walks["da"][0]["a0"] == walks["da"][0]["a0-again"]  # a jump back re-plans, same batches
+    assert walks["hybrid"][0]["a0"] != walks["hybrid"][1]["a0"]    # each host rank its own shard
+    assert walks["hybrid"][0]["a0"] != walks["hybrid"][0]["a1"]    # each epoch its own order and augmentation
+    assert walks["hybrid"][0]["a0"] == walks["hybrid"][0]["a0-again"]  # a jump back re-plans, same batches
 
 
 @pytest.mark.mpi
 def test_plain_iteration_walks_epochs_in_order(walks):
-    seen = walks["da"][0]
+    seen = walks["hybrid"][0]
     assert seen["b-iter0"] == seen["b0"] and seen["b-iter1"] != seen["b0"]
     assert seen["sizes"] == ["7", "2", "2", "0"]  # ceil(ceil(50/2)/4); drop_last: floor(11/5); 2 host ranks
 

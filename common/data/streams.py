@@ -71,7 +71,17 @@ class Plan:
     end: int = STOP       # produce no batch of this epoch or later (STOP: no bound, run on)
 
 
-Message = Union[OpenLoader, Plan]
+@dataclass(frozen=True)
+class ValidatorSetup:
+    """`job.validate`'s first call (`--mode mv`/`hybrid`): what the DPU validation ranks evaluate.
+    The model's weights are replaced every epoch by the state slices of the host ranks."""
+
+    model: Any
+    val_set: Any
+    batch_size: int
+
+
+Message = Union[OpenLoader, Plan, ValidatorSetup]
 
 
 def stream_tag(loader: int) -> int:
@@ -84,6 +94,11 @@ def encode(message: Message) -> bytes:
     try:
         return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError) as e:
+        if isinstance(message, ValidatorSetup):
+            raise ConfigError(f"job.validate cannot send the model ({type(message.model).__name__}) and the validation "
+                              f"set ({type(message.val_set).__name__}) to the DPU validation ranks: {e}. Both must "
+                              "pickle: module-level classes and functions, no lambdas (pass the bare model, not a "
+                              "DDP wrapper)") from None
         what = type(message.dataset).__name__ if isinstance(message, OpenLoader) else "the message"
         if isinstance(message, OpenLoader) and isinstance(message.dataset, Recipe):
             raise ConfigError(f"job.loader cannot send build_on_dpu={message.dataset.build!r} to its DPU rank: "
@@ -95,8 +110,17 @@ def encode(message: Message) -> bytes:
 
 
 def decode(data: bytes, script: Optional[str]) -> Message:
-    """Unpickle a message on the DPU rank; `script` is the user's training script (for `__main__`)."""
+    """Unpickle a message on the DPU rank; `script` is the user's training script: its classes
+    (`__main__.X`) and the modules next to it import as they do on the host."""
+    if script is not None:
+        _add_script_folder(script)
     return _ScriptUnpickler(io.BytesIO(data), script).load()
+
+
+def _add_script_folder(script: str) -> None:
+    folder = os.path.dirname(os.path.abspath(script))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 
 
 class _ScriptUnpickler(pickle.Unpickler):
@@ -119,9 +143,7 @@ def import_script(script: str) -> types.ModuleType:
     loaded = sys.modules.get(SCRIPT_MODULE)
     if loaded is not None and getattr(loaded, "__file__", None) == os.path.abspath(script):
         return loaded
-    folder = os.path.dirname(os.path.abspath(script))
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
+    _add_script_folder(script)
     module = types.ModuleType(SCRIPT_MODULE)
     module.__file__ = os.path.abspath(script)
     sys.modules[SCRIPT_MODULE] = module

@@ -28,6 +28,8 @@ class Tag(IntEnum):
                        # before it PREPARE and HEARTBEAT headers alone
     CKPT_SUMMARY = 36  # keeper 0 -> host rank 0 after the last hand-off: checkpoints taken/failed, newest intact
     LOADER = 40        # public API loaders, host -> its feeder DPU rank: pickled `common.data.streams` messages
+    VALIDATOR = 41     # public API `job.validate`, host rank 0 -> every DPU validation rank, once: a pickled
+                       # `common.data.streams.ValidatorSetup` (the model and the validation set)
     STREAM_BASE = 1000  # augmented batches of loader i, DPU -> host (--mode da), on tag STREAM_BASE + i;
                         # layout in `common.data.batches`, protocol in `common.data.streams`
 

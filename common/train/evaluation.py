@@ -84,11 +84,17 @@ class Validation(Protocol):
 
 
 class LocalValidation:
-    def __init__(self, model: nn.Module, val_set: Dataset, batch_size: int, host_comm: "MPI.Comm") -> None:
+    """Every host rank evaluates its shard; `host_comm` None: one process without MPI, all of it."""
+
+    def __init__(self, model: nn.Module, val_set: Dataset, batch_size: int, host_comm: "MPI.Comm | None") -> None:
         self.model, self.val_set, self.batch_size, self.comm = model, val_set, batch_size, host_comm
         self.done: list[tuple[int, Sums]] = []
 
     def epoch_end(self, epoch: int, dpu_share: float = 0.0) -> None:
+        if self.comm is None:
+            indices = range(len(self.val_set))  # type: ignore[arg-type]
+            self.done.append((epoch, evaluate_sums(self.model, self.val_set, indices, self.batch_size)))
+            return
         indices = shard_range(len(self.val_set), self.comm.Get_rank(), self.comm.Get_size())
         self.done.append((epoch, allreduce_sums(self.comm, evaluate_sums(self.model, self.val_set, indices,
                                                                          self.batch_size))))
