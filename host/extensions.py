@@ -25,8 +25,8 @@ from typing import Any, Iterator, Optional, Protocol
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import build_train_set
-from dpuoffload.common.data.feeds import Batch, Feed, LocalFeed
-from dpuoffload.common.data.loaders import RankLoader
+from dpuoffload.common.data.feeds import Batch, Feed
+from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.runtime.roles import Topology
@@ -34,7 +34,7 @@ from dpuoffload.common.train.loop import StateHooks, Trainer
 from dpuoffload.host.checkpoint import StateHandoff
 from dpuoffload.host.clone import adopt
 from dpuoffload.host.library import current
-from dpuoffload.host.loader import DpuLoader
+from dpuoffload.host.loader import DpuLoader, local_loader
 
 
 class FeedFactory(Protocol):
@@ -71,7 +71,7 @@ class CloneAdopter(Protocol):
 
 
 class LoaderFeed:
-    """`--mode da`: the trainer's batches from the public API's loader, fed by a DPU rank."""
+    """The trainer's batches from the public API's loader: built here, or fed by a DPU rank (da)."""
 
     def __init__(self, loader: DpuLoader) -> None:
         self.loader = loader
@@ -87,10 +87,11 @@ class LoaderFeed:
 
 
 def build_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded, plan: OffloadPlan) -> Feed:
-    """This host rank's own loader, or `job.loader` (the public API): batches from its DPU rank,
-    which builds the training set from the run's flags rather than receiving it."""
+    """The public API's loader: local (`--mode none`/`mv`, and clone ranks, which have no job), or
+    `job.loader`, batches from this rank's DPU rank, which builds the training set from the run's
+    flags rather than receiving it."""
     if not cfg.mode.augments_on_dpu:
-        return LocalFeed(RankLoader(cfg, train, len(topo.host_ranks), topo.side_rank))
+        return LoaderFeed(local_loader(train.dataset, Sampling.of(cfg, len(topo.host_ranks), topo.side_rank)))
     loader = current().loader(train.dataset, cfg.batch_size, seed=cfg.seed, drop_last=cfg.drop_last, copy=False,
                               epochs=cfg.epochs, build_on_dpu=functools.partial(build_train_set, cfg))
     return LoaderFeed(loader)

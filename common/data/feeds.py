@@ -1,7 +1,7 @@
-"""Where a training replica's batches come from: the `Feed` protocol and the local loader feed.
+"""Where a training replica's batches come from: the `Feed` protocol.
 
-Host ranks feed from their own loader (`LocalFeed`, `--mode none`/`mv`) or from a DPU rank
-(`host.extensions.LoaderFeed`: the public API's loader, `da`/`hybrid`); in `--mode naive` every
+Host ranks feed from the public API's loader (`host.extensions.LoaderFeed` over `job.loader`:
+built here in `--mode none`/`mv`, sent by a DPU rank in `da`/`hybrid`); in `--mode naive` every
 replica, host or DPU, feeds from its own share of the epoch (`common.naive.NaiveFeed`).
 """
 
@@ -10,8 +10,6 @@ from __future__ import annotations
 from typing import Iterator, Optional, Protocol
 
 import torch
-
-from dpuoffload.common.data.loaders import RankLoader
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -26,20 +24,3 @@ class Feed(Protocol):
     def global_samples(self, step: int) -> Optional[int]:
         """Samples in step `step` summed over all replicas when they differ per replica (gradients
         are then weighted by n_i / total and summed), or None: equal batches, plain average."""
-
-
-class LocalFeed:
-    """`--mode none`: the host rank loads and augments its own batches."""
-
-    def __init__(self, loader: RankLoader) -> None:
-        self.loader = loader
-
-    def steps(self) -> int:
-        return len(self.loader)
-
-    def global_samples(self, step: int) -> Optional[int]:
-        return None
-
-    def epoch(self, epoch: int, start: int = 0, stop: Optional[int] = None) -> Iterator[Batch]:
-        self.loader.set_epoch(epoch)
-        yield from self.loader.batches(start, stop)
