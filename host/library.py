@@ -227,11 +227,32 @@ def _dpurun_job(argv: list[str]) -> Job:
         abort_job(f"{topo.describe()}: a training script runs on host ranks only (app context 0); "
                   "start it with dpurun, which puts the DPU program in context 1")
     job = Job(topo.side_rank, len(topo.host_ranks), cfg.mode, topo.side_comm, topo, cfg, started.state)
+    _default_horovod_comm(topo.side_comm)
     atexit.register(job.finish)
     if topo.side_rank == 0:
         print(f"[dpuoffload] mode {cfg.mode}: {len(topo.host_ranks)} host rank(s), {len(topo.dpu_ranks)} DPU "
               f"rank(s), script {cfg.script}", flush=True)
     return job
+
+
+def _default_horovod_comm(comm: "MPI.Comm") -> None:
+    """Make a plain `hvd.init()` mean the host ranks, if the script imported Horovod already.
+
+    Under dpurun COMM_WORLD also holds the DPU ranks, which never join Horovod, so `hvd.init()`
+    over it waits forever. `hvd.init(comm=job.comm)` is the documented call; a script that keeps
+    its `hvd.init()` (imported at its top, as usual) gets the host ranks' communicator as the
+    default here instead of a hang. A `comm` the script passes is used unchanged.
+    """
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is None or getattr(hvd.init, "_dpuoffload_default", False):
+        return
+    original = hvd.init
+
+    def init(comm_: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return original(comm if comm_ is None else comm_, *args, **kwargs)
+
+    init._dpuoffload_default = True  # type: ignore[attr-defined]
+    hvd.init = init
 
 
 def _local_job() -> Job:

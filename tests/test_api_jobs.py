@@ -63,3 +63,13 @@ def test_built_in_trainer_flags_are_refused_with_a_script_before_launch():
     assert r.returncode == 2
     assert "--lr configures dpurun's built-in trainer; tests/api_scripts/streams.py runs its own loop" in r.stderr
     assert "running:" not in r.stderr  # no rank started
+
+
+@pytest.mark.mpi
+def test_a_plain_hvd_init_means_the_host_ranks():
+    """Over COMM_WORLD Horovod would wait forever for the DPU ranks; the job makes the host ranks the default."""
+    pytest.importorskip("horovod.torch")
+    r = dpurun(["--host-ranks", "2", "--dpu-ranks", "1", "--oversubscribe"],
+               ["--mode", "none", "tests/api_scripts/plain_hvd.py"], timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "host rank 0: hvd rank 0 of 2" in r.stdout and "host rank 1: hvd rank 1 of 2" in r.stdout
