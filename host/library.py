@@ -248,8 +248,10 @@ def _default_horovod_comm(comm: "MPI.Comm") -> None:
         return
     original = hvd.init
 
-    def init(comm_: Any = None, *args: Any, **kwargs: Any) -> Any:
-        return original(comm if comm_ is None else comm_, *args, **kwargs)
+    def init(*args: Any, **kwargs: Any) -> Any:
+        if not args and kwargs.get("comm") is None:  # (comm is Horovod's first parameter)
+            kwargs["comm"] = comm
+        return original(*args, **kwargs)
 
     init._dpuoffload_default = True  # type: ignore[attr-defined]
     hvd.init = init

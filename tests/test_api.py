@@ -183,3 +183,22 @@ def test_the_examples_name_their_dpu_lines():
         text = (REPO / "examples" / name).read_text()
         assert "import dpuoffload as dpu  # dpu" in text and "job = dpu.init()  # dpu" in text
         assert "job.finish()  # dpu" in text
+
+
+def test_hvd_init_default_keeps_a_comm_the_script_passes(monkeypatch):
+    """Under dpurun a plain hvd.init() gets the host ranks; hvd.init(comm=...) / hvd.init(x) stay as given."""
+    import types
+
+    import dpuoffload.host.library as library
+
+    calls = []
+    fake = types.ModuleType("horovod.torch")
+    fake.init = lambda comm=None, process_sets=None: calls.append((comm, process_sets))
+    monkeypatch.setitem(sys.modules, "horovod.torch", fake)
+    library._default_horovod_comm("HOSTS")
+    library._default_horovod_comm("HOSTS")  # (twice: wrapped once)
+    fake.init()
+    fake.init(comm="MINE")
+    fake.init("POS", process_sets="P")
+    fake.init(process_sets="Q")
+    assert calls == [("HOSTS", None), ("MINE", None), ("POS", "P"), ("HOSTS", "Q")]
