@@ -30,7 +30,8 @@ AUTO_ALLOWS = ("naive",)  # modes that change the math, which --mode auto consid
 # With a user's training script (`dpurun -- [flags] train.py`) the script owns the model, data, optimizer
 # and loop; these are the flags that still mean something, and the modes the public API serves so far.
 SCRIPT_FIELDS = ("mode", "script", "da_buffers", "log_dir", "peer_timeout", "progress", "mv_dpu_fraction",
-                 "dpu_da_ranks", "dpu_mv_ranks", "da_fanout")
+                 "dpu_da_ranks", "dpu_mv_ranks", "da_fanout", "ckpt_dir", "ckpt_keep", "ckpt_copy", "ckpt_errors",
+                 "resume")
 SCRIPT_MODES = (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID)
 
 
@@ -183,9 +184,10 @@ class RunConfig:
 
     @property
     def checkpointing(self) -> bool:
-        """Whether host ranks hand checkpoint slices to DPU ranks during this run."""
-        return self.ckpt_dir is not None and (self.ckpt_every is not None or self.ckpt_every_epoch
-                                               or self.stop_at_step is not None)
+        """Whether host ranks hand checkpoint slices to DPU ranks during this run (a script decides
+        when, with `job.checkpoint`: --ckpt-dir alone turns the keepers on)."""
+        return self.ckpt_dir is not None and (self.script is not None or self.ckpt_every is not None
+                                               or self.ckpt_every_epoch or self.stop_at_step is not None)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

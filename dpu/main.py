@@ -64,8 +64,8 @@ def prepare(cfg: RunConfig, topo: Topology) -> DpuJob:
             service.prebuild(functools.partial(build_train_set, cfg))
         return DpuJob(work, service, keeper)
     if cfg.script is not None:  # a user's script: validation when it calls job.validate, else idle
-        return DpuJob(MV, ScriptValidation(cfg, topo, work_comm, plan.states_to(me)), None) if work == MV \
-            else DpuJob(IDLE, None, None)
+        return DpuJob(MV, ScriptValidation(cfg, topo, work_comm, plan.states_to(me)), keeper) if work == MV \
+            else DpuJob(IDLE, None, keeper)
     if work == MV:
         data = build_datasets(cfg)
         steps = host_steps(cfg, topo, len(data.train))

@@ -7,6 +7,7 @@ modules work on the DPU ranks (they import it from the script's folder, as `pyth
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from typing import Callable, Iterator, Optional
 
@@ -19,7 +20,7 @@ from torchvision import transforms as T
 import dpuoffload as dpu
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-Batches = Callable[[int], Iterator[tuple[torch.Tensor, torch.Tensor]]]
+Batches = Callable[..., Iterator[tuple[torch.Tensor, torch.Tensor]]]  # (epoch, start=0) -> batches
 
 
 def train_set(root: str, subset: Optional[int] = None) -> Dataset:
@@ -69,7 +70,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
 
 
 def batches(job: dpu.Job, data: Dataset, args: argparse.Namespace) -> tuple[Batches, int]:
-    """`epoch -> batches` and the batches per epoch, from `job.loader` or from torch's DataLoader."""
+    """`(epoch, start=0) -> batches` and the batches per epoch, from `job.loader` or from torch's
+    DataLoader (which has no start: it skips the first `start` batches by loading them)."""
     if args.loader == "dpu":
         loader = job.loader(data, batch_size=args.batch_size, seed=args.seed)
         return loader.epoch, len(loader)
@@ -77,14 +79,14 @@ def batches(job: dpu.Job, data: Dataset, args: argparse.Namespace) -> tuple[Batc
     sampler = DistributedSampler(data, num_replicas=job.size, rank=job.rank, shuffle=True, seed=args.seed)
     loader = DataLoader(seeded, batch_size=args.batch_size, sampler=sampler)
 
-    def epoch(e: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def epoch(e: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         sampler.set_epoch(e)
         seeded.set_epoch(e)
-        return iter(loader)
+        return itertools.islice(loader, start, None)
     return epoch, len(loader)
 
 
-def save_record(path: Optional[str], rank: int, losses: list[float], validation: dict) -> None:
+def save_record(path: Optional[str], rank: int, losses: list[float], validation: dict, **more: object) -> None:
     if path:
         with open(path.format(rank=rank), "w") as f:
-            json.dump({"losses": losses, "validation": {str(k): v for k, v in validation.items()}}, f)
+            json.dump({"losses": losses, "validation": {str(k): v for k, v in validation.items()}, **more}, f)

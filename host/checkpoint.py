@@ -77,8 +77,10 @@ def resume_trainer(trainer: Any, point: ResumePoint, topo: Topology) -> None:
 class StateHandoff:
     """Decides when state is due and sends it; the trainer calls the hooks below."""
 
-    def __init__(self, cfg: RunConfig, topo: Topology, model: nn.Module, optimizer: Any, scheduler: Any,
-                 steps_per_epoch: int) -> None:
+    def __init__(self, cfg: RunConfig, topo: Topology, model: Optional[nn.Module], optimizer: Any, scheduler: Any,
+                 steps_per_epoch: Optional[int]) -> None:
+        """`model`/`optimizer` None: a script's job binds them at its first `job.checkpoint` (`bind`);
+        `steps_per_epoch` None: the script counts its own steps."""
         self.cfg, self.topo, self.model, self.optimizer, self.scheduler = cfg, topo, model, optimizer, scheduler
         self.steps_per_epoch = steps_per_epoch
         self.keeper = StateAssignment.of(topo).keeper_of(topo.world_rank)
@@ -97,6 +99,10 @@ class StateHandoff:
     def for_trainer(cls, cfg: RunConfig, topo: Topology, trainer: Any) -> "StateHandoff":
         """The hand-off of `trainer`'s model, optimizer and schedule (a `host.extensions.HooksFactory`)."""
         return cls(cfg, topo, trainer.model, trainer.optimizer, trainer.scheduler, trainer.feed.steps())
+
+    def bind(self, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
+        """The objects the next hand-offs read (a script passes them to every `job.checkpoint`)."""
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
 
     # ------------------------------------------------------------------- trainer hooks
     def due(self, global_step: int) -> set[StateKind]:
@@ -159,7 +165,9 @@ class StateHandoff:
         return EXIT_CHECKPOINT_FAILED
 
     # ------------------------------------------------------------------------- sending
-    def send(self, kind: StateKind, pos: Position, progress: EpochProgress) -> None:
+    def send(self, kind: StateKind, pos: Position, progress: EpochProgress,
+             user: Optional[dict[str, Any]] = None) -> None:
+        """Hand this rank's slice over. `user`: a script's own JSON data (`job.checkpoint(extra=)`)."""
         t0 = time.perf_counter()
         self.before_optimizer_step()
         self._complete()  # the previous hand-off's buffers are reused below
@@ -169,7 +177,8 @@ class StateHandoff:
         pieces = plan.rank_pieces(self.rank)
         meta = json.dumps(capture_meta(pos, catalog, self.optimizer, self.scheduler, self.model, {
             "host_ranks": self.size, "threshold": DEFAULT_THRESHOLD, "steps_per_epoch": self.steps_per_epoch,
-            "config": config_dict(self.cfg), "config_hash": self.cfg.config_hash()})).encode()
+            "config": config_dict(self.cfg), "config_hash": self.cfg.config_hash(),
+            **({} if user is None else {"user": user})})).encode()
         small = np.frombuffer(meta + capture_local(self.model, progress), dtype=np.uint8)
         shared_nbytes = packed_nbytes(list(tensors.values()), pieces)
         self._post(CKPT_HEADER.pack(kind=kind, global_step=pos.global_step, sender=self.rank, senders=self.size,

@@ -19,11 +19,14 @@ script that returns without `job.finish()` finishes at exit.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shlex
 import sys
 import threading
 import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 from dpuoffload.common.config import RunConfig
@@ -35,8 +38,12 @@ from dpuoffload.common.modes import Mode
 from dpuoffload.common.plan.offload import OffloadPlan, plan_offload, require_feeder
 from dpuoffload.common.runtime import env
 from dpuoffload.common.runtime.failure import JobFailed, abort_job, failure_line, set_rank_label
+from dpuoffload.common.runtime.messages import StateKind
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import start_program
+from dpuoffload.common.state import ckptfiles
+from dpuoffload.common.state.trainstate import EpochProgress, Position, position_of, restore, set_rng
+from dpuoffload.host.checkpoint import StateHandoff
 from dpuoffload.host.control import shutdown_dpus
 from dpuoffload.host.loader import DpuLoader, RemoteSource, check_dataset, local_loader
 from dpuoffload.host.validation import JobValidation
@@ -47,6 +54,19 @@ if TYPE_CHECKING:
 # Environment variables of launchers that start one process per rank, for the fallback's rank count.
 _RANK_VARS = (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"), ("PMI_SIZE", "PMI_RANK"), ("WORLD_SIZE", "RANK"))
 _job: Optional["Job"] = None
+_at_exit = False  # finish() runs from the exit hooks
+
+
+@dataclass(frozen=True)
+class Restored:
+    """Where a resumed script starts (`job.restore`): `step` steps of `epoch` were done when the
+    checkpoint was taken, `global_step` is the count given to `job.checkpoint`, `extra` its extra=."""
+
+    epoch: int
+    step: int
+    global_step: int
+    extra: dict[str, Any] = field(default_factory=dict)
+    path: Optional[Path] = None
 
 
 class Job:
@@ -68,6 +88,10 @@ class Job:
         self.topo, self.cfg, self.plan = topo, cfg, plan
         self.loaders: list[DpuLoader] = []
         self.validation: Optional[JobValidation] = None
+        self.handoff: Optional[StateHandoff] = None   # under dpurun with --ckpt-dir: state to the keepers
+        self.last_global_step = -1
+        self.warned: set[str] = set()
+        self.exit_code = 0
         self.finished = False
 
     @property
@@ -145,6 +169,87 @@ class Job:
         self.validation.epoch_end(epoch)
         return dict(self.validation.results)
 
+    def checkpoint(self, model: Any, optimizer: Any, scheduler: Any = None, *, epoch: int, step: int = 0,
+                   global_step: Optional[int] = None, extra: Optional[dict[str, Any]] = None) -> None:
+        """Hand the training state to the DPU ranks, which write it as a checkpoint while you train on.
+
+        Collective over the host ranks: every host rank calls it at the same point, right after an
+        optimizer step (the parameters and optimizer state must be identical on all of them, as your
+        allreduce makes them). Each host rank sends 1/N of the parameters and optimizer state plus
+        its own BatchNorm buffers and RNG states; its keeper DPU rank writes the files and commits
+        (`--ckpt-dir`, `--ckpt-keep`, `--ckpt-copy`, README "Checkpoints"). Returns once this rank's
+        bytes are staged (`--ckpt-copy staged`, default) or received (`zero`).
+
+        Args:
+            model, optimizer, scheduler: the live objects (the bare model, not a DDP wrapper); any
+                torch optimizer; any scheduler whose `state_dict()` is plain data, or None.
+            epoch, step: where training stands: `step` batches of `epoch` are done (`step=0` at the
+                start of `epoch`, so the end of epoch e is `epoch=e + 1`). `job.restore` returns them.
+            global_step: a count that grows with every checkpoint (names its directory); default
+                `epoch * len(first loader) + step`.
+            extra: your own JSON data (best accuracy, a counter, ...), returned by `job.restore`.
+
+        Without `--ckpt-dir` (or without dpurun) nothing is written: one warning says so.
+        """
+        self._check_open()
+        position = self._position(epoch, step, global_step)
+        if extra is not None:
+            try:
+                extra = json.loads(json.dumps(extra))
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"job.checkpoint: extra must be JSON data (dict of numbers, strings, lists), "
+                                  f"got {e}") from None
+        if self.handoff is None:
+            self._warn_once("checkpoint", "job.checkpoint: no checkpoint is written: "
+                            + ("add --ckpt-dir DIR to dpurun's flags" if self.topo is not None else
+                               "start the script with dpurun -- --ckpt-dir DIR SCRIPT"))
+            return
+        self.handoff.bind(model, optimizer, scheduler)
+        self.handoff.send(StateKind.CHECKPOINT, position, EpochProgress(), extra or {})
+        self.handoff.before_optimizer_step()  # zero-copy: the bytes must be out before the next step
+        self.last_global_step = position.global_step
+
+    def _position(self, epoch: int, step: int, global_step: Optional[int]) -> Position:
+        for name, value in (("epoch", epoch), ("step", step), ("global_step", global_step)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ConfigError(f"job.checkpoint: {name} must be an integer >= 0, got {value!r}")
+        if global_step is None:
+            if not self.loaders:
+                raise ConfigError("job.checkpoint: pass global_step= (no loader was made to count steps by)")
+            global_step = epoch * len(self.loaders[0]) + step
+        if global_step <= self.last_global_step:
+            raise ConfigError(f"job.checkpoint: global_step {global_step} is not after the last checkpoint's "
+                              f"({self.last_global_step}); it names the checkpoint and must grow")
+        return Position(epoch, step, global_step)
+
+    def restore(self, model: Any, optimizer: Any, scheduler: Any = None) -> Optional[Restored]:
+        """Load the checkpoint named by dpurun's `--resume latest|DIR` into your live objects.
+
+        Returns None without `--resume` (start from scratch), else where to go on: iterate
+        `loader.epoch(r.epoch, start=r.step)` first, then the following epochs. The same host rank
+        count restores each rank's own BatchNorm buffers and RNG states (bit-exact: the resumed run's
+        losses equal the uninterrupted run's); another count takes host rank 0's, and scales a
+        mid-epoch step by the ratio of host counts (the samples per step changed with it).
+        Not collective: every host rank reads the checkpoint's files itself.
+        """
+        self._check_open()
+        if self.cfg is None or self.cfg.resume is None:
+            return None
+        path = ckptfiles.resolve(self.cfg.resume, self.cfg.ckpt_dir)
+        ckpt = ckptfiles.load(path)
+        writers = int(ckpt.meta["host_ranks"])
+        local = ckpt.locals[self.rank] if writers == self.size else ckpt.locals[0]
+        restore(model, optimizer, scheduler, ckpt.meta, ckpt.shared, local)
+        set_rng(local.rng)
+        pos = position_of(ckpt.meta)
+        step = pos.step if writers == self.size else pos.step * writers // self.size
+        self.last_global_step = pos.global_step
+        if self.rank == 0:
+            how = "exactly" if writers == self.size else f"written by {writers} host rank(s)"
+            print(f"[dpuoffload] resuming from {path} ({how}): epoch {pos.epoch}, step {step} "
+                  f"(global step {pos.global_step})", flush=True)
+        return Restored(pos.epoch, step, pos.global_step, dict(ckpt.meta.get("user", {})), path)
+
     def init_process_group(self, backend: str = "gloo", timeout: Optional[float] = None) -> None:
         """`torch.distributed.init_process_group` over the host ranks only (for DDP).
 
@@ -170,10 +275,31 @@ class Job:
         for made in self.loaders:
             made.close()
         results = self.validation.finish() if self.validation is not None else {}
+        if self.handoff is not None:  # END to the keeper; host rank 0 gets keeper 0's summary
+            self.handoff.finish()
         if self.topo is not None and self.cfg is not None:
             self.topo.side_comm.Barrier()
             shutdown_dpus(self.topo, self.cfg.peer_timeout)
+        if self.handoff is not None:
+            self.exit_code = self.handoff.exit_code()  # host rank 0 prints the line of lost checkpoints
+        if self.exit_code and not _at_exit:
+            raise SystemExit(self.exit_code)
         return dict(results)
+
+    def _finish_at_exit(self) -> None:
+        """`finish` from the exit hooks: an exit code (lost checkpoints) cannot be raised there."""
+        global _at_exit
+        _at_exit = True
+        self.finish()
+        if self.exit_code:
+            from dpuoffload.common.runtime.fastexit import exit_now
+
+            exit_now(self.exit_code)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self.warned and self.rank == 0:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        self.warned.add(key)
 
     def __enter__(self) -> "Job":
         return self
@@ -227,8 +353,10 @@ def _dpurun_job(argv: list[str]) -> Job:
         abort_job(f"{topo.describe()}: a training script runs on host ranks only (app context 0); "
                   "start it with dpurun, which puts the DPU program in context 1")
     job = Job(topo.side_rank, len(topo.host_ranks), cfg.mode, topo.side_comm, topo, cfg, started.state)
+    if cfg.checkpointing:
+        job.handoff = StateHandoff(cfg, topo, None, None, None, None)
     _default_horovod_comm(topo.side_comm)
-    atexit.register(job.finish)
+    atexit.register(job._finish_at_exit)
     if topo.side_rank == 0:
         print(f"[dpuoffload] mode {cfg.mode}: {len(topo.host_ranks)} host rank(s), {len(topo.dpu_ranks)} DPU "
               f"rank(s), script {cfg.script}", flush=True)

@@ -202,3 +202,64 @@ def test_hvd_init_default_keeps_a_comm_the_script_passes(monkeypatch):
     fake.init("POS", process_sets="P")
     fake.init(process_sets="Q")
     assert calls == [("HOSTS", None), ("MINE", None), ("POS", "P"), ("HOSTS", "Q")]
+
+
+def test_checkpoint_without_ckpt_dir_warns_once_and_checks_its_arguments(local_job):
+    job, _ = local_job
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ConfigError, match="pass global_step="):
+        job.checkpoint(model, opt, epoch=1)  # no loader to count steps by
+    with pytest.raises(ConfigError, match="epoch must be an integer >= 0, got -1"):
+        job.checkpoint(model, opt, epoch=-1, global_step=3)
+    with pytest.raises(ConfigError, match="extra must be JSON data"):
+        job.checkpoint(model, opt, epoch=1, global_step=3, extra={"model": model})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        job.checkpoint(model, opt, epoch=1, global_step=3)
+        job.checkpoint(model, opt, epoch=2, global_step=4)
+    assert len(caught) == 1 and "no checkpoint is written: start the script with dpurun -- --ckpt-dir" in str(
+        caught[0].message)
+    assert job.restore(model, opt) is None  # no --resume: start from scratch
+    job.loader(Noise(), batch_size=4)
+    job.last_global_step = 9
+    with pytest.raises(ConfigError, match="global_step 8 is not after the last checkpoint's \\(9\\)"):
+        job.checkpoint(model, opt, epoch=1, step=2)  # 1 * 6 steps + 2
+
+
+def test_script_mode_takes_the_checkpoint_flags_and_keeps_the_trainers():
+    cfg = parse_run_config(["--ckpt-dir", "c", "--resume", "latest", "--ckpt-keep", "3", "--script", "t.py"])
+    assert cfg.checkpointing and (cfg.resume, cfg.ckpt_keep) == ("latest", 3)
+    assert not parse_run_config(["--script", "t.py"]).checkpointing
+    with pytest.raises(ConfigError, match="--ckpt-every configures dpurun's built-in trainer"):
+        parse_run_config(["--ckpt-dir", "c", "--ckpt-every", "5", "--script", "t.py"])
+
+
+@pytest.mark.parametrize("make", [
+    lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5),
+    lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (s + 1)),
+    lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=10),
+])
+def test_any_scheduler_round_trips_through_the_json_meta(make):
+    """A script's scheduler goes into the checkpoint's JSON meta and comes back in the same state."""
+    import json
+
+    from dpuoffload.common.state.trainstate import load_scheduler, scheduler_state
+
+    def fresh():
+        opt = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+        return opt, make(opt)
+
+    opt, sched = fresh()
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    state = json.loads(json.dumps(scheduler_state(sched)))
+    opt2, sched2 = fresh()
+    opt2.load_state_dict(opt.state_dict())  # (restore() loads the optimizer first: its lr is state too)
+    load_scheduler(sched2, state, len(opt2.param_groups))
+    for _ in range(2):
+        sched.step()
+        sched2.step()
+    assert sched2.get_last_lr() == sched.get_last_lr() and sched2.last_epoch == sched.last_epoch == 5
+    assert scheduler_state(None) is None

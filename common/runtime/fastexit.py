@@ -46,6 +46,12 @@ def _code_of(code: object) -> int:
 
 
 def _exit_now() -> None:
+    exit_now(_exit_code[0])
+
+
+def exit_now(code: int) -> None:
+    """Finalize MPI, flush, and leave with `code` now (also from an exit hook, where raising
+    SystemExit would not change the process's exit status)."""
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         mpi.Finalize()  # mpirun reports a rank that exits without it as failed
@@ -54,4 +60,4 @@ def _exit_now() -> None:
             stream.flush()
         except (OSError, ValueError, AttributeError):  # closed or replaced streams
             pass
-    os._exit(_exit_code[0])
+    os._exit(code)

@@ -189,7 +189,7 @@ def plain_state_dicts(ckpt: Checkpoint) -> dict[str, Any]:
     pos = ckpt.meta["position"]
     return {"model": model, "optimizer": optimizer_state_dict(ckpt.meta, ckpt.shared, names),
             "epoch": pos["epoch"], "step": pos["step"], "global_step": pos["global_step"],
-            "model_name": ckpt.meta["config"]["model"]}
+            "model_name": ckpt.meta["config"].get("script") or ckpt.meta["config"]["model"]}
 
 
 def check_compatible(meta: Mapping[str, Any], config: Mapping[str, Any], ignore: Sequence[str]) -> list[str]:

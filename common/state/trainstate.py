@@ -181,15 +181,42 @@ def safetensors_metadata(blob: bytes) -> dict[str, str]:
 # -------------------------------------------------------------------------------------- meta (JSON)
 def capture_meta(position: Position, catalog: Catalog, optimizer: torch.optim.Optimizer,
                  scheduler: Any, model: nn.Module, extra: Mapping[str, Any]) -> dict[str, Any]:
-    """Run-level facts, identical on every host rank. `extra`: config, host rank count, steps..."""
+    """Run-level facts, identical on every host rank. `extra`: config, host rank count, steps...
+    `scheduler` may be None (a script without one)."""
     names = {id(p): n for n, p in model.named_parameters()}
     groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[id(p)] for p in g["params"]]}
               for g in optimizer.param_groups]
-    sched = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+    sched = scheduler_state(scheduler)
     return {"format": FORMAT, "version": FORMAT_VERSION,
             "position": {"epoch": position.epoch, "step": position.step, "global_step": position.global_step},
             "catalog": [[n, d, list(s)] for n, d, s in catalog], "param_groups": groups, "scheduler": sched,
             **extra}
+
+
+def scheduler_state(scheduler: Any) -> Optional[dict[str, Any]]:
+    """A learning-rate scheduler's `state_dict()` as JSON, or None without one.
+
+    LambdaLR/MultiplicativeLR keep their functions out (`lr_lambdas`: code, not state; the live
+    scheduler has them). Any other scheduler's state is plain numbers and lists; one that is not
+    (a user's own) gets a clear error instead of a failed hand-off."""
+    if scheduler is None:
+        return None
+    state = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+    try:
+        json.dumps(state)
+    except TypeError as e:
+        raise TypeError(f"the scheduler {type(scheduler).__name__}'s state_dict() is not plain data ({e}): "
+                        "checkpoint without it (scheduler=None) and keep what it needs in extra=") from None
+    return state
+
+
+def load_scheduler(scheduler: Any, state: Optional[Mapping[str, Any]], n_groups: int) -> None:
+    if scheduler is None or state is None:
+        return
+    full = dict(state)
+    if "lr_lambdas" in scheduler.state_dict():  # LambdaLR and kin expect the key (None: keep their own)
+        full["lr_lambdas"] = [None] * n_groups
+    scheduler.load_state_dict(full)
 
 
 def position_of(meta: Mapping[str, Any]) -> Position:
@@ -227,7 +254,7 @@ def restore(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, 
         for name, b in model.named_buffers():
             b.copy_(local.buffers[name])
     optimizer.load_state_dict(optimizer_state_dict(meta, shared, names))
-    scheduler.load_state_dict({**meta["scheduler"], "lr_lambdas": [None] * len(optimizer.param_groups)})
+    load_scheduler(scheduler, meta.get("scheduler"), len(optimizer.param_groups))
 
 
 def set_rng(rng: Mapping[str, Any]) -> None:
