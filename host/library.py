@@ -262,6 +262,21 @@ class Job:
             raise ConfigError("job.init_process_group needs MPI: start the script with dpurun (or mpirun)")
         init_torch_group(self.comm, backend, timeout or (self.cfg.peer_timeout if self.cfg else 600.0))
 
+    def lightning_environment(self, backend: str = "gloo") -> Any:
+        """A Lightning `ClusterEnvironment` of the host ranks, for `DDPStrategy(cluster_environment=...)`.
+
+        Collective over the host ranks: forms the process group (`init_process_group(backend)`) if
+        the script has not. Without it, Lightning would see Open MPI and take the DPU ranks for
+        training replicas too. Needs the `lightning` package.
+        """
+        self._check_open()
+        try:
+            from dpuoffload.host.lightning import host_ranks
+        except ImportError as e:
+            raise ConfigError(f"job.lightning_environment needs PyTorch Lightning ({e}): pip install lightning") \
+                from None
+        return host_ranks(self, backend)
+
     def finish(self) -> dict[int, dict[str, float]]:
         """Close every loader, wait for outstanding validations, release the DPU ranks; call once,
         on every host rank, at the end. Returns every epoch's validation results (host rank 0).

