@@ -105,9 +105,10 @@ def check_before_launch(cfg: RunConfig, facts: LaunchFacts, training_args: Seque
 
     The dry import runs only when the names resolved (otherwise it would repeat their error).
     """
-    if cfg.script is not None:  # a user's script owns its model and data: the ranks, the file, the log dir
+    if cfg.script is not None:  # a user's script owns its model and data: ranks, file, directories, resume
         return _collect(lambda: check_ranks(cfg, facts), lambda: check_script(cfg, facts),
-                        lambda: check_log_dir(cfg, facts))
+                        lambda: check_log_dir(cfg, facts), lambda: check_ckpt_dir(cfg, facts),
+                        lambda: check_resume(cfg, facts))
     dry = needs_dry_import(cfg) and not facts.skip_slow
     problems = _collect(lambda: check_ranks(cfg, facts), lambda: check_clones(cfg))
     names = _collect(lambda: check_names(cfg, facts.cluster, import_factories=not dry))

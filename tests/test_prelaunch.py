@@ -116,6 +116,16 @@ def test_resume_latest_with_an_empty_ckpt_dir(tmp_path, bundled_data):
                "start without --resume, or pass the directory of one checkpoint")
 
 
+def test_a_scripts_resume_and_ckpt_dir_are_checked_before_launch(tmp_path):
+    (tmp_path / "runs").write_text("not a directory\n")
+    r = dpurun(tmp_path, "--", "--mode", "da", "--ckpt-dir", str(tmp_path / "runs" / "c"), "--resume",
+               str(tmp_path / "gone"), "examples/ddp_loop.py")
+    assert r.returncode == 2 and not r.launched and r.errors == [
+        f"dpurun: error: --ckpt-dir {tmp_path}/runs/c: {tmp_path}/runs is a file, not a directory; "
+        "pass a directory path (or move the file)",
+        f"dpurun: error: --resume {tmp_path}/gone: no such checkpoint directory"], r.stderr
+
+
 def test_ckpt_dir_under_proc(tmp_path, bundled_data):
     r = dpurun(tmp_path, "--", "--preset", "debug", "--data", str(bundled_data / "cifar10"),
                "--ckpt-dir", "/proc/dpurun-ckpt", "--ckpt-every", "5")
