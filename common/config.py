@@ -31,7 +31,7 @@ AUTO_ALLOWS = ("naive",)  # modes that change the math, which --mode auto consid
 # and loop; these are the flags that still mean something, and the modes the public API serves so far.
 SCRIPT_FIELDS = ("mode", "script", "da_buffers", "log_dir", "peer_timeout", "progress", "mv_dpu_fraction",
                  "dpu_da_ranks", "dpu_mv_ranks", "da_fanout", "ckpt_dir", "ckpt_keep", "ckpt_copy", "ckpt_errors",
-                 "resume")
+                 "resume", "clone_at")
 SCRIPT_MODES = (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID)
 
 

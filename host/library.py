@@ -24,6 +24,7 @@ import os
 import shlex
 import sys
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,7 @@ from dpuoffload.common.runtime.messages import StateKind
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import start_program
 from dpuoffload.common.state import ckptfiles
-from dpuoffload.common.state.trainstate import EpochProgress, Position, position_of, restore, set_rng
+from dpuoffload.common.state.trainstate import EpochProgress, Position, parse_local, position_of, restore, set_rng
 from dpuoffload.host.checkpoint import StateHandoff
 from dpuoffload.host.control import shutdown_dpus
 from dpuoffload.host.loader import DpuLoader, RemoteSource, check_dataset, local_loader
@@ -79,6 +80,9 @@ class Job:
         offloaded: whether DPU ranks build this rank's batches.
         comm: the host ranks' mpi4py communicator (give it to `hvd.init(comm=job.comm)`: Horovod over
             COMM_WORLD would take the DPU ranks for training replicas), or None without MPI.
+        is_clone: this process is a clone rank (`dpurun --clone-ranks M`, `--clone-at N`): its
+            `job.restore` waits for the host ranks' state of step N; rank, size and comm are then
+            the clone group's.
     """
 
     def __init__(self, rank: int, size: int, mode: Mode, comm: Optional["MPI.Comm"] = None,
@@ -88,7 +92,9 @@ class Job:
         self.topo, self.cfg, self.plan = topo, cfg, plan
         self.loaders: list[DpuLoader] = []
         self.validation: Optional[JobValidation] = None
-        self.handoff: Optional[StateHandoff] = None   # under dpurun with --ckpt-dir: state to the keepers
+        self.handoff: Optional[StateHandoff] = None   # under dpurun with --ckpt-dir/--clone-at: state to the keepers
+        self.is_clone = topo is not None and topo.role is Role.CLONE
+        self.cloned = False      # host ranks: the --clone-at state was handed off; clone ranks: received
         self.last_global_step = -1
         self.warned: set[str] = set()
         self.exit_code = 0
@@ -96,7 +102,8 @@ class Job:
 
     @property
     def offloaded(self) -> bool:
-        return self.topo is not None and self.mode.augments_on_dpu
+        """Whether DPU ranks build this rank's batches (never on a clone rank: it loads its own)."""
+        return self.topo is not None and not self.is_clone and self.mode.augments_on_dpu
 
     def loader(self, dataset: Any, batch_size: int, *, shuffle: bool = True, seed: int = 0,
                drop_last: bool = False, copy: bool = True, epochs: Optional[int] = None,
@@ -162,8 +169,9 @@ class Job:
             raise ConfigError(f"job.validate: batch_size must be an integer >= 1, got {batch_size!r}")
         if self.validation is None:
             share = float(self.cfg.mv_dpu_fraction) if self.cfg is not None else 0.0
+            on_dpu = self.topo is not None and not self.is_clone and self.mode.validates_on_dpu
             self.validation = JobValidation(model, val_set, batch_size, self.comm, self.topo,
-                                            self.plan if self.topo is not None and self.mode.validates_on_dpu else None,
+                                            self.plan if on_dpu else None,
                                             share, self.cfg.peer_timeout if self.cfg else 600.0)
         self.validation.check_same(model, val_set)
         self.validation.epoch_end(epoch)
@@ -199,15 +207,36 @@ class Job:
             except (TypeError, ValueError) as e:
                 raise ConfigError(f"job.checkpoint: extra must be JSON data (dict of numbers, strings, lists), "
                                   f"got {e}") from None
-        if self.handoff is None:
-            self._warn_once("checkpoint", "job.checkpoint: no checkpoint is written: "
-                            + ("add --ckpt-dir DIR to dpurun's flags" if self.topo is not None else
-                               "start the script with dpurun -- --ckpt-dir DIR SCRIPT"))
-            return
-        self.handoff.bind(model, optimizer, scheduler)
-        self.handoff.send(StateKind.CHECKPOINT, position, EpochProgress(), extra or {})
-        self.handoff.before_optimizer_step()  # zero-copy: the bytes must be out before the next step
+        kinds = self._kinds_due(position.global_step)
+        if StateKind.CHECKPOINT not in kinds:
+            self._warn_once("checkpoint", "job.checkpoint: no checkpoint is written: " + (
+                "a clone rank does not checkpoint" if self.is_clone else
+                "add --ckpt-dir DIR to dpurun's flags" if self.topo is not None else
+                "start the script with dpurun -- --ckpt-dir DIR SCRIPT"))
+        if kinds and self.handoff is not None:
+            self.handoff.bind(model, optimizer, scheduler)
+            for kind in sorted(kinds):
+                self.handoff.send(kind, position, EpochProgress(), extra or {})
+            self.handoff.before_optimizer_step()  # zero-copy: the bytes must be out before the next step
+        self.cloned = self.cloned or StateKind.CLONE in kinds
         self.last_global_step = position.global_step
+
+    def _kinds_due(self, global_step: int) -> set[StateKind]:
+        """CHECKPOINT with --ckpt-dir; CLONE at --clone-at (host ranks: the clone ranks wait for it)."""
+        kinds: set[StateKind] = set()
+        if self.cfg is None or self.is_clone:
+            return kinds
+        if self.cfg.checkpointing:
+            kinds.add(StateKind.CHECKPOINT)
+        clone_at = self.cfg.clone_at
+        if clone_at is not None and not self.cloned:
+            if global_step == clone_at:
+                kinds.add(StateKind.CLONE)
+            elif global_step > clone_at:
+                raise ConfigError(f"--clone-at {clone_at}: job.checkpoint was called at global step {global_step} "
+                                  f"without passing step {clone_at} (the last was {self.last_global_step}); "
+                                  "call it at that step, or choose a step the script checkpoints at")
+        return kinds
 
     def _position(self, epoch: int, step: int, global_step: Optional[int]) -> Position:
         for name, value in (("epoch", epoch), ("step", step), ("global_step", global_step)):
@@ -233,22 +262,53 @@ class Job:
         Not collective: every host rank reads the checkpoint's files itself.
         """
         self._check_open()
+        if self.is_clone:
+            return self._adopt(model, optimizer, scheduler)
         if self.cfg is None or self.cfg.resume is None:
             return None
         path = ckptfiles.resolve(self.cfg.resume, self.cfg.ckpt_dir)
         ckpt = ckptfiles.load(path)
         writers = int(ckpt.meta["host_ranks"])
         local = ckpt.locals[self.rank] if writers == self.size else ckpt.locals[0]
-        restore(model, optimizer, scheduler, ckpt.meta, ckpt.shared, local)
-        set_rng(local.rng)
-        pos = position_of(ckpt.meta)
-        step = pos.step if writers == self.size else pos.step * writers // self.size
-        self.last_global_step = pos.global_step
+        restored = self._load(model, optimizer, scheduler, ckpt.meta, ckpt.shared, local, path)
         if self.rank == 0:
             how = "exactly" if writers == self.size else f"written by {writers} host rank(s)"
-            print(f"[dpuoffload] resuming from {path} ({how}): epoch {pos.epoch}, step {step} "
-                  f"(global step {pos.global_step})", flush=True)
-        return Restored(pos.epoch, step, pos.global_step, dict(ckpt.meta.get("user", {})), path)
+            print(f"[dpuoffload] resuming from {path} ({how}): epoch {restored.epoch}, step {restored.step} "
+                  f"(global step {restored.global_step})", flush=True)
+        return restored
+
+    def _adopt(self, model: Any, optimizer: Any, scheduler: Any) -> Restored:
+        """A clone rank: stand by for the state the host ranks hand off at --clone-at (forwarded by
+        the DPU keepers, never via disk), gather every slice over the clone group, load it."""
+        from dpuoffload.common.plan.assign import StateAssignment
+        from dpuoffload.host.clone import gather_handoffs, rebuild_shared, receive_forwarded
+
+        topo, cfg = cast(Topology, self.topo), cast(RunConfig, self.cfg)
+        if self.rank == 0:
+            print(f"[clone] {self.size} clone rank(s) standing by for the state of step {cfg.clone_at}", flush=True)
+        t0 = time.perf_counter()
+        mine = receive_forwarded(topo, cfg.peer_timeout)
+        parts = {r.head["sender"]: r for r in gather_handoffs(topo.side_comm, mine)}
+        meta = parts[0].meta
+        shared = rebuild_shared(meta, {k: r.shared for k, r in parts.items()})
+        writers = int(meta["host_ranks"])
+        local = parse_local(bytes(parts[StateAssignment.of(topo).local_state_of(topo.world_rank, writers)].local))
+        restored = self._load(model, optimizer, scheduler, meta, shared, local, None)
+        self.cloned = True
+        if self.rank == 0:
+            print(f"[clone] state of step {restored.global_step} received after {time.perf_counter() - t0:.1f} s; "
+                  f"continuing from epoch {restored.epoch}, step {restored.step}", flush=True)
+        return restored
+
+    def _load(self, model: Any, optimizer: Any, scheduler: Any, meta: dict[str, Any], shared: Any, local: Any,
+              path: Optional[Path]) -> Restored:
+        """Load state into the live objects (RNG last); a mid-epoch step scales with the rank count."""
+        restore(model, optimizer, scheduler, meta, shared, local)
+        set_rng(local.rng)
+        pos, writers = position_of(meta), int(meta["host_ranks"])
+        step = pos.step if writers == self.size else pos.step * writers // self.size
+        self.last_global_step = pos.global_step
+        return Restored(pos.epoch, step, pos.global_step, dict(meta.get("user", {})), path)
 
     def init_process_group(self, backend: str = "gloo", timeout: Optional[float] = None) -> None:
         """`torch.distributed.init_process_group` over the host ranks only (for DDP).
@@ -286,6 +346,7 @@ class Job:
         """
         if self.finished:
             return dict(self.validation.results) if self.validation else {}
+        self._check_clone_served()
         self.finished = True
         for made in self.loaders:
             made.close()
@@ -294,12 +355,25 @@ class Job:
             self.handoff.finish()
         if self.topo is not None and self.cfg is not None:
             self.topo.side_comm.Barrier()
-            shutdown_dpus(self.topo, self.cfg.peer_timeout)
+            if not self.is_clone:  # (the clone group needs the DPU ranks no more once it has the state)
+                shutdown_dpus(self.topo, self.cfg.peer_timeout)
         if self.handoff is not None:
             self.exit_code = self.handoff.exit_code()  # host rank 0 prints the line of lost checkpoints
         if self.exit_code and not _at_exit:
             raise SystemExit(self.exit_code)
         return dict(results)
+
+    def _check_clone_served(self) -> None:
+        """With --clone-at, the state must have gone from the host ranks to the clone ranks: else the
+        clone ranks would stand by until their keepers end, so say why now, in one line."""
+        if self.cfg is None or self.cfg.clone_at is None or self.cloned or not (self.topo and self.topo.clone_ranks):
+            return
+        if self.is_clone:
+            raise ConfigError("a clone rank starts from the host ranks' state: call job.restore(model, optimizer, "
+                              "scheduler) before training (it stands by until the state of --clone-at arrives)")
+        raise ConfigError(f"--clone-at {self.cfg.clone_at}: the script never called job.checkpoint at global step "
+                          f"{self.cfg.clone_at} (the last was {self.last_global_step}), so the clone ranks got no "
+                          "state; checkpoint at that step or choose one the script reaches")
 
     def _finish_at_exit(self) -> None:
         """`finish` from the exit hooks: an exit code (lost checkpoints) cannot be raised there."""
@@ -364,17 +438,18 @@ def _dpurun_job(argv: list[str]) -> Job:
     except JobFailed:  # a collective start-up step failed on some rank: world rank 0 printed why, all exit
         sys.exit(1)
     cfg, topo = started.cfg, started.topo
-    if topo.role is not Role.HOST:
-        abort_job(f"{topo.describe()}: a training script runs on host ranks only (app context 0); "
-                  "start it with dpurun, which puts the DPU program in context 1")
-    job = Job(topo.side_rank, len(topo.host_ranks), cfg.mode, topo.side_comm, topo, cfg, started.state)
-    if cfg.checkpointing:
+    if topo.role is Role.DPU:
+        abort_job(f"{topo.describe()}: a training script runs on host and clone ranks only (app contexts 0 and "
+                  "2); start it with dpurun, which puts the DPU program in context 1")
+    job = Job(topo.side_rank, len(topo.side_ranks(topo.role)), cfg.mode, topo.side_comm, topo, cfg, started.state)
+    if topo.role is Role.HOST and (cfg.checkpointing or (cfg.clone_at is not None and topo.clone_ranks)):
         job.handoff = StateHandoff(cfg, topo, None, None, None, None)
     _default_horovod_comm(topo.side_comm)
     atexit.register(job._finish_at_exit)
-    if topo.side_rank == 0:
+    if topo.role is Role.HOST and topo.side_rank == 0:
+        clones = f", {len(topo.clone_ranks)} clone rank(s)" if topo.clone_ranks else ""
         print(f"[dpuoffload] mode {cfg.mode}: {len(topo.host_ranks)} host rank(s), {len(topo.dpu_ranks)} DPU "
-              f"rank(s), script {cfg.script}", flush=True)
+              f"rank(s){clones}, script {cfg.script}", flush=True)
     return job
 
 

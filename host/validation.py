@@ -28,7 +28,7 @@ from dpuoffload.common.runtime.messages import (
     STATE_HEADER_BYTES,
     Tag,
 )
-from dpuoffload.common.runtime.roles import Topology
+from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.waits import wait
 from dpuoffload.common.state.sharding import (
     pack_pieces,
@@ -155,6 +155,8 @@ class JobValidation:
         self.model, self.val_set, self.comm, self.share = model, val_set, comm, share
         self.results: dict[int, dict[str, float]] = {}
         self.offloaded = topo is not None and plan is not None and bool(plan.mv_ranks)
+        clone = topo is not None and topo.role is Role.CLONE
+        self.label, self.ranks = ("[clone]", "clone ranks") if clone else ("[dpuoffload]", "host ranks")
         self.inner: Validation
         if self.offloaded:
             topo, plan = cast(Topology, topo), cast(OffloadPlan, plan)
@@ -184,8 +186,8 @@ class JobValidation:
         for epoch, sums in done:
             loss, accuracy = metrics_from_sums(sums)
             self.results[epoch] = {"loss": loss, "accuracy": accuracy, "count": int(sums[2])}
-            where = "on the DPU ranks" if self.offloaded else "on the host ranks"
-            print(f"[dpuoffload] validation of epoch {epoch}: loss {loss:.4f} accuracy {accuracy:.1%} "
+            where = "on the DPU ranks" if self.offloaded else f"on the {self.ranks}"
+            print(f"{self.label} validation of epoch {epoch}: loss {loss:.4f} accuracy {accuracy:.1%} "
                   f"({int(sums[2])} samples, {where})", flush=True)
         return self.results
 

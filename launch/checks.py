@@ -161,9 +161,7 @@ def check_ranks(cfg: RunConfig, facts: LaunchFacts) -> None:
 
 
 def check_script(cfg: RunConfig, facts: LaunchFacts) -> None:
-    """The training script exists (here, unless the ranks run on other machines) and has no clones."""
-    if facts.clone_ranks:
-        raise ConfigError("--clone-ranks needs the built-in trainer; a training script cannot be cloned yet")
+    """The training script exists (here, unless the ranks run on other machines)."""
     if not facts.cluster and not Path(str(cfg.script)).is_file():
         raise ConfigError(f"training script {cfg.script} not found (from {os.getcwd()}); give its path after "
                           "dpurun's flags: dpurun -- --mode da path/to/train.py [its arguments]")

@@ -71,8 +71,6 @@ class LaunchSpec:
         if self.clone_ranks and self.flavor == "mpich" and not self.local:
             raise ConfigError("clone ranks on a cluster need Open MPI's per-context --host lists; with MPICH "
                               "run them on one box or use Open MPI")
-        if self.script is not None and self.clone_ranks:
-            raise ConfigError("clone ranks need the built-in trainer; a training script cannot be cloned yet")
         if self.host_threads < 1 or self.dpu_threads < 1:
             raise ConfigError("host_threads and dpu_threads must be >= 1")
         if self.local == bool(self.host_nodes):
@@ -158,17 +156,23 @@ def _host_list(flag: str, nodes: tuple[Node, ...]) -> list[str]:
 
 def _host_argv(spec: LaunchSpec) -> list[str]:
     extra = {env.PROGRESS_TTY: "1"} if spec.progress_tty else {}
-    if spec.script is not None:  # the user's script; dpurun's own flags reach `dpuoffload.init()` by environment
-        extra[env.SCRIPT_ARGS] = shlex.join(spec.training_args)
-        program = [spec.script, *spec.script_args]
-    else:
-        program = ["-m", HOST_MODULE, *spec.training_args]
-    return [*_env_prefix(spec, spec.host_threads, extra), *_pin(spec.host_cores), spec.host_python, *program]
+    return [*_env_prefix(spec, spec.host_threads, {**extra, **_script_env(spec)}), *_pin(spec.host_cores),
+            spec.host_python, *_host_program(spec)]
 
 
 def _clone_argv(spec: LaunchSpec) -> list[str]:
-    return [*_env_prefix(spec, spec.host_threads), *_pin(spec.clone_cores or spec.host_cores),
-            spec.host_python, "-m", HOST_MODULE, *spec.training_args]
+    return [*_env_prefix(spec, spec.host_threads, _script_env(spec)), *_pin(spec.clone_cores or spec.host_cores),
+            spec.host_python, *_host_program(spec)]
+
+
+def _host_program(spec: LaunchSpec) -> list[str]:
+    """The host program, or the user's script (its clone ranks run it too)."""
+    return [spec.script, *spec.script_args] if spec.script is not None else ["-m", HOST_MODULE, *spec.training_args]
+
+
+def _script_env(spec: LaunchSpec) -> dict[str, str]:
+    """dpurun's own flags reach a script's `dpuoffload.init()` by environment (its argv is its own)."""
+    return {env.SCRIPT_ARGS: shlex.join(spec.training_args)} if spec.script is not None else {}
 
 
 def _dpu_argv(spec: LaunchSpec) -> list[str]:

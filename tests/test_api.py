@@ -273,3 +273,29 @@ def test_an_iterator_made_and_dropped_uses_no_epoch(local_job):
     first = [x for x, _ in loader]
     assert all(torch.equal(a, b) for a, b in zip(first, (x for x, _ in loader.epoch(0))))
     assert not torch.equal(next(iter(loader))[0], first[0])  # then epoch 1
+
+
+def test_a_skipped_clone_step_and_an_unserved_clone_are_named():
+    """--clone-at N: the host ranks must hand the state off at step N, the clone ranks must take it."""
+    from types import SimpleNamespace
+
+    from dpuoffload.common.modes import Mode
+    from dpuoffload.common.runtime.roles import Role
+    from dpuoffload.host.library import Job
+
+    cfg = parse_run_config(["--clone-at", "3", "--script", "t.py"])
+    host = Job(0, 1, Mode.NONE, None, SimpleNamespace(role=Role.HOST, clone_ranks=(2,)), cfg)
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        host.checkpoint(model, opt, epoch=0, step=2, global_step=2)
+        with pytest.raises(ConfigError, match="--clone-at 3: job.checkpoint was called at global step 5 without "
+                                              "passing step 3 \\(the last was 2\\)"):
+            host.checkpoint(model, opt, epoch=0, step=5, global_step=5)
+    with pytest.raises(ConfigError, match="the script never called job.checkpoint at global step 3"):
+        host.finish()
+    clone = Job(0, 1, Mode.NONE, None, SimpleNamespace(role=Role.CLONE, clone_ranks=(2,)), cfg)
+    assert clone.is_clone and not clone.offloaded
+    with pytest.raises(ConfigError, match="a clone rank starts from the host ranks' state: call job.restore"):
+        clone.finish()

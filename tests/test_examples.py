@@ -48,16 +48,23 @@ def test_horovod_loop_fed_by_one_dpu_rank(tmp_path):
     assert offloaded[1]["validation"] == {} and sorted(offloaded[0]["validation"]) == ["0", "1"]  # host rank 0
 
 
-def test_ddp_loop_checkpointed_by_dpu_ranks_resumes_bit_exact(tmp_path):
+def test_ddp_loop_checkpointed_cloned_and_resumed_bit_exact(tmp_path):
     """DDP over two host ranks; in `hybrid` one DPU rank feeds both, the other validates the state
     assembled from both host ranks' slices, and the keepers write the script's checkpoints (AdamW,
-    StepLR, mid-epoch and epoch ends). A `none` run with torch's DataLoader resumed from the
+    StepLR, mid-epoch and epoch ends). The reference (`none`, torch's DataLoader) forks two clone
+    ranks at step 3, which go on with the same losses to the bit; a `none` run resumed from the
     mid-epoch checkpoint of step 3 trains only the remaining steps, with the same losses to the bit."""
     launcher = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe"]
     ckpt = tmp_path / "ckpt"
     offloaded = records(tmp_path, launcher, "hybrid", "ddp_loop.py", "dpu", ["--ckpt-steps", "3"], ranks=2,
                         flags=["--ckpt-dir", str(ckpt), "--ckpt-keep", "4"])
-    ref = records(tmp_path, launcher, "none", "ddp_loop.py", "torch", ranks=2)
+    ref = records(tmp_path, ["--host-ranks", "2", "--dpu-ranks", "1", "--clone-ranks", "2", "--oversubscribe"],
+                  "none", "ddp_loop.py", "torch", ["--ckpt-steps", "3"], ranks=2, flags=["--clone-at", "3"])
+    clones = [json.loads((tmp_path / f"none-torch-clone{rank}.json").read_text()) for rank in (0, 1)]
+    for rank in (0, 1):  # the clones got the state of step 3 through the keepers and trained steps 4-8
+        assert clones[rank]["losses"] == ref[rank]["losses"][3:]
+        assert clones[rank]["resumed"] == [0, 3, 3, {"last_loss": ref[0]["losses"][2]}]
+    assert sorted(clones[0]["validation"]) == ["0", "1"] and clones[0]["validation"] == ref[0]["validation"]
     assert len(offloaded[0]["losses"]) == 2 * 4 and offloaded == ref  # checkpoints change nothing
     assert offloaded[0]["losses"] != offloaded[1]["losses"]  # each rank its own shard of the data
     assert offloaded[1]["validation"] == {} and sorted(offloaded[0]["validation"]) == ["0", "1"]  # host rank 0
