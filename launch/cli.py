@@ -34,6 +34,10 @@ examples:
   # your own training script (import dpuoffload; job.loader): its batches augmented on a DPU rank
   dpurun -- --mode da examples/plain_loop.py --epochs 2
 
+  # a DDP script checkpointing through the DPU ranks, forking 2 clone ranks at step 3
+  dpurun --host-ranks 2 --dpu-ranks 2 --clone-ranks 2 --oversubscribe \\
+      -- --mode da --ckpt-dir ckpt --clone-at 3 examples/ddp_loop.py --ckpt-steps 3
+
   # one box, 2 DPU ranks sharing core 1 at a quarter of its speed (cgroup; needs root)
   dpurun --dpu-ranks 2 --dpu-cores 1 --dpu-speed 0.25 --oversubscribe \\
       -- --preset debug --data /tmp/dpudata/cifar10
