@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import workloads as W  # noqa: E402
 from benchmarks.augfactories import WEIGHTS  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
+    QUICK_DPU_SPEED,
     RunLog,
     Section,
     bench_parser,
@@ -103,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> Section:
     weights, variants = WEIGHTS, VARIANTS
     if args.quick:
-        args.reps, args.epochs, args.train, args.val = 1, 2, 32, 16
+        args.reps, args.epochs, args.train, args.val, args.dpu_speed = 1, 2, 32, 16, QUICK_DPU_SPEED
         weights, variants = ("light", "heavy"), ("none", "da")
     data = make_data(["tinyimagenet"])
     workloads = {w: workload(w, args.train, args.val) for w in weights}

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import (  # noqa: E402
     BIN,
+    QUICK_DPU_SPEED,
     ROOT,
     bench_parser,
     emulated_node,
@@ -85,6 +86,8 @@ def summarize(phases: list[dict[str, Any]], handoffs: list[dict[str, Any]], warm
 def run(args: Any) -> dict[str, Any]:
     data = make_data(("cifar10", "tinyimagenet"))
     steps, every = (12, 4) if args.quick else (30, 5)
+    if args.quick:
+        args.dpu_speed = QUICK_DPU_SPEED
     results: dict[str, dict[str, list[dict[str, Any]]]] = {m: {k: [] for k in METHODS} for m in args.models}
     for rep in range(args.reps):
         for model in args.models:

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.checkpoint import MODELS  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
     BIN,
+    QUICK_DPU_SPEED,
     ROOT,
     bench_parser,
     emulated_node,
@@ -101,6 +102,8 @@ def summarize(phases: list[dict[str, Any]], handoffs: list[dict[str, Any]], star
 def run(args: Any) -> dict[str, Any]:
     data = make_data(("cifar10", "tinyimagenet"))
     steps, at = (8, 6) if args.quick else (16, 8)  # quick: ordinary steps 3-5 and 8
+    if args.quick:
+        args.dpu_speed = QUICK_DPU_SPEED
     results: dict[str, dict[str, list[dict[str, Any]]]] = {m: {k: [] for k in METHODS} for m in args.models}
     for rep in range(args.reps):
         for model in args.models:

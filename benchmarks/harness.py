@@ -197,6 +197,14 @@ def pyplot():
     return plt
 
 
+# --quick (the test suite's smoke runs): DPU ranks unthrottled in the benchmarks that start jobs. A
+# throttled DPU rank also imports torch at that speed (4-5 s of CPU: 8-10 s at 0.5), which the host
+# waits for at the start-up handshake, so throttling doubled every quick job's cost while proving
+# nothing a quick run checks. The throttle itself: interference and sweep (quick too), and
+# tests/test_supervise.py.
+QUICK_DPU_SPEED = 1.0
+
+
 def bench_parser(doc: str, name: str, quick: str, *, reps: int = 2, epochs: bool = True,
                  dpu_speed: bool = True, plots: bool = True) -> argparse.ArgumentParser:
     """The flags every benchmark script shares (its own go on top)."""

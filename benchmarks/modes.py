@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import (  # noqa: E402
+    QUICK_DPU_SPEED,
     RunLog,
     Section,
     bench_parser,
@@ -87,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> Section:
     workloads = dict(WORKLOADS)
     if args.quick:
-        args.reps, args.epochs, args.train, args.val = 1, 2, 64, 32
+        args.reps, args.epochs, args.train, args.val, args.dpu_speed = 1, 2, 64, 32, QUICK_DPU_SPEED
         workloads = {k: v for k, v in workloads.items() if "cifar10" in k}
     data = make_data()
     runs: dict[str, dict[str, list[dict]]] = {w: {m: [] for m in MODES} for w in workloads}

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import (  # noqa: E402
     BIN,
+    QUICK_DPU_SPEED,
     ROOT,
     Section,
     bench_parser,
@@ -182,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> Section:
     specs = {w: dict(spec) for w, spec in WORKLOADS.items()}
     if args.quick:
-        args.reps, args.epochs, args.no_micro = 1, 2, True
+        args.reps, args.epochs, args.no_micro, args.dpu_speed = 1, 2, True, QUICK_DPU_SPEED
         specs = {w: {**spec, "train": 32} for w, spec in specs.items()}
     make_data(("cifar10", "tinyimagenet"))
     info = machine()

@@ -125,7 +125,8 @@ def report(sections: dict[str, Section], args: argparse.Namespace, info: dict[st
     cmd = "python benchmarks/run.py" + (" --quick" if args.quick else "") + (
         f" --only {' '.join(args.only)}" if args.only else "")
     out = [f"## Suite run {today} (`{cmd}`, {seconds / 60:.0f} min)", "",
-           f"Machine: {machine_line(info)}.{loaded} DPU ranks and the peer's workers at --dpu-speed {args.dpu_speed}.",
+           f"Machine: {machine_line(info)}.{loaded} DPU ranks and the peer's workers at --dpu-speed {args.dpu_speed}"
+           + (" (--quick: unthrottled in the benchmarks that start jobs)." if args.quick else "."),
            ""]
     summary = targets(sections)
     if summary:

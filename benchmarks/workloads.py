@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import (  # noqa: E402
     BIN,
+    QUICK_DPU_SPEED,
     RunLog,
     Section,
     bench_parser,
@@ -338,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> Section:
     workloads = dict(WORKLOADS)
     if args.quick:
-        args.reps, args.epochs = 1, 2
+        args.reps, args.epochs, args.dpu_speed = 1, 2, QUICK_DPU_SPEED
         workloads = {"resnet20/cifar10": {**WORKLOADS["resnet20/cifar10"], "train": 64, "val": 32}}
     data = make_data()
     runs = measure(args, workloads, data)

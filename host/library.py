@@ -366,13 +366,15 @@ class Job:
     def _check_clone_served(self) -> None:
         """With --clone-at, the state must have gone from the host ranks to the clone ranks: else the
         clone ranks would stand by until their keepers end, so say why now, in one line."""
-        if self.cfg is None or self.cfg.clone_at is None or self.cloned or not (self.topo and self.topo.clone_ranks):
-            return
+        cfg = self.cfg
+        clones = self.topo is not None and bool(self.topo.clone_ranks)
+        if cfg is None or cfg.script is None or cfg.clone_at is None or self.cloned or not clones:
+            return  # (the built-in trainer hands the clone state off itself, not through job.checkpoint)
         if self.is_clone:
             raise ConfigError("a clone rank starts from the host ranks' state: call job.restore(model, optimizer, "
                               "scheduler) before training (it stands by until the state of --clone-at arrives)")
-        raise ConfigError(f"--clone-at {self.cfg.clone_at}: the script never called job.checkpoint at global step "
-                          f"{self.cfg.clone_at} (the last was {self.last_global_step}), so the clone ranks got no "
+        raise ConfigError(f"--clone-at {cfg.clone_at}: the script never called job.checkpoint at global step "
+                          f"{cfg.clone_at} (the last was {self.last_global_step}), so the clone ranks got no "
                           "state; checkpoint at that step or choose one the script reaches")
 
     def _finish_at_exit(self) -> None:
