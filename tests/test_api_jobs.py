@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
+from dpuoffload.common.state import ckptfiles
 from tests.mpijobs import dpurun
 
 SCRIPT = "tests/api_scripts/streams.py"
@@ -73,3 +75,24 @@ def test_a_plain_hvd_init_means_the_host_ranks():
                ["--mode", "none", "tests/api_scripts/plain_hvd.py"], timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "host rank 0: hvd rank 0 of 2" in r.stdout and "host rank 1: hvd rank 1 of 2" in r.stdout
+
+
+@pytest.mark.mpi
+def test_a_lost_checkpoint_fails_a_script_that_ends_without_finish(tmp_path):
+    """The keeper cannot write step 2 (a file in the way): the other checkpoints commit, and the job
+    finished from the exit hook still exits 3 naming the newest intact one, which resumes."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "step-000000002").write_text("in the way")
+    r = dpurun([], ["--mode", "none", "--ckpt-dir", str(ckpt), "--ckpt-keep", "5", "tests/api_scripts/ckpt_at_exit.py"])
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "restored null" in r.stdout and "checkpoint step 4 committed" in r.stdout
+    assert r.stderr.splitlines()[-1] == (f"dpurun: checkpoints: 1 of 4 NOT saved (step 2); the newest intact one "
+                                         f"is {ckpt / 'step-000000004'}")
+    again = tmp_path / "again"
+    r = dpurun([], ["--mode", "none", "--ckpt-dir", str(again), "--resume", str(ckpt / "step-000000003"),
+                    "tests/api_scripts/ckpt_at_exit.py"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert 'restored [0, 3, 3, {"step": 3}]' in r.stdout
+    first, resumed = (ckptfiles.load(d / "step-000000004").shared for d in (ckpt, again))
+    assert first.keys() == resumed.keys() and all(torch.equal(first[k], resumed[k]) for k in first)  # Adam too
