@@ -65,6 +65,8 @@ def resume_trainer(trainer: Any, point: ResumePoint, topo: Topology) -> None:
     trainer.resume_at(point.position, local.progress if exact else None)
     set_rng(local.rng)
     if topo.side_rank == 0:
+        for note in point.skipped:
+            print(f"[dpuoffload] warning: --resume latest {note}", flush=True)
         pos = point.position
         how = "exactly" if exact else (f"re-sliced from {ckpt.meta['host_ranks']} host rank(s) x batch "
                                        f"{ckpt.meta['config']['batch_size']}")

@@ -266,12 +266,15 @@ class Job:
             return self._adopt(model, optimizer, scheduler)
         if self.cfg is None or self.cfg.resume is None:
             return None
-        path = ckptfiles.resolve(self.cfg.resume, self.cfg.ckpt_dir)
+        skipped: list[str] = []
+        path = ckptfiles.resolve(self.cfg.resume, self.cfg.ckpt_dir, skipped)
         ckpt = ckptfiles.load(path)
         writers = int(ckpt.meta["host_ranks"])
         local = ckpt.locals[self.rank] if writers == self.size else ckpt.locals[0]
         restored = self._load(model, optimizer, scheduler, ckpt.meta, ckpt.shared, local, path)
         if self.rank == 0:
+            for note in skipped:
+                print(f"[dpuoffload] warning: --resume latest {note}", flush=True)
             how = "exactly" if writers == self.size else f"written by {writers} host rank(s)"
             print(f"[dpuoffload] resuming from {path} ({how}): epoch {restored.epoch}, step {restored.step} "
                   f"(global step {restored.global_step})", flush=True)

@@ -244,16 +244,19 @@ def _nearest_existing(path: Path) -> Path:
     return next(p for p in (path, *path.absolute().parents) if p.exists())
 
 
-def check_resume(cfg: RunConfig, facts: LaunchFacts) -> None:
-    """`--resume latest|DIR` names a complete checkpoint (in cluster mode: if its path is visible here)."""
+def check_resume(cfg: RunConfig, facts: LaunchFacts) -> Optional[Problem]:
+    """`--resume latest|DIR` names a complete checkpoint (in cluster mode: if its path is visible
+    here); `latest` skipping a damaged newer one is a warning (the ranks skip it the same way)."""
     if not cfg.resume:
-        return
+        return None
     where = cfg.ckpt_dir if cfg.resume == "latest" else cfg.resume
     if facts.cluster and not (where and Path(where).is_absolute() and Path(where).exists()):
-        return
+        return None
     from dpuoffload.common.state.ckptdirs import resolve
 
-    resolve(cfg.resume, cfg.ckpt_dir)
+    skipped: list[str] = []
+    path = resolve(cfg.resume, cfg.ckpt_dir, skipped)
+    return Problem(f"--resume latest: {'; '.join(skipped)}; resuming from {path}", warning=True) if skipped else None
 
 
 # ------------------------------------------------------------------------------ data set size

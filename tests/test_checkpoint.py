@@ -121,6 +121,16 @@ def test_resume_from_a_checkpoint_missing_a_shard_names_it(job, root):
     r = job("missing-shard", ONE, "--epochs", "3", "--resume", str(broken))
     assert r["rc"] != 0
     assert f"{broken / ckptfiles.shard_name(1)} is missing" in r["err"], r["err"]
+    # `--resume latest` passes over it (the newest) with a warning and resumes from an older intact one
+    # (a copy of step 8 under an older name: the stopped run kept only steps 8 and 12)
+    shutil.copytree(ckptfiles.step_dir(root / "da-ck", 8), root / "broken-ck" / "step-000000004")
+    intact = root / "broken-ck" / "step-000000004"
+    r = ok(job("latest-skips", ONE, "--epochs", "3", "--ckpt-dir", str(root / "broken-ck"), "--resume", "latest",
+               "--stop-at-step", "9"))
+    note = f"skipped damaged checkpoint {broken}: {ckptfiles.shard_name(1)} is missing"
+    assert f"dpurun: warning: --resume latest: {note}; resuming from {intact}" in r["err"], r["err"]
+    assert f"[dpuoffload] warning: --resume latest {note}" in r["out"]
+    assert f"resuming from {intact}" in r["out"] and r["end"]["global_step"] == 9
 
 
 def trained_spans(r: dict) -> list[tuple[int, int, int]]:

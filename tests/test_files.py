@@ -58,3 +58,39 @@ def test_fsync_dir_on_a_missing_directory_raises(tmp_path):
     fsync_dir(tmp_path)
     with pytest.raises(FileNotFoundError):
         fsync_dir(tmp_path / "missing")
+
+
+def _checkpoint(root, step: int, payload: bytes):
+    """A committed checkpoint directory as the keepers write it: files, manifest with their checksums, marker."""
+    import hashlib
+    import json
+
+    from dpuoffload.common.state.ckptdirs import COMMITTED, MANIFEST, step_dir
+
+    d = step_dir(root, step)
+    d.mkdir(parents=True)
+    (d / "shard-00000.safetensors").write_bytes(payload)
+    files = {"shard-00000.safetensors": {"bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}}
+    (d / MANIFEST).write_text(json.dumps({"files": files}))
+    (d / COMMITTED).write_text(f"{step}\n")
+    return d
+
+
+def test_resume_latest_skips_damaged_newer_checkpoints_and_says_which(tmp_path):
+    from dpuoffload.common.state.ckptdirs import CheckpointError, resolve
+
+    good = _checkpoint(tmp_path, 4, b"four")
+    torn = _checkpoint(tmp_path, 8, b"eight")
+    (torn / "shard-00000.safetensors").write_bytes(b"eig")
+    flipped = _checkpoint(tmp_path, 12, b"twelve")
+    (flipped / "shard-00000.safetensors").write_bytes(b"twelvE")
+    skipped: list[str] = []
+    assert resolve("latest", str(tmp_path), skipped) == good
+    assert skipped == [
+        f"skipped damaged checkpoint {flipped}: shard-00000.safetensors is corrupt (its sha256 differs from "
+        "manifest.json)",
+        f"skipped damaged checkpoint {torn}: shard-00000.safetensors has 3 bytes, manifest.json says 5 (torn)"]
+    assert resolve(str(flipped), None) == flipped  # an explicit choice is used as given
+    (good / "shard-00000.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="every checkpoint in .* is damaged .*shard-00000.safetensors is missing"):
+        resolve("latest", str(tmp_path))

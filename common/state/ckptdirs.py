@@ -7,6 +7,7 @@ failure in well under a second: importing torch alone costs seconds on a loaded 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -52,8 +53,33 @@ def prune(root: str | Path, keep: int) -> list[Path]:
 
 
 
-def resolve(resume: str, ckpt_dir: Optional[str]) -> Path:
-    """`--resume DIR|latest` to one checkpoint directory, or a CheckpointError saying what is wrong."""
+def damage(directory: Path) -> Optional[str]:
+    """Why a committed checkpoint cannot be restored (its manifest or a file it lists is missing,
+    has another size, or another sha256), or None when it is intact. Reads every file once."""
+    try:
+        files = read_manifest(directory)["files"]
+    except (CheckpointError, KeyError, TypeError) as e:
+        return str(e) if isinstance(e, CheckpointError) else f"{MANIFEST} lists no files"
+    for name, expected in files.items():
+        path = directory / name
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return f"{name} is missing"
+        if len(data) != expected["bytes"]:
+            return f"{name} has {len(data)} bytes, {MANIFEST} says {expected['bytes']} (torn)"
+        if hashlib.sha256(data).hexdigest() != expected["sha256"]:
+            return f"{name} is corrupt (its sha256 differs from {MANIFEST})"
+    return None
+
+
+def resolve(resume: str, ckpt_dir: Optional[str], skipped: Optional[list[str]] = None) -> Path:
+    """`--resume DIR|latest` to one checkpoint directory, or a CheckpointError saying what is wrong.
+
+    `latest` takes the newest *intact* committed checkpoint: a newer one that is damaged (a file lost
+    or corrupted after its commit) is skipped, and `skipped` gets one line per skipped checkpoint for
+    the caller to warn with, so a relaunch after a crash needs no hand. An explicit DIR is used as
+    given (its damage is reported when it is read)."""
     if resume == "latest":
         if ckpt_dir is None:
             raise CheckpointError("--resume latest needs --ckpt-dir")
@@ -61,7 +87,16 @@ def resolve(resume: str, ckpt_dir: Optional[str]) -> Path:
         if not done:
             raise CheckpointError(f"--resume latest: no complete checkpoint (step-<N>/ with {COMMITTED}) in "
                                   f"{ckpt_dir}; start without --resume, or pass the directory of one checkpoint")
-        return done[-1]
+        notes = []
+        for candidate in reversed(done):
+            why = damage(candidate)
+            if why is None:
+                if skipped is not None:
+                    skipped.extend(notes)
+                return candidate
+            notes.append(f"skipped damaged checkpoint {candidate}: {why}")
+        raise CheckpointError(f"--resume latest: every checkpoint in {ckpt_dir} is damaged ({'; '.join(notes)}); "
+                              "start without --resume")
     path = Path(resume)
     if not path.is_dir():
         raise CheckpointError(f"--resume {resume}: no such checkpoint directory")

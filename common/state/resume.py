@@ -32,6 +32,7 @@ class ResumePoint:
     position: Position        # in this run's terms (re-sliced if the samples per step changed)
     meta: dict[str, Any]
     changed: tuple[str, ...]  # config fields that differ from the checkpoint's run (besides FREE ones)
+    skipped: tuple[str, ...] = ()  # `--resume latest`: newer checkpoints found damaged and passed over
 
     @property
     def same_slicing(self) -> bool:
@@ -46,7 +47,8 @@ def config_dict(cfg: RunConfig) -> dict[str, Any]:
 def find_resume(cfg: RunConfig, n_hosts: int, steps_per_epoch: int) -> Optional[ResumePoint]:
     if cfg.resume is None:
         return None
-    path = ckptfiles.resolve(cfg.resume, cfg.ckpt_dir)
+    skipped: list[str] = []
+    path = ckptfiles.resolve(cfg.resume, cfg.ckpt_dir, skipped)
     meta = ckptfiles.read_manifest(path)
     changed = tuple(ckptfiles.check_compatible(meta, config_dict(cfg), FREE))
     fatal = [k for k in FATAL if k in changed]
@@ -60,7 +62,7 @@ def find_resume(cfg: RunConfig, n_hosts: int, steps_per_epoch: int) -> Optional[
     old_per_step = int(meta["host_ranks"]) * int(meta["config"]["batch_size"])
     position = reslice_position(position_of(meta), old_per_step, n_hosts * cfg.batch_size, steps_per_epoch)
     metrics.set_resumed_from(position.global_step)  # stamped on this run's log lines (they append)
-    return ResumePoint(path, position, meta, changed)
+    return ResumePoint(path, position, meta, changed, tuple(skipped))
 
 
 def start_position(point: Optional[ResumePoint]) -> Position:
