@@ -86,6 +86,7 @@ class RunConfig:
     stop_at_step: Optional[int] = None
     clone_at: Optional[int] = None
     clone_override: tuple[str, ...] = ()
+    inject: tuple[str, ...] = ()
     script: Optional[str] = None
 
     def __post_init__(self) -> None:
@@ -181,6 +182,9 @@ class RunConfig:
                               f"front: use --mode none, da, mv or hybrid, not {self.mode}")
         if self.clone_override and self.clone_at is None:
             raise ConfigError("--clone-override only applies with --clone-at STEP")
+        from dpuoffload.common.runtime.inject import parse_all
+
+        parse_all(self.inject)
 
     @property
     def checkpointing(self) -> bool:
@@ -371,6 +375,10 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--clone-override", action="append", default=S, metavar="KEY=VALUE",
                    help="a training flag the clone group uses instead of the original's (repeatable), e.g. "
                         "lr=0.01, seed=1, weight_decay=0, epochs=5, train_subset=256")
+    g.add_argument("--inject", action="append", default=S, metavar="WHO@WHEN[:HOW]",
+                   help="fail a rank on purpose (repeatable, or comma-separated): WHO host:R, dpu:R or node:N; "
+                        "WHEN a global step or a fraction of the run's steps; HOW kill (default), term, stop "
+                        "(a hang) or raise, e.g. host:1@12 or dpu:0@0.5:stop")
 
 
 def _or_auto(cast: Callable[[str], Any], expected: str) -> Callable[[str], Any]:
@@ -402,8 +410,9 @@ def parse_run_config(argv: Optional[Sequence[str]] = None, prog: str = "dpuofflo
     if path is not None:
         values.update(read_config_file(path))
     values.update(flags)
-    if "clone_override" in values:
-        values["clone_override"] = tuple(values["clone_override"])
+    for name in ("clone_override", "inject"):
+        if name in values:
+            values[name] = tuple(values[name])
     return RunConfig(**values)
 
 
@@ -454,7 +463,7 @@ def _config_value(name: str, value: Any) -> Any:
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ValueError(f"is not a setting: {hint}keys are training flag names without the dashes "
                          f"(e.g. batch_size), see {PROG_HELP}")
-    if name == "clone_override" and isinstance(value, list) and all(isinstance(v, str) for v in value):
+    if name in ("clone_override", "inject") and isinstance(value, list) and all(isinstance(v, str) for v in value):
         return tuple(value)
     allowed = _toml_types(hints[name])
     if isinstance(value, bool) != (bool in allowed) or not isinstance(value, allowed):

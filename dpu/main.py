@@ -10,10 +10,11 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import build_datasets, build_train_set
 from dpuoffload.common.data.loaders import steps_per_epoch
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.models.zoo import build_model
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.plan.offload import DA, IDLE, MV, plan_offload
-from dpuoffload.common.runtime import trace
+from dpuoffload.common.runtime import inject, trace
 from dpuoffload.common.runtime.failure import run_program
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
@@ -55,6 +56,7 @@ def prepare(cfg: RunConfig, topo: Topology) -> DpuJob:
                                        build_model(cfg, data.num_classes)), None)
     plan = plan_offload(topo.ranks, cfg)
     work = plan.work.get(me, IDLE)
+    check_injections(cfg, topo, work)
     # DPU-only collectives first, before anything that could fail on one rank and not the others
     work_comm = topo.side_comm.Split(color=WORK_COLORS[work], key=me)
     keeper = build_keeper(cfg, topo)
@@ -74,6 +76,15 @@ def prepare(cfg: RunConfig, topo: Topology) -> DpuJob:
         return DpuJob(work, Validator(cfg, topo, work_comm, build_model(cfg, data.num_classes), data.val,
                                       plan.states_to(me), epochs), keeper)
     return DpuJob(IDLE, None, keeper)
+
+
+def check_injections(cfg: RunConfig, topo: Topology, work: str) -> None:
+    """`--inject dpu:R@STEP` fires when the rank builds that step's batch: only augmentation ranks do."""
+    named = [i for i in inject.for_rank(cfg.inject, topo).mine if i.who == "dpu"]
+    if named and work != DA:
+        raise ConfigError(f"--inject {named[0]}: {topo.describe()} {'validates' if work == MV else 'is idle'} in "
+                          f"this run (--mode {cfg.mode}), so it has no training steps to fail at; name an "
+                          "augmentation DPU rank or a host rank")
 
 
 def host_steps(cfg: RunConfig, topo: Topology, n_train: int) -> int:

@@ -27,6 +27,7 @@ from dpuoffload.common.data.loaders import RankLoader, probe_layout
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, Recipe, decode, stream_tag
 from dpuoffload.common.errors import ConfigError, PeerError
+from dpuoffload.common.runtime import inject
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
@@ -91,9 +92,11 @@ class Stream:
 
     def __init__(self, world: "MPI.Comm", host: int, host_label: str, opened: OpenLoader, buffers: int,
                  timer: PhaseTimer, on_epoch_end: Optional[Callable[[int], None]] = None,
-                 prebuilt: Optional[dict[bytes, Any]] = None) -> None:
+                 prebuilt: Optional[dict[bytes, Any]] = None,
+                 on_batch: Optional[Callable[[int, int], None]] = None) -> None:
+        """`on_batch(global_step, steps_per_epoch)` runs before each batch is built (`--inject`)."""
         self.world, self.host, self.host_label, self.timer = world, host, host_label, timer
-        self.on_epoch_end = on_epoch_end
+        self.on_epoch_end, self.on_batch = on_epoch_end, on_batch
         dataset = _prebuilt_or_none(opened, prebuilt or {})
         dataset = opened.materialize() if dataset is None else dataset
         train = PerSampleSeeded(dataset, opened.sampling.seed)
@@ -122,6 +125,8 @@ class Stream:
 
     def produce(self) -> None:
         """Augment and send the next batch (the caller checked `ring.ready()`), then advance."""
+        if self.on_batch is not None:
+            self.on_batch(self.epoch * self.steps + self.step + 1, self.steps)
         if self.batches is None:
             self.loader.set_epoch(self.epoch)
             self.batches = self.loader.batches(self.step)
@@ -168,6 +173,7 @@ class LoaderService:
         self.records: list[dict[str, Any]] = []
         self.mark = time.perf_counter()       # when the last epoch record was taken
         self.recorded = -1                    # the last epoch recorded
+        self.injector = inject.for_rank(cfg.inject, topo)  # --inject: fail on purpose at a step's batch
 
     def prebuild(self, recipe: Callable[[], Any]) -> None:
         """Build a data set the hosts will name by this recipe now, during start-up: its cost (and
@@ -207,6 +213,9 @@ class LoaderService:
         self.timer.reset()
         self.mark, self.recorded = now, epoch
 
+    def inject_at(self, global_step: int, steps_per_epoch: int) -> None:
+        self.injector.check(global_step, steps_per_epoch * self.cfg.epochs)
+
     def poll_messages(self) -> bool:
         """Handle every loader message that has arrived; whether there was one."""
         from mpi4py import MPI
@@ -226,7 +235,7 @@ class LoaderService:
         if isinstance(message, OpenLoader):
             self.streams[(host, message.loader)] = Stream(self.topo.world, host, self.topo.describe(host), message,
                                                           self.cfg.da_buffers, self.timer, self.epoch_done,
-                                                          self.prebuilt)
+                                                          self.prebuilt, self.inject_at if self.injector else None)
         elif isinstance(message, Plan):
             stream = self.streams.get((host, message.loader))
             if stream is None:

@@ -110,7 +110,8 @@ def check_before_launch(cfg: RunConfig, facts: LaunchFacts, training_args: Seque
                         lambda: check_log_dir(cfg, facts), lambda: check_ckpt_dir(cfg, facts),
                         lambda: check_resume(cfg, facts))
     dry = needs_dry_import(cfg) and not facts.skip_slow
-    problems = _collect(lambda: check_ranks(cfg, facts), lambda: check_clones(cfg))
+    problems = _collect(lambda: check_ranks(cfg, facts), lambda: check_clones(cfg),
+                        lambda: check_injections(cfg, facts))
     names = _collect(lambda: check_names(cfg, facts.cluster, import_factories=not dry))
     problems += names
     problems += _collect(lambda: check_ckpt_dir(cfg, facts), lambda: check_log_dir(cfg, facts),
@@ -158,6 +159,18 @@ def check_ranks(cfg: RunConfig, facts: LaunchFacts) -> None:
     if facts.clone_ranks and cfg.clone_at is None:
         raise ConfigError(f"--clone-ranks {facts.clone_ranks} without --clone-at STEP: the clones would never "
                           "start; add --clone-at STEP after '--'")
+
+
+def check_injections(cfg: RunConfig, facts: LaunchFacts) -> None:
+    """`--inject` names ranks that exist (a spec naming none would silently inject nothing)."""
+    from dpuoffload.common.runtime.inject import parse_all
+
+    for inj in parse_all(cfg.inject):
+        count, what = (facts.dpu_ranks, "DPU") if inj.who == "dpu" else (facts.host_ranks, "host")
+        if inj.index >= count:
+            raise ConfigError(f"--inject {inj}: there is no {what} rank {inj.index} (this job has {count}: "
+                              f"{inj.who}:0..{count - 1})" if count else
+                              f"--inject {inj}: this job has no {what} ranks")
 
 
 def check_script(cfg: RunConfig, facts: LaunchFacts) -> None:

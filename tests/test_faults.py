@@ -48,3 +48,19 @@ def test_hung_dpu_rank_trips_the_peer_timeout(tmp_path, bundled_data):
     assert code != 0
     assert "timed out after 3 s waiting for" in err and "raise --peer-timeout if it is slow" in err, err
     assert "host rank 0 (world rank 0" in err
+
+
+def test_injected_failures_end_the_job_naming_the_rank_and_the_step(bundled_data):
+    """`--inject`: an exception in a host rank at step 3, and a SIGKILL of the augmentation DPU rank
+    when it builds the batch of step 8 (half of 2 epochs x 8 steps): one line each, naming both."""
+    run = ["--preset", "debug", "--data", str(bundled_data / "cifar10"), "--train-subset", "128", "--epochs", "2",
+           "--mode", "da", "--no-progress"]
+    res = dpurun(["--host-ranks", "1", "--dpu-ranks", "1"], [*run, "--inject", "host:0@3:raise"], timeout=120)
+    assert res.returncode != 0
+    assert "InjectedFailure: injected failure host:0@3:raise at global step 3" in res.stderr, res.stderr
+    assert "host rank 0 (world rank 0" in res.stderr
+    res = dpurun(["--host-ranks", "1", "--dpu-ranks", "1"], [*run, "--inject", "dpu:0@0.5"], timeout=120)
+    assert res.returncode != 0
+    assert "DPU rank 0 (world rank 1, node" in res.stderr and "injected failure dpu:0@0.5:kill at global step 8" \
+        in res.stderr, res.stderr
+    assert "dpurun: world rank 1 = DPU rank 0 (DPU program)" in res.stderr and "killed by signal 9" in res.stderr

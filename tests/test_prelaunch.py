@@ -126,6 +126,11 @@ def test_a_scripts_resume_and_ckpt_dir_are_checked_before_launch(tmp_path):
         f"dpurun: error: --resume {tmp_path}/gone: no such checkpoint directory"], r.stderr
 
 
+def test_an_injection_naming_a_rank_that_does_not_exist(tmp_path):
+    r = dpurun(tmp_path, "--dpu-ranks", "1", "--", "--dataset", "fake", "--mode", "da", "--inject", "dpu:1@3")
+    refused(r, "dpurun: error: --inject dpu:1@3:kill: there is no DPU rank 1 (this job has 1: dpu:0..0)")
+
+
 def test_ckpt_dir_under_proc(tmp_path, bundled_data):
     r = dpurun(tmp_path, "--", "--preset", "debug", "--data", str(bundled_data / "cifar10"),
                "--ckpt-dir", "/proc/dpurun-ckpt", "--ckpt-every", "5")

@@ -35,7 +35,7 @@ from dpuoffload.common.data.feeds import Batch, Feed
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.files import write_atomic
 from dpuoffload.common.plan.offload import OffloadPlan
-from dpuoffload.common.runtime import env, trace
+from dpuoffload.common.runtime import env, inject, trace
 from dpuoffload.common.runtime.metrics import JsonlLog, PhaseTimer
 from dpuoffload.common.runtime.report import Reports, build_reports
 from dpuoffload.common.runtime.roles import Topology
@@ -166,6 +166,7 @@ class Trainer:
         self.label = ""  # printed before each epoch line ("[clone] " in a clone group)
         self.reports = Reports([])  # --tensorboard / --plots, built in `fit` once the label is known
         self.step_times: list[float] = []  # seconds of each step of the epoch in flight
+        self.injector = inject.for_rank(cfg.inject, topo)  # --inject: this rank fails on purpose at a step
         built = hooks(self) if hooks is not None else None
         self.hands_off = built is not None  # time the hooks as their own phase only when there are some
         self.hooks: StateHooks = built if built is not None else NoHooks()
@@ -264,6 +265,8 @@ class Trainer:
             progress.losses.append(loss)
             progress.sums += (loss * len(y), correct, len(y))
             self.global_step += 1
+            if self.injector:
+                self.injector.check(self.global_step, self.total_steps)
             trace.set_position(epoch=span.epoch, step=self.global_step + 1)  # the data wait of the next step
             self.handoff(lambda: self.hooks.after_step(Position(span.epoch, i + 1, self.global_step), progress))
             now = time.perf_counter()

@@ -1,0 +1,135 @@
+"""Failure injection (`--inject WHO@WHEN[:HOW]`): a rank that fails on purpose, at a chosen step.
+
+The fault tests and the recovery work need every kind of failure at a deterministic point of the
+training, not a signal sent from outside at a moment that races it. A spec names
+
+- WHO: `host:R` (host rank R), `dpu:R` (DPU rank R, numbered among the DPU ranks), or `node:N`
+  (host rank N and the DPU ranks paired with it, as when a machine goes down);
+- WHEN: a global step (an integer >= 1) or a fraction of the run's steps (0 < f < 1: the step
+  ceil(f x steps));
+- HOW: `kill` (SIGKILL, the default), `term` (SIGTERM), `stop` (SIGSTOP: a hung rank) or `raise`
+  (an exception in the program, which ends the job the way a bug would).
+
+Where it fires: a host rank right after the optimizer step of that global step; an augmentation DPU
+rank when it starts building that step's batch (it runs up to `--da-buffers` batches ahead of its
+host). DPU ranks that validate or idle have no steps to fail at: naming one is refused at start-up.
+Pure and torch-free, so `dpurun` checks the specs before launch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence
+
+from dpuoffload.common.errors import ConfigError, DpuOffloadError
+
+if TYPE_CHECKING:
+    from dpuoffload.common.runtime.roles import Topology
+
+WHO = ("host", "dpu", "node")
+HOW = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP, "raise": None}
+FORM = "WHO@WHEN[:HOW] with WHO host:R, dpu:R or node:N, WHEN a step >= 1 or a fraction in (0, 1), " \
+       "HOW kill, term, stop or raise"
+
+
+class InjectedFailure(DpuOffloadError):
+    """The failure `--inject ...:raise` asked for (its message names the spec)."""
+
+
+@dataclass(frozen=True)
+class Injection:
+    who: str                    # host | dpu | node
+    index: int                  # host rank, DPU rank (among the DPU ranks) or node (its host rank)
+    step: Optional[int]         # a global step ...
+    fraction: Optional[float]   # ... or a fraction of the run's steps
+    how: str = "kill"
+
+    def at(self, total_steps: int) -> int:
+        """The global step it fires at, in a run of `total_steps` steps."""
+        return self.step if self.step is not None else max(1, math.ceil(float(self.fraction) * total_steps))
+
+    def __str__(self) -> str:
+        when = self.step if self.step is not None else self.fraction
+        return f"{self.who}:{self.index}@{when}:{self.how}"
+
+
+def parse(spec: str) -> Injection:
+    """One spec; a ConfigError naming the spec and the expected form otherwise."""
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"--inject {spec!r}: {why}; expected {FORM} (e.g. host:0@12 or dpu:1@0.5:stop)")
+
+    target, at, rest = spec.partition("@")
+    who, colon, index = target.partition(":")
+    if not at or not colon or who not in WHO:
+        raise bad(f"WHO must be one of {', '.join(f'{w}:N' for w in WHO)}")
+    if not index.isdigit():
+        raise bad(f"{index!r} is not a rank number")
+    when, _, how = rest.partition(":")
+    how = how or "kill"
+    if how not in HOW:
+        raise bad(f"HOW {how!r} is not one of {', '.join(HOW)}")
+    try:
+        value = float(when)
+    except ValueError:
+        raise bad(f"WHEN {when!r} is neither a step nor a fraction") from None
+    if value.is_integer() and "." not in when and value >= 1:
+        return Injection(who, int(index), int(value), None, how)
+    if 0 < value < 1:
+        return Injection(who, int(index), None, value, how)
+    raise bad(f"WHEN {when!r} is neither a step >= 1 nor a fraction strictly between 0 and 1")
+
+
+def parse_all(specs: Sequence[str]) -> tuple[Injection, ...]:
+    return tuple(parse(s) for part in specs for s in part.split(",") if s.strip())
+
+
+def targets_me(inj: Injection, host_rank: Optional[int], dpu_rank: Optional[int],
+               partners_of_host: Sequence[int] = ()) -> bool:
+    """Whether `inj` names this rank: host rank `host_rank`, or DPU rank `dpu_rank` whose paired
+    host ranks are `partners_of_host` (for node:N)."""
+    if inj.who == "host" or (inj.who == "node" and host_rank is not None):
+        return host_rank == inj.index
+    if inj.who == "dpu":
+        return dpu_rank == inj.index
+    return inj.index in partners_of_host  # node:N on a DPU rank: paired with host rank N
+
+
+class Injector:
+    """This rank's injections; `check(global_step, total_steps)` fires the one due at that step."""
+
+    def __init__(self, mine: Sequence[Injection], label: str) -> None:
+        self.mine, self.label = tuple(mine), label
+
+    def __bool__(self) -> bool:
+        return bool(self.mine)
+
+    def check(self, global_step: int, total_steps: int) -> None:
+        for inj in self.mine:
+            if inj.at(total_steps) == global_step:
+                fire(inj, self.label, global_step)
+
+
+def fire(inj: Injection, label: str, global_step: int) -> None:
+    """Fail now as `inj` says. `stop` returns only if someone sends SIGCONT."""
+    what = f"injected failure {inj} at global step {global_step}"
+    if inj.how == "raise":
+        raise InjectedFailure(what)
+    print(f"[dpuoffload] {label}: {what}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), HOW[inj.how])
+
+
+def for_rank(specs: Sequence[str], topo: "Topology") -> Injector:
+    """The injections that name this rank (host and DPU ranks; clone ranks are never named)."""
+    from dpuoffload.common.runtime.roles import Role
+
+    injections = parse_all(specs)
+    host_rank = topo.side_rank if topo.role is Role.HOST else None
+    dpu_rank = topo.side_rank if topo.role is Role.DPU else None
+    partners = [topo.host_ranks.index(h) for h in topo.pairing.dpu_to_hosts.get(topo.world_rank, ())] \
+        if dpu_rank is not None else []
+    mine = [i for i in injections if topo.role is not Role.CLONE and targets_me(i, host_rank, dpu_rank, partners)]
+    return Injector(mine, topo.describe())
