@@ -381,10 +381,15 @@ class Job:
                           "state; checkpoint at that step or choose one the script reaches")
 
     def _finish_at_exit(self) -> None:
-        """`finish` from the exit hooks: an exit code (lost checkpoints) cannot be raised there."""
+        """`finish` from the exit hooks, where neither an exit code (lost checkpoints) nor an error
+        (a clone never served) can be raised: the error ends the job in one line, as the excepthook
+        would, instead of an ignored traceback and ranks left waiting."""
         global _at_exit
         _at_exit = True
-        self.finish()
+        try:
+            self.finish()
+        except Exception as e:  # noqa: BLE001 - any error here would be swallowed by the interpreter
+            abort_job(failure_line(e), 1)
         if self.exit_code:
             from dpuoffload.common.runtime.fastexit import exit_now
 

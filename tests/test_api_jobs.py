@@ -96,3 +96,13 @@ def test_a_lost_checkpoint_fails_a_script_that_ends_without_finish(tmp_path):
     assert 'restored [0, 3, 3, {"step": 3}]' in r.stdout
     first, resumed = (ckptfiles.load(d / "step-000000004").shared for d in (ckpt, again))
     assert first.keys() == resumed.keys() and all(torch.equal(first[k], resumed[k]) for k in first)  # Adam too
+
+
+@pytest.mark.mpi
+def test_a_clone_step_never_reached_ends_the_job_in_one_line():
+    r = dpurun(["--clone-ranks", "1", "--oversubscribe"],
+               ["--mode", "none", "--clone-at", "2", "tests/api_scripts/no_clone_state.py"], timeout=120)
+    assert r.returncode != 0
+    assert ("host rank 0 (host program) failed first: ConfigError: --clone-at 2: the script never called "
+            "job.checkpoint at global step 2") in r.stderr, r.stderr
+    assert "clone rank 0 (world rank 2" in r.stderr and "call job.restore(model, optimizer, scheduler)" in r.stderr
