@@ -37,6 +37,7 @@ from dpuoffload.common.state.ckptfiles import Received, plan_for
 from dpuoffload.common.state.sharding import Piece, byte_buffer
 from dpuoffload.common.state.trainstate import (
     EpochProgress,
+    LocalState,
     dtype_of,
     numel,
     parse_local,
@@ -163,6 +164,16 @@ def state_sha256(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> st
 Receive = Callable[[Topology, float], list[Received]]
 
 
+def assemble(topo: Topology, mine: list[Received]) -> tuple[dict[str, Any], dict[str, torch.Tensor], LocalState]:
+    """This clone rank's hand-offs -> the run's meta, every shared tensor, and the local state it
+    adopts (gathered over the clone group): what the built-in clone and a script's clone both load."""
+    parts = {r.head["sender"]: r for r in gather_handoffs(topo.side_comm, mine)}
+    meta = parts[0].meta
+    shared = rebuild_shared(meta, {k: r.shared for k, r in parts.items()})
+    adopted = StateAssignment.of(topo).local_state_of(topo.world_rank, int(meta["host_ranks"]))
+    return meta, shared, parse_local(bytes(parts[adopted].local))
+
+
 def adopt(trainer: Trainer, topo: Topology, original: RunConfig, clone: RunConfig,
           receive: Receive = receive_forwarded) -> dict[str, Any]:
     """Stand by, receive, rebuild, apply overrides; return the clone-start record.
@@ -172,11 +183,8 @@ def adopt(trainer: Trainer, topo: Topology, original: RunConfig, clone: RunConfi
     t0 = time.perf_counter()
     mine = receive(topo, original.peer_timeout)
     received = time.perf_counter()
-    parts = {r.head["sender"]: r for r in gather_handoffs(topo.side_comm, mine)}
-    meta = parts[0].meta
-    shared = rebuild_shared(meta, {k: r.shared for k, r in parts.items()})
+    meta, shared, local = assemble(topo, mine)
     n_orig = int(meta["host_ranks"])
-    local = parse_local(bytes(parts[StateAssignment.of(topo).local_state_of(topo.world_rank, n_orig)].local))
     restore(trainer.model, trainer.optimizer, trainer.scheduler, meta, shared, local)
     apply_hyperparameters(trainer, original, clone)
     pos = position_of(meta)

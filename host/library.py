@@ -43,7 +43,7 @@ from dpuoffload.common.runtime.messages import StateKind
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import start_program
 from dpuoffload.common.state import ckptfiles
-from dpuoffload.common.state.trainstate import EpochProgress, Position, parse_local, position_of, restore, set_rng
+from dpuoffload.common.state.trainstate import EpochProgress, Position, position_of, restore, set_rng
 from dpuoffload.host.checkpoint import StateHandoff
 from dpuoffload.host.control import shutdown_dpus
 from dpuoffload.host.loader import DpuLoader, RemoteSource, check_dataset, local_loader
@@ -283,19 +283,13 @@ class Job:
     def _adopt(self, model: Any, optimizer: Any, scheduler: Any) -> Restored:
         """A clone rank: stand by for the state the host ranks hand off at --clone-at (forwarded by
         the DPU keepers, never via disk), gather every slice over the clone group, load it."""
-        from dpuoffload.common.plan.assign import StateAssignment
-        from dpuoffload.host.clone import gather_handoffs, rebuild_shared, receive_forwarded
+        from dpuoffload.host.clone import assemble, receive_forwarded
 
         topo, cfg = cast(Topology, self.topo), cast(RunConfig, self.cfg)
         if self.rank == 0:
             print(f"[clone] {self.size} clone rank(s) standing by for the state of step {cfg.clone_at}", flush=True)
         t0 = time.perf_counter()
-        mine = receive_forwarded(topo, cfg.peer_timeout)
-        parts = {r.head["sender"]: r for r in gather_handoffs(topo.side_comm, mine)}
-        meta = parts[0].meta
-        shared = rebuild_shared(meta, {k: r.shared for k, r in parts.items()})
-        writers = int(meta["host_ranks"])
-        local = parse_local(bytes(parts[StateAssignment.of(topo).local_state_of(topo.world_rank, writers)].local))
+        meta, shared, local = assemble(topo, receive_forwarded(topo, cfg.peer_timeout))
         restored = self._load(model, optimizer, scheduler, meta, shared, local, None)
         self.cloned = True
         if self.rank == 0:

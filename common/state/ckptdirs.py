@@ -12,7 +12,7 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from dpuoffload.common.errors import ConfigError
 
@@ -61,16 +61,24 @@ def damage(directory: Path) -> Optional[str]:
     except (CheckpointError, KeyError, TypeError) as e:
         return str(e) if isinstance(e, CheckpointError) else f"{MANIFEST} lists no files"
     for name, expected in files.items():
-        path = directory / name
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return f"{name} is missing"
-        if len(data) != expected["bytes"]:
-            return f"{name} has {len(data)} bytes, {MANIFEST} says {expected['bytes']} (torn)"
-        if hashlib.sha256(data).hexdigest() != expected["sha256"]:
-            return f"{name} is corrupt (its sha256 differs from {MANIFEST})"
+        _, why = read_checked(directory / name, expected)
+        if why is not None:
+            return f"{name} {why}"
     return None
+
+
+def read_checked(path: Path, expected: Mapping[str, Any]) -> tuple[bytes, Optional[str]]:
+    """A checkpoint file's bytes and what is wrong with them against its manifest entry
+    (`{"bytes", "sha256"}`): None when intact, else "is missing", "... (torn)" or "is corrupt ..."."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return b"", "is missing"
+    if len(data) != expected["bytes"]:
+        return data, f"has {len(data)} bytes, {MANIFEST} says {expected['bytes']} (torn)"
+    if hashlib.sha256(data).hexdigest() != expected["sha256"]:
+        return data, f"is corrupt (its sha256 differs from {MANIFEST})"
+    return data, None
 
 
 def resolve(resume: str, ckpt_dir: Optional[str], skipped: Optional[list[str]] = None) -> Path:

@@ -34,6 +34,7 @@ from dpuoffload.common.state.ckptdirs import (  # noqa: F401  (re-exported: one 
     CheckpointError,
     committed,
     prune,
+    read_checked,
     read_manifest,
     resolve,
     step_dir,
@@ -134,12 +135,11 @@ def read_verified(directory: Path, name: str, manifest: Mapping[str, Any]) -> by
     expected = manifest["files"].get(name)
     if expected is None:
         raise CheckpointError(f"checkpoint {directory}: {name} is not listed in {MANIFEST}")
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    data, why = read_checked(path, expected)
+    if why == "is missing":
         raise CheckpointError(f"checkpoint shard {path} is missing; the checkpoint cannot be restored "
-                              "(use an older checkpoint)") from None
-    if len(data) != expected["bytes"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
+                              "(use an older checkpoint)")
+    if why is not None:
         raise CheckpointError(f"checkpoint shard {path} is corrupt (size or sha256 differs from {MANIFEST}); "
                               "use an older checkpoint")
     return data
