@@ -25,23 +25,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-class EpochTagged:
-    """Map-style view of a `PerSampleSeeded` data set fetched with (epoch, index) keys: a persistent
-    worker's copy never sees the main process's `set_epoch`, so every key carries its epoch."""
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitems__(self, keys: Sequence[tuple[int, int]]) -> list[Any]:
-        self.dataset.set_epoch(keys[0][0])
-        return self.dataset.__getitems__([i for _, i in keys])
-
-    def __getitem__(self, key: tuple[int, int]) -> Any:
-        return self.__getitems__([key])[0]
+from dpuoffload.common.data.workers import EpochTagged  # noqa: E402  (the DPU workers' view of the data set)
 
 
 class TaggedBatches:

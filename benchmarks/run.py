@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import RESULTS, ROOT, Section, machine, machine_line, table  # noqa: E402
 
-BENCHMARKS = ("workloads", "augweight", "sweep", "transport", "interference", "startup", "modes", "baseline",
+BENCHMARKS = ("workloads", "augweight", "sweep", "transport", "interference", "startup", "fanin", "modes", "baseline",
               "own_loop")
-DEFAULT = ("workloads", "augweight", "sweep", "transport", "interference", "startup")
+DEFAULT = ("workloads", "augweight", "sweep", "transport", "interference", "startup", "fanin")
 TITLES = {"workloads": "Phases, the DataLoader peer, ideal bounds and prediction error",
           "augweight": "Augmentation weight sweep", "sweep": "Thread and batch sweeps",
           "transport": "Transport: host<->DPU batches vs raw MPI",
@@ -47,7 +47,8 @@ TITLES = {"workloads": "Phases, the DataLoader peer, ideal bounds and prediction
           "modes": "Offload modes side by side",
           "baseline": "Baseline: idle DPU rank, Horovod vs torch.distributed",
           "startup": "Start-up: a tiny dpurun job vs a plain torchvision script",
-          "own_loop": "Own loop: a user's script, DataLoader worker vs job.loader"}
+          "own_loop": "Own loop: a user's script, DataLoader worker vs job.loader",
+          "fanin": "Fan-in: K worker processes building one host rank's batches (--dpu-workers)"}
 
 
 def build_parser() -> argparse.ArgumentParser:

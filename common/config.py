@@ -29,9 +29,9 @@ CKPT_ERRORS = ("continue", "fail")
 AUTO_ALLOWS = ("naive",)  # modes that change the math, which --mode auto considers only on request
 # With a user's training script (`dpurun -- [flags] train.py`) the script owns the model, data, optimizer
 # and loop; these are the flags that still mean something, and the modes the public API serves so far.
-SCRIPT_FIELDS = ("mode", "script", "da_buffers", "log_dir", "peer_timeout", "progress", "mv_dpu_fraction",
-                 "dpu_da_ranks", "dpu_mv_ranks", "da_fanout", "ckpt_dir", "ckpt_keep", "ckpt_copy", "ckpt_errors",
-                 "resume", "clone_at")
+SCRIPT_FIELDS = ("mode", "script", "da_buffers", "dpu_workers", "log_dir", "peer_timeout", "progress",
+                 "mv_dpu_fraction", "dpu_da_ranks", "dpu_mv_ranks", "da_fanout", "ckpt_dir", "ckpt_keep", "ckpt_copy",
+                 "ckpt_errors", "resume", "clone_at")
 SCRIPT_MODES = (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID)
 
 
@@ -68,6 +68,7 @@ class RunConfig:
     tensorboard: Optional[str] = None
     plots: bool = False
     da_buffers: int = 4
+    dpu_workers: int = 0
     mv_dpu_fraction: Union[float, str] = 1.0
     dpu_da_ranks: Optional[int] = None
     dpu_mv_ranks: Optional[int] = None
@@ -110,6 +111,11 @@ class RunConfig:
         if self.mv_dpu_fraction != "auto" and not (
                 isinstance(self.mv_dpu_fraction, (int, float)) and 0 <= self.mv_dpu_fraction <= 1):
             raise ConfigError(f"--mv-dpu-fraction must be a number in [0, 1] or 'auto', got {self.mv_dpu_fraction!r}")
+        if self.dpu_workers < 0:
+            raise ConfigError(f"--dpu-workers must be >= 0, got {self.dpu_workers}")
+        if self.dpu_workers and self.mode not in (Mode.DA, Mode.HYBRID, Mode.AUTO):
+            raise ConfigError(f"--dpu-workers only applies where DPU ranks augment (--mode da or hybrid), not "
+                              f"--mode {self.mode}")
         for name in ("dpu_da_ranks", "dpu_mv_ranks", "da_fanout"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -298,6 +304,10 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
     p.add_argument("--da-buffers", type=int, default=S, metavar="K",
                    help="--mode da: batch buffers per DPU rank, used as a circular send queue; "
                         "memory stays bounded by K batches")
+    p.add_argument("--dpu-workers", type=int, default=S, metavar="K",
+                   help="--mode da/hybrid: worker processes each augmentation DPU rank forks per host rank it "
+                        "feeds, to build that host's batches on K cores (0: in the DPU rank itself; a GPU host "
+                        "needs several cores); batches stay identical to --mode none")
     p.add_argument("--mv-dpu-fraction", type=_fraction_or_auto, default=S, metavar="F|auto",
                    help="--mode mv/hybrid: fraction of the validation set the DPU ranks evaluate; the "
                         "host ranks evaluate the rest at epoch end; 'auto' picks it from measured "

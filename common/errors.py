@@ -15,3 +15,16 @@ class HandshakeError(DpuOffloadError):
 
 class PeerError(DpuOffloadError):
     """A peer rank did not answer in time or sent something unexpected."""
+
+
+class WorkerError(Exception):
+    """An exception raised by the user's data set in a data worker process (`--dpu-workers`),
+    re-raised in the parent. Tracebacks do not cross processes, so it carries the worker's one-line
+    description ('ValueError: ... (at data.py:12 in __getitem__)') and its traceback as text."""
+
+    def __init__(self, description: str, traceback_text: str = "") -> None:
+        super().__init__(description, traceback_text)
+        self.description, self.traceback_text = description, traceback_text
+
+    def __str__(self) -> str:
+        return self.description

@@ -21,11 +21,14 @@ import pickle
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
+import numpy as np
+
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.batches import BatchBuffer, BatchLayout
 from dpuoffload.common.data.loaders import RankLoader, probe_layout
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, Recipe, decode, stream_tag
+from dpuoffload.common.data.workers import WorkerPool, cores_note
 from dpuoffload.common.errors import ConfigError, PeerError
 from dpuoffload.common.runtime import inject
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind, Tag
@@ -49,6 +52,7 @@ class SendRing:
         self.world, self.dest, self.tag, self.timeout = world, dest, tag, timeout
         self.buffers = [layout.buffer() for _ in range(k)]
         self.pending: list[Optional["MPI.Request"]] = [None] * k
+        self.held: list[Any] = [None] * k   # a message sent from other memory (a worker's), kept until sent
         self.next = 0
 
     def ready(self) -> bool:
@@ -66,6 +70,11 @@ class SendRing:
     def send(self, slot: int, nbytes: int) -> None:
         self.pending[slot] = self.world.Isend(self.buffers[slot].raw[:nbytes], dest=self.dest, tag=self.tag)
 
+    def send_from(self, slot: int, message: np.ndarray) -> None:
+        """Send `message` (a worker's packed batch) in place of the slot's buffer: no copy."""
+        self.held[slot] = message
+        self.pending[slot] = self.world.Isend(message, dest=self.dest, tag=self.tag)
+
     def drain(self) -> None:
         for slot in range(len(self.buffers)):
             self._complete(slot)
@@ -77,7 +86,7 @@ class SendRing:
         if not req.Test():  # (a completed send skips building the wait's message)
             wait(req, self.timeout, f"host world rank {self.dest} to receive a batch",
                  max_sleep=RING_POLL_MAX_SLEEP, spin=RING_POLL_SPIN)
-        self.pending[slot] = None
+        self.pending[slot] = self.held[slot] = None
 
 
 def transform_name(dataset: Any) -> str:
@@ -93,8 +102,9 @@ class Stream:
     def __init__(self, world: "MPI.Comm", host: int, host_label: str, opened: OpenLoader, buffers: int,
                  timer: PhaseTimer, on_epoch_end: Optional[Callable[[int], None]] = None,
                  prebuilt: Optional[dict[bytes, Any]] = None,
-                 on_batch: Optional[Callable[[int, int], None]] = None) -> None:
-        """`on_batch(global_step, steps_per_epoch)` runs before each batch is built (`--inject`)."""
+                 on_batch: Optional[Callable[[int, int], None]] = None, workers: int = 0) -> None:
+        """`on_batch(global_step, steps_per_epoch)` runs before each batch is built (`--inject`);
+        `workers` > 0 builds the batches in that many worker processes (`--dpu-workers`)."""
         self.world, self.host, self.host_label, self.timer = world, host, host_label, timer
         self.on_epoch_end, self.on_batch = on_epoch_end, on_batch
         dataset = _prebuilt_or_none(opened, prebuilt or {})
@@ -102,6 +112,7 @@ class Stream:
         train = PerSampleSeeded(dataset, opened.sampling.seed)
         self.loader = RankLoader(opened.sampling, train, collate=False)
         self.layout = probe_layout(train, opened.sampling)
+        self.pool = WorkerPool(train, self.loader, self.layout, workers) if workers > 0 else None
         self.ring = SendRing(world, self.layout, buffers, host, stream_tag(opened.loader))
         self.transform = transform_name(dataset)
         self.steps = len(self.loader)
@@ -128,20 +139,18 @@ class Stream:
         if self.on_batch is not None:
             self.on_batch(self.epoch * self.steps + self.step + 1, self.steps)
         if self.batches is None:
-            self.loader.set_epoch(self.epoch)
-            self.batches = self.loader.batches(self.step)
-        with self.timer.phase("augment"):
+            self.batches = self._start()
+        with self.timer.phase("augment"):  # built here, or waited for from the workers
             items = next(self.batches)
-        with self.timer.phase("send"):  # collate straight into the send buffer, then Isend
+        with self.timer.phase("send"):  # collate straight into the send buffer (or the workers did), then Isend
             slot, buf = self.ring.acquire()
             try:
-                nbytes = self.layout.pack_items(buf, self.epoch, self.step, items)
+                self._send(slot, buf, items)
             except ValueError as e:
                 raise ConfigError(f"--mode da needs every training sample to have the same shape and dtype, but "
                                   f"the training transform {self.transform} does not ({e}); end it with a "
                                   "fixed-size step such as RandomResizedCrop(size) or Resize(size) + "
                                   "CenterCrop(size)") from None
-            self.ring.send(slot, nbytes)
         self.sent += 1
         self.sent_in[self.epoch] = self.sent_in.get(self.epoch, 0) + 1
         self.step += 1
@@ -149,7 +158,34 @@ class Stream:
             self.finished = self.epoch
             if self.on_epoch_end is not None:
                 self.on_epoch_end(self.epoch)
-            self.epoch, self.step, self.batches = self.epoch + 1, 0, None
+            self.epoch, self.step = self.epoch + 1, 0
+            if self.pool is None:
+                self.batches = None
+
+    def _send(self, slot: int, buf: BatchBuffer, batch: Any) -> None:
+        """Pack this process's items into the slot's buffer, or send a worker's packed message."""
+        if isinstance(batch, list):
+            self.ring.send(slot, self.layout.pack_items(buf, self.epoch, self.step, batch))
+            return
+        if isinstance(batch, ValueError):  # the worker found samples that do not fit the layout
+            raise batch
+        message = batch.numpy()
+        self.layout.pack_header(message, self.epoch, self.step, int(self.layout.unpack_header(message)["count"]))
+        self.ring.send_from(slot, message)
+
+    def _start(self) -> Iterator[list]:
+        """Batches from (epoch, step) on: this epoch's in this process, or the plan's, across epoch
+        edges, from the worker processes (which then run ahead into the next epoch)."""
+        if self.pool is not None:
+            return self.pool.batches(self.epoch, self.step, self.end)
+        self.loader.set_epoch(self.epoch)
+        return self.loader.batches(self.step)
+
+    def close(self) -> None:
+        self.ring.drain()
+        if self.pool is not None:
+            self.batches = None
+            self.pool.close()
 
 
 def _prebuilt_or_none(opened: OpenLoader, prebuilt: dict[bytes, Any]) -> Any:
@@ -174,6 +210,9 @@ class LoaderService:
         self.mark = time.perf_counter()       # when the last epoch record was taken
         self.recorded = -1                    # the last epoch recorded
         self.injector = inject.for_rank(cfg.inject, topo)  # --inject: fail on purpose at a step's batch
+        note = cores_note(cfg.dpu_workers) if cfg.dpu_workers else None
+        if note and topo.host_ranks[0] in hosts:  # once per job: the rank that feeds host rank 0
+            print(f"[dpuoffload] note: {note}", flush=True)
 
     def prebuild(self, recipe: Callable[[], Any]) -> None:
         """Build a data set the hosts will name by this recipe now, during start-up: its cost (and
@@ -235,7 +274,8 @@ class LoaderService:
         if isinstance(message, OpenLoader):
             self.streams[(host, message.loader)] = Stream(self.topo.world, host, self.topo.describe(host), message,
                                                           self.cfg.da_buffers, self.timer, self.epoch_done,
-                                                          self.prebuilt, self.inject_at if self.injector else None)
+                                                          self.prebuilt, self.inject_at if self.injector else None,
+                                                          self.cfg.dpu_workers)
         elif isinstance(message, Plan):
             stream = self.streams.get((host, message.loader))
             if stream is None:
@@ -259,4 +299,4 @@ class LoaderService:
 
     def close(self) -> None:
         for stream in self.streams.values():
-            stream.ring.drain()
+            stream.close()

@@ -17,11 +17,13 @@ FAN_OUT = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe"]
 
 @pytest.fixture(scope="module")
 def walks(tmp_path_factory) -> dict[str, list[dict]]:
-    """The same awkward walk over two loaders, fed by a DPU rank (hybrid) and built on the hosts (none)."""
+    """The same awkward walk over two loaders, fed by a DPU rank (hybrid; each of its 4 streams built
+    by 2 worker processes, `--dpu-workers 2`, which run ahead across epoch edges) and built on the
+    hosts (none). The DPU rank's own thread building the batches is the default everywhere else."""
     out = {}
-    for mode in ("hybrid", "none"):
+    for mode, workers in (("hybrid", ["--dpu-workers", "2"]), ("none", [])):
         prefix = tmp_path_factory.mktemp(mode) / "seen"
-        r = dpurun(FAN_OUT, ["--mode", mode, SCRIPT, "--out", str(prefix)])
+        r = dpurun(FAN_OUT, ["--mode", mode, *workers, SCRIPT, "--out", str(prefix)])
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"[dpuoffload] mode {mode}: 2 host rank(s), 2 DPU rank(s), script {SCRIPT}" in r.stdout
         out[mode] = [json.loads((prefix.parent / f"seen-{rank}.json").read_text()) for rank in (0, 1)]
@@ -47,14 +49,17 @@ def test_plain_iteration_walks_epochs_in_order(walks):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("where, message", [
-    ("host", "host rank 0 (host program) failed first: RuntimeError: the user's loop failed (at "
-             "tests/api_scripts/streams.py:"),
-    ("dpu", "DPU rank 0 (DPU program) failed first: ValueError: sample 3 is corrupt (at tests/api_scripts/streams.py:"),
+@pytest.mark.parametrize("where, workers, message", [
+    ("host", "0", "host rank 0 (host program) failed first: RuntimeError: the user's loop failed (at "
+                  "tests/api_scripts/streams.py:"),
+    ("dpu", "0", "DPU rank 0 (DPU program) failed first: ValueError: sample 3 is corrupt (at "
+                 "tests/api_scripts/streams.py:"),
+    ("dpu", "1", "DPU rank 0 (DPU program) failed first: ValueError: sample 3 is corrupt (at "   # in a worker
+                 "tests/api_scripts/streams.py:"),
 ])
-def test_a_failure_in_the_script_or_the_data_set_ends_the_job_in_one_line(tmp_path, where, message):
-    r = dpurun(["--host-ranks", "1", "--dpu-ranks", "1"], ["--mode", "da", SCRIPT, "--out", str(tmp_path / "x"),
-                                                           "--fail", where], timeout=120)
+def test_a_failure_in_the_script_or_the_data_set_ends_the_job_in_one_line(tmp_path, where, workers, message):
+    r = dpurun(["--host-ranks", "1", "--dpu-ranks", "1"], ["--mode", "da", "--dpu-workers", workers, SCRIPT,
+                                                           "--out", str(tmp_path / "x"), "--fail", where], timeout=120)
     assert r.returncode == 1
     assert message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr

@@ -116,6 +116,9 @@ def test_suite_quick(quick_suite):
     i = json.loads((tmp_path / "interference.json").read_text())
     assert set(i["runs"]) == {"idle", "load at 0.5", "load at 1.0"} and i["slowdown"]["idle"] == 1.0
     assert all(x > 0 for runs in i["runs"].values() for x in runs)
+    f = json.loads((tmp_path / "fanin.json").read_text())["report"]  # (it exits if any batch differs)
+    assert set(f) == {"in-process", "workers 1", "DataLoader 1 per epoch"}
+    assert all(r["samples_per_s"]["median"] > 0 for r in f.values())
     for png in ("phases", "epoch_times", "prediction", "augweight", "sweep"):
         assert (tmp_path / f"{png}.png").read_bytes()[:8] == PNG_MAGIC, png
     text = md.read_text()

@@ -23,7 +23,7 @@ TRAINING_FLAGS = {
     "--preset", "--mode", "--model", "--dataset", "--data", "--download", "--num-classes",
     "--epochs", "--batch-size", "--val-batch-size", "--drop-last", "--train-subset", "--val-subset",
     "--lr", "--momentum", "--weight-decay", "--lr-schedule", "--seed", "--allreduce", "--log-dir",
-    "--no-progress", "--peer-timeout", "--digest-batches", "--da-buffers", "--mv-dpu-fraction",
+    "--no-progress", "--peer-timeout", "--digest-batches", "--da-buffers", "--dpu-workers", "--mv-dpu-fraction",
     "--dpu-da-ranks", "--dpu-mv-ranks", "--da-fanout", "--dpu-batch-size", "--auto-allow", "--save-weights", "--trace",
     "--ckpt-dir", "--ckpt-every", "--ckpt-every-epoch", "--ckpt-keep", "--ckpt-copy", "--ckpt-errors", "--resume",
     "--stop-at-step",

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
-from dpuoffload.common.errors import DpuOffloadError
+from dpuoffload.common.errors import DpuOffloadError, WorkerError
 from dpuoffload.common.files import write_atomic
 
 if TYPE_CHECKING:
@@ -108,6 +108,8 @@ def user_frame(tb: Optional[TracebackType], fallback: bool = True) -> Optional[t
 
 def describe_error(e: BaseException) -> str:
     """'TypeError: message (at models.py:12 in build)': the exception and where the user's code raised it."""
+    if isinstance(e, WorkerError):  # described where it was raised
+        return e.description
     frame = user_frame(e.__traceback__)
     message = str(e).strip().splitlines()[0] if str(e).strip() else ""
     where = f" (at {short_path(frame.filename)}:{frame.lineno} in {frame.name})" if frame else ""
@@ -137,6 +139,8 @@ def write_traceback(e: BaseException) -> Optional[Path]:
     rank = world_rank()
     name = f"errors-rank{rank if rank is not None else os.getpid()}.txt"
     text = f"{_rank_label}\n" + "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    if isinstance(e, WorkerError):
+        text += f"\nraised in a data worker process:\n{e.traceback_text}"
     try:
         return write_atomic(error_dir() / name, text.encode(), sync_dir=False, parents=True)
     except OSError:

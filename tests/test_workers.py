@@ -1,0 +1,118 @@
+"""`--dpu-workers K`: worker processes building one stream's batches (no MPI: the pool alone; the
+real job is tests/test_api_jobs.py's walk, with fan-out and 2 workers per stream)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from dpuoffload.common.config import RunConfig
+from dpuoffload.common.data.batches import BatchLayout
+from dpuoffload.common.data.loaders import RankLoader, Sampling, probe_layout
+from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.data.workers import STOP, PlannedKeys, WorkerPool, cores_note
+from dpuoffload.common.errors import ConfigError, WorkerError
+from dpuoffload.common.runtime.failure import describe_error
+
+
+class Jitter(Dataset):
+    """Random augmentation from torch's and Python's global RNGs (what per-sample seeds must pin)."""
+
+    def __init__(self, n: int, bad: int = -1, shape: tuple[int, ...] = (3, 4, 4)) -> None:
+        self.n, self.bad, self.shape = n, bad, shape
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if i == self.bad:
+            raise ValueError(f"sample {i} is corrupt")
+        shape = (3, 5, 5) if self.shape == "ragged" and i % 2 else (3, 4, 4)
+        return torch.full(shape, float(i)) + torch.rand(shape) + random.random(), i % 3
+
+
+def _loader(ds: Dataset, batch: int = 4, replicas: int = 2, rank: int = 1) -> tuple[PerSampleSeeded, RankLoader]:
+    train = PerSampleSeeded(ds, seed=7)
+    return train, RankLoader(Sampling(batch, replicas, rank, seed=7), train, collate=False)
+
+
+def _content(layout: BatchLayout, message: np.ndarray) -> tuple[bytes, bytes]:
+    """A batch message's labels and samples (what a receiver reads: `count` of each)."""
+    full = layout.empty()
+    full[:len(message)] = message
+    x, y = layout.unpack(full, layout.unpack_header(full)["count"])
+    return y.numpy().tobytes(), x.numpy().tobytes()
+
+
+def _in_process(loader: RankLoader, epoch: int, start: int = 0) -> list[tuple[bytes, bytes]]:
+    """What a DPU rank without workers packs for (epoch, start..)."""
+    layout = probe_layout(loader.dataset, loader.sampling)
+    buf = layout.buffer()
+    loader.set_epoch(epoch)
+    return [_content(layout, buf.raw[:layout.pack_items(buf, epoch, 0, items)]) for items in loader.batches(start)]
+
+
+def test_planned_keys_run_across_epochs_in_the_loaders_order():
+    _, loader = _loader(Jitter(21))
+    keys = PlannedKeys(loader)
+    keys.plan(2, 1, 4)
+    got = list(keys)
+    want = []
+    for e, start in ((2, 1), (3, 0)):
+        loader.sampler.set_epoch(e)
+        order = list(loader.sampler)
+        want += [[(e, i) for i in order[s * 4:(s + 1) * 4]] for s in range(start, len(loader))]
+    assert got == want and len(loader) == 3
+
+
+def test_pool_batches_equal_the_in_process_ones_across_edges_and_jumps():
+    train, loader = _loader(Jitter(21))
+    layout = probe_layout(train, loader.sampling)
+    pool = WorkerPool(train, loader, layout, workers=2)
+    try:
+        run_on = [_content(layout, t.numpy()) for t in pool.batches(0, 1, 3)]  # epochs 0 (from step 1), 1, 2
+        assert run_on == _in_process(loader, 0, 1) + _in_process(loader, 1) + _in_process(loader, 2)
+        first = next(pool.batches(1, 2, STOP))                  # a jump back, mid-epoch, to an open end
+        assert _content(layout, first.numpy()) == _in_process(loader, 1, 2)[0]
+        head = layout.unpack_header(first.numpy())
+        assert (head["epoch"], head["count"]) == (1, 3)          # the epoch's short last batch; step is the sender's
+    finally:
+        pool.close()
+
+
+def test_a_failing_sample_is_named_at_its_line_in_the_parent():
+    train, loader = _loader(Jitter(21, bad=5), replicas=1, rank=0)
+    pool = WorkerPool(train, loader, probe_layout(train, loader.sampling), workers=1)
+    try:
+        with pytest.raises(WorkerError) as info:
+            list(pool.batches(0, 0, 1))
+    finally:
+        pool.close()
+    assert describe_error(info.value).startswith("ValueError: sample 5 is corrupt (at tests/test_workers.py:")
+    assert "in __getitem__" in str(info.value) and "raise ValueError" in info.value.traceback_text
+
+
+def test_samples_that_do_not_fit_the_layout_come_back_as_the_packers_error():
+    train, loader = _loader(Jitter(8, shape="ragged"), replicas=1, rank=0)
+    train.set_epoch(0)
+    pool = WorkerPool(train, loader, probe_layout(train, loader.sampling), workers=1)
+    try:
+        got = next(pool.batches(0, 0, 1))
+    finally:
+        pool.close()
+    assert isinstance(got, ValueError) and "every sample must be [3, 4, 4]" in str(got)
+
+
+def test_cores_note_and_flag_checks(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    assert cores_note(2) is None
+    assert cores_note(4).startswith("--dpu-workers 4 on a DPU rank with 2 core(s): the workers share them")
+    assert RunConfig(mode="hybrid", dpu_workers=3).dpu_workers == 3
+    with pytest.raises(ConfigError, match="--dpu-workers only applies where DPU ranks augment"):
+        RunConfig(mode="mv", dpu_workers=2)
+    with pytest.raises(ConfigError, match="--dpu-workers must be >= 0, got -1"):
+        RunConfig(mode="da", dpu_workers=-1)
