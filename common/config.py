@@ -29,7 +29,8 @@ CKPT_ERRORS = ("continue", "fail")
 AUTO_ALLOWS = ("naive",)  # modes that change the math, which --mode auto considers only on request
 # With a user's training script (`dpurun -- [flags] train.py`) the script owns the model, data, optimizer
 # and loop; these are the flags that still mean something, and the modes the public API serves so far.
-SCRIPT_FIELDS = ("mode", "script", "da_buffers", "dpu_workers", "log_dir", "peer_timeout", "progress",
+SCRIPT_FIELDS = ("mode", "script", "da_buffers", "dpu_workers", "da_host_share", "da_host_workers",
+                 "log_dir", "peer_timeout", "progress",
                  "mv_dpu_fraction", "dpu_da_ranks", "dpu_mv_ranks", "da_fanout", "ckpt_dir", "ckpt_keep", "ckpt_copy",
                  "ckpt_errors", "resume", "clone_at")
 SCRIPT_MODES = (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID)
@@ -69,6 +70,8 @@ class RunConfig:
     plots: bool = False
     da_buffers: int = 4
     dpu_workers: int = 0
+    da_host_share: float = 0.0
+    da_host_workers: int = 1
     mv_dpu_fraction: Union[float, str] = 1.0
     dpu_da_ranks: Optional[int] = None
     dpu_mv_ranks: Optional[int] = None
@@ -116,6 +119,7 @@ class RunConfig:
         if self.dpu_workers and self.mode not in (Mode.DA, Mode.HYBRID, Mode.AUTO):
             raise ConfigError(f"--dpu-workers only applies where DPU ranks augment (--mode da or hybrid), not "
                               f"--mode {self.mode}")
+        self._check_host_share()
         for name in ("dpu_da_ranks", "dpu_mv_ranks", "da_fanout"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -137,6 +141,17 @@ class RunConfig:
             raise ConfigError(f"--peer-timeout must be > 0 seconds, got {self.peer_timeout}")
         self._check_checkpointing()
         self._check_script()
+
+    def _check_host_share(self) -> None:
+        """--da-host-share f: the host ranks build a share of the steps themselves (with workers)."""
+        if not 0 <= self.da_host_share <= 1:
+            raise ConfigError(f"--da-host-share must be in [0, 1] (the share of every epoch's steps the host ranks "
+                              f"build themselves), got {self.da_host_share}")
+        if self.da_host_workers < 0:
+            raise ConfigError(f"--da-host-workers must be >= 0, got {self.da_host_workers}")
+        if self.da_host_share and self.mode not in (Mode.DA, Mode.HYBRID, Mode.AUTO):
+            raise ConfigError(f"--da-host-share only applies where DPU ranks augment (--mode da or hybrid), not "
+                              f"--mode {self.mode}")
 
     def _check_script(self) -> None:
         """A user's script: only the offload flags apply (the rest configure the built-in trainer)."""
@@ -304,6 +319,13 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
     p.add_argument("--da-buffers", type=int, default=S, metavar="K",
                    help="--mode da: batch buffers per DPU rank, used as a circular send queue; "
                         "memory stays bounded by K batches")
+    p.add_argument("--da-host-share", type=float, default=S, metavar="F",
+                   help="--mode da/hybrid: share of every epoch's steps each host rank builds itself (spread evenly: "
+                        "0.25 is every 4th step), the DPU ranks the rest, so host and DPU cores feed together; "
+                        "batches stay identical to --mode none")
+    p.add_argument("--da-host-workers", type=int, default=S, metavar="H",
+                   help="--mode da/hybrid with --da-host-share: worker processes each host rank uses for its "
+                        "share (0: in the training process itself)")
     p.add_argument("--dpu-workers", type=int, default=S, metavar="K",
                    help="--mode da/hybrid: worker processes each augmentation DPU rank forks per host rank it "
                         "feeds, to build that host's batches on K cores (0: in the DPU rank itself; a GPU host "

@@ -27,7 +27,7 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.batches import BatchBuffer, BatchLayout
 from dpuoffload.common.data.loaders import RankLoader, probe_layout
 from dpuoffload.common.data.sampling import PerSampleSeeded
-from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, Recipe, decode, stream_tag
+from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, Recipe, StepSplit, decode, stream_tag
 from dpuoffload.common.data.workers import WorkerPool, cores_note
 from dpuoffload.common.errors import ConfigError, PeerError
 from dpuoffload.common.runtime import inject
@@ -112,10 +112,13 @@ class Stream:
         train = PerSampleSeeded(dataset, opened.sampling.seed)
         self.loader = RankLoader(opened.sampling, train, collate=False)
         self.layout = probe_layout(train, opened.sampling)
-        self.pool = WorkerPool(train, self.loader, self.layout, workers) if workers > 0 else None
+        self.steps = len(self.loader)
+        self.split = StepSplit(opened.host_share, self.steps)  # --da-host-share: the host builds some steps
+        self.mine = self.split.owned(host=False)
+        keep = self._mine if self.split.share else None
+        self.pool = WorkerPool(train, self.loader, self.layout, workers, keep=keep) if workers > 0 else None
         self.ring = SendRing(world, self.layout, buffers, host, stream_tag(opened.loader))
         self.transform = transform_name(dataset)
-        self.steps = len(self.loader)
         self.epoch, self.step, self.end = STOP, 0, STOP
         self.batches: Optional[Iterator[list]] = None
         self.sent = 0
@@ -124,13 +127,17 @@ class Stream:
 
     @property
     def active(self) -> bool:
-        return self.epoch != STOP and self.steps > 0 and (self.end == STOP or self.epoch < self.end)
+        return self.epoch != STOP and self.mine > 0 and (self.end == STOP or self.epoch < self.end)
+
+    def _mine(self, step: int) -> bool:
+        return not self.split.host(step)
 
     def replan(self, plan: Plan) -> None:
         """Start `plan`: the marker first (the host discards what came before it), then its batches."""
         if plan.epoch != STOP and not 0 <= plan.start < max(self.steps, 1):
             raise PeerError(f"{self.host_label} asked for step {plan.start} of an epoch of {self.steps} steps")
         self.epoch, self.step, self.end, self.batches = plan.epoch, plan.start, plan.end, None
+        self._settle()
         slot, buf = self.ring.acquire()  # the host is receiving: it waits for this marker
         self.ring.send(slot, self.layout.pack_marker(buf, plan.seq))
 
@@ -154,13 +161,23 @@ class Stream:
         self.sent += 1
         self.sent_in[self.epoch] = self.sent_in.get(self.epoch, 0) + 1
         self.step += 1
-        if self.step == self.steps:  # run on into the next epoch: the host most likely wants it next
-            self.finished = self.epoch
-            if self.on_epoch_end is not None:
-                self.on_epoch_end(self.epoch)
-            self.epoch, self.step = self.epoch + 1, 0
-            if self.pool is None:
-                self.batches = None
+        self._settle()
+
+    def _settle(self) -> None:
+        """Move on to the next step this rank builds, into the next epoch at an epoch's end (the
+        host most likely wants it next); the host builds the steps between (`--da-host-share`)."""
+        while self.active:
+            if self.step == self.steps:
+                self.finished = self.epoch
+                if self.on_epoch_end is not None:
+                    self.on_epoch_end(self.epoch)
+                self.epoch, self.step = self.epoch + 1, 0
+                if self.pool is None:
+                    self.batches = None
+            elif self._mine(self.step):
+                return
+            else:
+                self.step += 1
 
     def _send(self, slot: int, buf: BatchBuffer, batch: Any) -> None:
         """Pack this process's items into the slot's buffer, or send a worker's packed message."""
@@ -179,7 +196,7 @@ class Stream:
         if self.pool is not None:
             return self.pool.batches(self.epoch, self.step, self.end)
         self.loader.set_epoch(self.epoch)
-        return self.loader.batches(self.step)
+        return self.loader.batches(self.step, keep=self._mine if self.split.share else None)
 
     def close(self) -> None:
         self.ring.drain()

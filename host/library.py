@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.loaders import Sampling, probe_layout, steps_per_epoch
 from dpuoffload.common.data.sampling import PerSampleSeeded
-from dpuoffload.common.data.streams import Recipe
+from dpuoffload.common.data.streams import Recipe, StepSplit
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.modes import Mode
 from dpuoffload.common.plan.offload import OffloadPlan, plan_offload, require_feeder
@@ -46,7 +46,7 @@ from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.trainstate import EpochProgress, Position, position_of, restore, set_rng
 from dpuoffload.host.checkpoint import StateHandoff
 from dpuoffload.host.control import shutdown_dpus
-from dpuoffload.host.loader import DpuLoader, RemoteSource, check_dataset, local_loader
+from dpuoffload.host.loader import DpuLoader, HostPart, RemoteSource, SharedSource, check_dataset, local_loader
 from dpuoffload.host.validation import JobValidation
 
 if TYPE_CHECKING:
@@ -147,10 +147,15 @@ class Job:
         seeded_set = PerSampleSeeded(dataset, sampling.seed)
         layout = probe_layout(seeded_set, sampling)
         steps = steps_per_epoch(len(dataset), sampling.replicas, sampling.batch_size, sampling.drop_last)
-        source = RemoteSource(topo.world, feeder, topo.describe(feeder), len(self.loaders), layout, steps,
-                              cfg.peer_timeout, copy, epochs)
-        source.prepare(dataset if build_on_dpu is None else Recipe(build_on_dpu), sampling)
-        return DpuLoader(source, sampling, steps, dataset, topo.describe(feeder), epochs)
+        split = StepSplit(cfg.da_host_share, steps)
+        remote = RemoteSource(topo.world, feeder, topo.describe(feeder), len(self.loaders), layout, steps,
+                              cfg.peer_timeout, copy, epochs, split)
+        remote.prepare(dataset if build_on_dpu is None else Recipe(build_on_dpu), sampling)
+        if not cfg.da_host_share:
+            return DpuLoader(remote, sampling, steps, dataset, topo.describe(feeder), epochs)
+        shared = SharedSource(remote, HostPart(dataset, sampling, split, cfg.da_host_workers, epochs))
+        where = f"{topo.describe(feeder)} and this host rank ({split.owned(host=True)} of {steps} steps)"
+        return DpuLoader(shared, sampling, steps, dataset, where, epochs)
 
     def validate(self, model: Any, val_set: Any, epoch: int, *, batch_size: int = 128) -> dict[int, dict[str, float]]:
         """Validate `model` as it is now, the end of epoch `epoch`: cross-entropy loss and accuracy.

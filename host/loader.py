@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Iterator, Optional, Protocol
 import torch
 
 from dpuoffload.common.data.batches import BatchBuffer, BatchKind, BatchLayout
-from dpuoffload.common.data.loaders import RankLoader, Sampling
+from dpuoffload.common.data.loaders import RankLoader, Sampling, probe_layout
 from dpuoffload.common.data.sampling import PerSampleSeeded
-from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, encode, stream_tag
+from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, StepSplit, encode, stream_tag
+from dpuoffload.common.data.workers import WorkerPool
 from dpuoffload.common.errors import ConfigError, PeerError
 from dpuoffload.common.runtime.messages import Tag
 from dpuoffload.common.runtime.waits import wait
@@ -61,8 +62,11 @@ class RemoteSource:
     """The host end of one loader stream from DPU rank `feeder`."""
 
     def __init__(self, world: "MPI.Comm", feeder: int, feeder_label: str, loader_id: int, layout: BatchLayout,
-                 steps: int, timeout: float, copy: bool, epochs: Optional[int] = None) -> None:
+                 steps: int, timeout: float, copy: bool, epochs: Optional[int] = None,
+                 split: Optional[StepSplit] = None) -> None:
+        """`split` (`--da-host-share`): the feeder sends only the steps the host does not build."""
         self.world, self.feeder, self.feeder_label = world, feeder, feeder_label
+        self.split = split or StepSplit(0.0, steps)
         self.end = STOP if epochs is None else epochs  # the DPU rank produces no batch of epoch `end` or later
         self.loader_id, self.layout, self.steps = loader_id, layout, steps
         self.timeout, self.copy = timeout, copy
@@ -81,7 +85,7 @@ class RemoteSource:
         `job.loader`, not at the first batch); it goes to the feeder with the first batch request,
         so building a loader involves no communication (the built-in trainer builds its loader
         during start-up, while the DPU ranks are in their own start-up collectives)."""
-        self.opening = encode(OpenLoader(self.loader_id, dataset, sampling))
+        self.opening = encode(OpenLoader(self.loader_id, dataset, sampling, self.split.share))
 
     def _open(self) -> None:
         if self.opening is None:
@@ -92,13 +96,11 @@ class RemoteSource:
             self._post(slot)
 
     def batches(self, epoch: int, start: int, stop: int) -> Iterator[Batch]:
-        """Batches [start, stop) of `epoch`; a new plan first unless the stream is already there."""
-        if self.closed:
-            raise ConfigError("this loader is closed (job.finish() or loader.close() was called)")
-        self._open()
-        if self.next != (epoch, start):
-            self._replan(epoch, start)
+        """The feeder's batches of [start, stop) of `epoch`; a new plan first unless the stream is there."""
+        self.begin(epoch, start)
         for step in range(start, stop):
+            if self.split.host(step):
+                continue
             buf = self._receive(f"batch {step} of epoch {epoch}")
             head = self.layout.unpack_header(buf)
             if head["kind"] != BatchKind.BATCH or head["epoch"] != epoch or head["step"] != step:
@@ -106,13 +108,25 @@ class RemoteSource:
                                 f"{BatchKind(head['kind']).name} epoch {head['epoch']} step {head['step']}: "
                                 "host and DPU programs disagree on the loader's batches")
             x, y = self.layout.unpack(buf, head["count"])
-            self.next = (epoch + 1, 0) if step + 1 == self.steps else (epoch, step + 1)
+            self.next = self.split.next_of(False, epoch, step + 1)
             if self.copy:
                 x, y = x.clone(), y.clone()
                 self._post(self._advance())
             else:
                 self.held = self._advance()
             yield x, y
+
+    def begin(self, epoch: int, start: int) -> None:
+        """Make the stream's next batch the feeder's first step at or after (epoch, start): a new
+        plan unless it is already there (the feeder ran on from the previous one)."""
+        if self.closed:
+            raise ConfigError("this loader is closed (job.finish() or loader.close() was called)")
+        self._open()
+        if not self.split.owned(host=False):
+            return  # --da-host-share 1: the host builds every step
+        want = self.split.next_of(False, epoch, start)
+        if self.next != want:
+            self._replan(*want)
 
     def close(self) -> None:
         """Stop the stream: a STOP plan, the stream drained to its marker, leftover receives cancelled."""
@@ -168,6 +182,65 @@ class RemoteSource:
 
     def _post(self, slot: int) -> None:
         self.reqs[slot] = self.world.Irecv(self.buffers[slot].raw, source=self.feeder, tag=self.tag)
+
+
+class HostPart:
+    """The steps this host rank builds itself under `--da-host-share` (its own worker processes,
+    `--da-host-workers`, or this process with 0), the same batches its feeder would have sent."""
+
+    def __init__(self, dataset: object, sampling: Sampling, split: StepSplit, workers: int,
+                 epochs: Optional[int] = None) -> None:
+        train = PerSampleSeeded(dataset, sampling.seed)  # type: ignore[arg-type]
+        self.loader = RankLoader(sampling, train)
+        self.split, self.end = split, STOP if epochs is None else epochs
+        layout = probe_layout(train, sampling)
+        self.pool = WorkerPool(train, RankLoader(sampling, train, collate=False), layout, workers,
+                               keep=split.host) if workers > 0 else None
+        self.layout = layout
+        self.running: Optional[Iterator] = None
+        self.next: Optional[tuple[int, int]] = None  # (epoch, step) of the pool's next batch
+
+    def batches(self, epoch: int, start: int, stop: int) -> Iterator[Batch]:
+        """This rank's steps in [start, stop) of `epoch`, in order."""
+        if self.pool is None:
+            self.loader.set_epoch(epoch)
+            yield from self.loader.batches(start, stop, keep=self.split.host)
+            return
+        want = self.split.next_of(True, epoch, start)
+        if self.next != want or self.running is None:  # the workers run on across epochs otherwise
+            self.running = self.pool.batches(*want, self.end)
+        for step in range(start, stop):
+            if self.split.host(step):
+                message = next(self.running)
+                if isinstance(message, ValueError):
+                    raise ConfigError(f"--mode da needs every training sample to have the same shape and dtype: "
+                                      f"{message}") from None
+                self.next = self.split.next_of(True, epoch, step + 1)
+                yield self.layout.unpack_message(message.numpy())
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.running = None
+            self.pool.close()
+
+
+class SharedSource:
+    """`--da-host-share f`: the host rank builds a share of every epoch's steps, its DPU rank sends
+    the rest; both in order, interleaved by `StepSplit`, the same batches as either alone."""
+
+    def __init__(self, remote: RemoteSource, host: HostPart) -> None:
+        self.remote, self.host, self.split = remote, host, remote.split
+
+    def batches(self, epoch: int, start: int, stop: int) -> Iterator[Batch]:
+        self.remote.begin(epoch, start)  # the feeder starts now, even if the host's step comes first
+        remote = self.remote.batches(epoch, start, stop)
+        local = self.host.batches(epoch, start, stop)
+        for step in range(start, stop):
+            yield next(local) if self.split.host(step) else next(remote)
+
+    def close(self) -> None:
+        self.remote.close()
+        self.host.close()
 
 
 class DpuLoader:

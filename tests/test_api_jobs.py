@@ -17,11 +17,14 @@ FAN_OUT = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe"]
 
 @pytest.fixture(scope="module")
 def walks(tmp_path_factory) -> dict[str, list[dict]]:
-    """The same awkward walk over two loaders, fed by a DPU rank (hybrid; each of its 4 streams built
-    by 2 worker processes, `--dpu-workers 2`, which run ahead across epoch edges) and built on the
-    hosts (none). The DPU rank's own thread building the batches is the default everywhere else."""
+    """The same awkward walk over two loaders, fed by a DPU rank (hybrid) and built on the hosts
+    (none). In hybrid each of the DPU rank's 4 streams is built by 2 worker processes
+    (`--dpu-workers 2`, which run ahead across epoch edges), and each host rank builds 30 % of
+    its steps itself in a worker of its own (`--da-host-share 0.3`); the in-process paths of both
+    are the defaults everywhere else (and tests/test_offload_modes.py's da run shares in-process)."""
     out = {}
-    for mode, workers in (("hybrid", ["--dpu-workers", "2"]), ("none", [])):
+    feeding = ["--dpu-workers", "2", "--da-host-share", "0.3", "--da-host-workers", "1"]
+    for mode, workers in (("hybrid", feeding), ("none", [])):
         prefix = tmp_path_factory.mktemp(mode) / "seen"
         r = dpurun(FAN_OUT, ["--mode", mode, *workers, SCRIPT, "--out", str(prefix)])
         assert r.returncode == 0, r.stdout + r.stderr

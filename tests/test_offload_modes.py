@@ -63,11 +63,19 @@ def none_ref(run, hosts: int, *extra: str) -> dict:
     return run("none", hosts, 1, *extra)
 
 
+# Each host rank builds every 4th step itself (steps 3 and 7 of 8), in its own process; its DPU rank
+# the others (the in-process paths of --da-host-share: tests/test_api_jobs.py's walk has the workers).
+SHARED = ("--da-host-share", "0.25", "--da-host-workers", "0")
+
+
 def test_da_batches_losses_and_weights_equal_none(run):
-    none, da = none_ref(run, 2), run("da", 2, 2)
+    none, da = none_ref(run, 2), run("da", 2, 2, *SHARED)
     assert_same_training(da, none, hosts=2)
     assert all(d is not None for d in batch_digests(da, 2)[0])
     assert len(da["epochs"]) == int(EPOCHS)
+    for rank in (2, 3):  # each DPU rank sent its host's 6 of the 8 steps of every epoch
+        dpu = [r for r in da["phases"][rank] if r.get("work") == "da" and "epoch" in r]
+        assert [r["batches"] for r in dpu] == [STEPS - STEPS // 4] * int(EPOCHS)
 
 
 def test_da_fan_out_several_hosts_per_dpu(run):
@@ -80,7 +88,7 @@ def test_da_fan_out_several_hosts_per_dpu(run):
 
 
 def test_da_host_stall_is_logged_per_epoch(run):
-    da = run("da", 2, 2)
+    da = run("da", 2, 2, *SHARED)
     for h in (0, 1):
         assert all("data" in e["phases"] and e["steps"] == STEPS for e in da["phases"][h])
 

@@ -14,9 +14,11 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.batches import BatchLayout
 from dpuoffload.common.data.loaders import RankLoader, Sampling, probe_layout
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.data.streams import StepSplit
 from dpuoffload.common.data.workers import STOP, PlannedKeys, WorkerPool, cores_note
 from dpuoffload.common.errors import ConfigError, WorkerError
 from dpuoffload.common.runtime.failure import describe_error
+from dpuoffload.host.loader import HostPart, local_loader
 
 
 class Jitter(Dataset):
@@ -116,3 +118,43 @@ def test_cores_note_and_flag_checks(monkeypatch):
         RunConfig(mode="mv", dpu_workers=2)
     with pytest.raises(ConfigError, match="--dpu-workers must be >= 0, got -1"):
         RunConfig(mode="da", dpu_workers=-1)
+
+
+# ------------------------------------------------------------------------ --da-host-share
+def test_step_split_spreads_the_hosts_steps_and_finds_each_sides_next():
+    split = StepSplit(0.25, 8)
+    assert [s for s in range(8) if split.host(s)] == [3, 7]
+    assert (split.owned(True), split.owned(False)) == (2, 6)
+    assert split.next_of(True, 0, 4) == (0, 7) and split.next_of(True, 0, 8) == (1, 3)
+    assert split.next_of(False, 0, 7) == (1, 0) and split.next_of(False, 2, 3) == (2, 4)
+    assert StepSplit(0.0, 5).owned(True) == 0 and StepSplit(1.0, 5).owned(False) == 0
+    third = StepSplit(0.3, 7)
+    assert [s for s in range(7) if third.host(s)] == [3, 6] and not third.host(0)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_hosts_part_is_the_local_loaders_steps_through_edges_and_jumps(workers):
+    ds = Jitter(21)
+    sampling = Sampling(4, 2, 1, seed=7)
+    split = StepSplit(0.5, 3)                             # 3 steps per epoch: step 1 is the host's
+    part = HostPart(ds, sampling, split, workers, epochs=4)
+    reference = local_loader(ds, sampling)
+    try:
+        for epoch, start in ((0, 0), (1, 0), (2, 0), (1, 1), (3, 2)):  # on across edges, then jumps
+            got = list(part.batches(epoch, start, 3))
+            want = [b for s, b in enumerate(reference.epoch(epoch), 0) if s >= start and split.host(s)]
+            assert len(got) == len(want) == (1 if start <= 1 else 0)
+            for (x, y), (wx, wy) in zip(got, want):
+                assert torch.equal(x, wx) and torch.equal(y, wy) and x.dtype == wx.dtype
+    finally:
+        part.close()
+
+
+def test_host_share_flag_checks():
+    assert RunConfig(mode="da", da_host_share=1.0, da_host_workers=0).da_host_share == 1.0
+    with pytest.raises(ConfigError, match=r"--da-host-share must be in \[0, 1\]"):
+        RunConfig(mode="da", da_host_share=1.5)
+    with pytest.raises(ConfigError, match="--da-host-share only applies where DPU ranks augment"):
+        RunConfig(mode="none", da_host_share=0.5)
+    with pytest.raises(ConfigError, match="--da-host-workers must be >= 0"):
+        RunConfig(mode="da", da_host_workers=-2)

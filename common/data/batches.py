@@ -169,6 +169,14 @@ class BatchLayout:
                             f"({self.sample_shape} {np.dtype(self.dtype)}); host and DPU disagree on the data")
         return head
 
+    def unpack_message(self, message: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Samples and labels of one whole message of exactly its size (a worker's packed batch,
+        `common.data.workers`), as views (no copy)."""
+        count = self.unpack_header(message)["count"]
+        samples = message[self.samples_offset: self.nbytes(count)].view(self.dtype).reshape(count, *self.sample_shape)
+        labels = message[self.labels_offset: self.labels_offset + 8 * count].view(np.int64)
+        return torch.from_numpy(samples), torch.from_numpy(labels)
+
     def unpack(self, buf: "np.ndarray | BatchBuffer", count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views (no copy) of the samples and labels of a received batch of `count` samples."""
         v = self.views(buf)

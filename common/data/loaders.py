@@ -9,7 +9,7 @@ host would have built. Sharing this one function is what guarantees that.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -66,13 +66,17 @@ class RankLoader:
     def __iter__(self) -> Iterator:
         return self.batches()
 
-    def batches(self, start: int = 0, stop: Optional[int] = None) -> Iterator:
-        """Batches [start, stop) of the epoch set by `set_epoch`; skipped batches are never loaded
-        (a resumed epoch starts where the checkpoint was taken at the cost of one permutation)."""
+    def batches(self, start: int = 0, stop: Optional[int] = None,
+                keep: Optional[Callable[[int], bool]] = None) -> Iterator:
+        """Batches [start, stop) of the epoch set by `set_epoch` (only the steps `keep` accepts);
+        skipped batches are never loaded (a resumed epoch starts where the checkpoint was taken at
+        the cost of one permutation)."""
         order = list(self.sampler)
         b = self.batch_size
         chunks = [order[i: i + b] for i in range(0, len(self) * b, b)]
-        loader = DataLoader(self.dataset, batch_sampler=chunks[start:stop], num_workers=0, collate_fn=self.collate)
+        steps = range(len(chunks))[start:stop]
+        chosen = [chunks[s] for s in steps if keep is None or keep(s)]
+        loader = DataLoader(self.dataset, batch_sampler=chosen, num_workers=0, collate_fn=self.collate)
         return iter(loader)
 
 

@@ -28,6 +28,7 @@ method (and so every DataLoader with workers on macOS) already imposes.
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 import runpy
@@ -56,6 +57,7 @@ class OpenLoader:
     loader: int           # the loader's number on its host rank (0, 1, ... in creation order)
     dataset: Any          # the user's map-style data set, unwrapped (the DPU rank seeds it itself), or a Recipe
     sampling: Sampling
+    host_share: float = 0.0   # --da-host-share: the steps the host builds itself (`StepSplit`); the DPU the rest
 
     def materialize(self) -> Any:
         """The data set on the DPU rank: as received, or built from its recipe."""
@@ -82,6 +84,33 @@ class ValidatorSetup:
 
 
 Message = Union[OpenLoader, Plan, ValidatorSetup]
+
+
+@dataclass(frozen=True)
+class StepSplit:
+    """Which steps of every epoch the host rank builds itself (`--da-host-share f`) and which its
+    DPU rank sends: step s is the host's when floor((s + 1) f) > floor(s f), so the host's steps are
+    spread evenly (f = 0.25: steps 3, 7, 11, ...) and step 0 is the DPU rank's (f < 1). Both sides
+    compute it from the same f; plans and batch headers name steps of the whole epoch."""
+
+    share: float
+    steps: int
+
+    def host(self, step: int) -> bool:
+        return math.floor((step + 1) * self.share) > math.floor(step * self.share)
+
+    def owned(self, host: bool) -> int:
+        """How many steps of an epoch one side builds."""
+        return sum(self.host(s) == host for s in range(self.steps))
+
+    def next_of(self, host: bool, epoch: int, step: int) -> tuple[int, int]:
+        """The first (epoch, step) at or after (epoch, step) that side builds (it must build some)."""
+        while True:
+            if step >= self.steps:
+                epoch, step = epoch + 1, 0
+            if self.host(step) == host:
+                return epoch, step
+            step += 1
 
 
 def stream_tag(loader: int) -> int:

@@ -25,7 +25,7 @@ import contextlib
 import os
 import traceback
 import warnings
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 from torch.utils.data import DataLoader
@@ -73,8 +73,9 @@ class PlannedKeys:
     """The batches of a `RankLoader` as lists of (epoch, index), from a plan's (epoch, start) on,
     epoch after epoch, up to (not including) epoch `end` (STOP: without end)."""
 
-    def __init__(self, loader: RankLoader) -> None:
-        self.loader = loader
+    def __init__(self, loader: RankLoader, keep: Optional[Callable[[int], bool]] = None) -> None:
+        """`keep(step)`: the steps to build (`--da-host-share`: the host's, or the DPU rank's)."""
+        self.loader, self.keep = loader, keep
         self.epoch, self.start, self.end = 0, 0, STOP
 
     def plan(self, epoch: int, start: int, end: int = STOP) -> None:
@@ -87,7 +88,8 @@ class PlannedKeys:
             self.loader.sampler.set_epoch(epoch)
             order = list(self.loader.sampler)
             for step in range(start, steps):
-                yield [(epoch, i) for i in order[step * b: (step + 1) * b]]
+                if self.keep is None or self.keep(step):
+                    yield [(epoch, i) for i in order[step * b: (step + 1) * b]]
             epoch, start = epoch + 1, 0
 
 
@@ -118,8 +120,8 @@ class WorkerPool:
     message (a uint8 tensor in shared memory; the parent writes the header's step)."""
 
     def __init__(self, train: PerSampleSeeded, loader: RankLoader, layout: BatchLayout, workers: int,
-                 prefetch: int = 2) -> None:
-        self.keys = PlannedKeys(loader)
+                 prefetch: int = 2, keep: Optional[Callable[[int], bool]] = None) -> None:
+        self.keys = PlannedKeys(loader, keep)
         with _quiet_about_cores():
             self.loader = DataLoader(Packing(train, layout), batch_sampler=self.keys,  # type: ignore[arg-type]
                                      num_workers=workers, collate_fn=_as_is, persistent_workers=True,

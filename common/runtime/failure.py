@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 T = TypeVar("T")
+ARRIVE_MAX_SLEEP = 0.005  # start-up steps take seconds; 5 ms of latency at most per step
 PREFIX = "[dpuoffload]"
 EXIT_CHECKPOINT_FAILED = 3   # training ran, but checkpoints were lost (--ckpt-errors)
 
@@ -54,6 +55,7 @@ def collective_call(comm: "MPI.Comm", fn: Callable[[], T], label: str) -> T:
         error = f"{type(e).__name__}: {e}"
     except Exception as e:  # an unexpected failure during set-up: keep the traceback
         error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+    arrive(comm, "every rank to finish this start-up step")
     outcomes = comm.allgather((label, error))
     failed = [(i, lab, err) for i, (lab, err) in enumerate(outcomes) if err is not None]
     if failed:
@@ -67,6 +69,15 @@ def collective_call(comm: "MPI.Comm", fn: Callable[[], T], label: str) -> T:
                 _err(f"error on {who}: {err}")
         raise JobFailed("set-up failed")
     return result  # type: ignore[return-value]
+
+
+def arrive(comm: "MPI.Comm", what: str, max_sleep: float = ARRIVE_MAX_SLEEP) -> None:
+    """A barrier that sleeps while it waits. A blocking collective spins (with `sched_yield` when
+    oversubscribed): an idle DPU rank waiting out the host ranks' model and data set building spent
+    2 s of CPU per job that way on 2 cores, taken from the very ranks it waited for."""
+    from dpuoffload.common.runtime.waits import wait
+
+    wait(comm.Ibarrier(), None, what, max_sleep=max_sleep)
 
 
 _rank_label = "rank ?"
