@@ -106,6 +106,10 @@ def _add_rank_flags(g: argparse._ArgumentGroup) -> None:
                         "nodes clones run on in a cluster (default: the host ranks' cores)")
     g.add_argument("--oversubscribe", action="store_true",
                    help="allow more ranks than cores (local) or slots (cluster)")
+    g.add_argument("--share-cores", action="store_true",
+                   help="local: run host and DPU ranks on all of this machine's cores instead of separate "
+                        "ones; a functional run on a small machine (CI, a laptop) that emulates no DPU "
+                        "cores, so its timings say nothing (not with --dpu-cores, --dpu-speed, --clone-cores)")
 
 
 def _add_cluster_flags(g: argparse._ArgumentGroup) -> None:
@@ -265,6 +269,9 @@ def _cluster_spec(args: argparse.Namespace, base: dict[str, Any]) -> LaunchSpec:
     if args.clone_cores:
         raise ConfigError("--clone-cores is for local emulation; in cluster mode clone ranks go to the "
                           "host nodes (drop --clone-cores)")
+    if args.share_cores:
+        raise ConfigError("--share-cores is for a run on this machine; in cluster mode the DPUs are separate "
+                          "machines (drop --share-cores)")
     if args.dpu_speed is not None:
         throttle.check_speed(args.dpu_speed, local=False)
     plan = placement.plan_cluster(args.host_ranks, args.dpu_ranks, hosts, dpus, args.oversubscribe)
@@ -285,6 +292,8 @@ def _cluster_threads(nodes: Sequence[placement.Node], placed: Sequence[placement
 def _local_spec(args: argparse.Namespace,
                 base: dict[str, Any]) -> tuple[LaunchSpec, Optional[throttle.CgroupPlan]]:
     chosen = placement.parse_core_list(args.dpu_cores) if args.dpu_cores else None
+    if args.share_cores:
+        return _shared_spec(args, base)
     plan = placement.plan_local(args.host_ranks, args.dpu_ranks, sorted(os.sched_getaffinity(0)),
                                 chosen, args.oversubscribe)
     if plan.oversubscribed:
@@ -298,6 +307,23 @@ def _local_spec(args: argparse.Namespace,
                       dpu_threads=args.dpu_threads or dpu_threads,
                       cgroup=cgroup.path if cgroup else None)
     return spec, cgroup
+
+
+def _shared_spec(args: argparse.Namespace, base: dict[str, Any]) -> tuple[LaunchSpec, None]:
+    """--share-cores: every rank on every core (no DPU emulation, so nothing to pin or throttle)."""
+    for flag in ("dpu_cores", "dpu_speed", "clone_cores"):
+        if getattr(args, flag) is not None:
+            raise ConfigError(f"--share-cores runs every rank on every core, so --{flag.replace('_', '-')} has "
+                              "nothing to act on; drop one of the two")
+    cores = tuple(sorted(os.sched_getaffinity(0)))
+    ranks = args.host_ranks + args.dpu_ranks + args.clone_ranks
+    _note(f"sharing cores: {args.host_ranks} host and {args.dpu_ranks} DPU rank(s) on core(s) "
+          f"{placement.format_core_list(cores)} (--share-cores): no DPU cores are emulated, timings will not "
+          "reflect real hardware")
+    threads = placement.default_threads(len(cores), ranks)
+    base = {**base, "oversubscribe": True}  # sharing is the request: more ranks than cores is expected
+    return LaunchSpec(**base, host_cores=cores, dpu_cores=cores if args.dpu_ranks else None,
+                      host_threads=args.host_threads or threads, dpu_threads=args.dpu_threads or threads), None
 
 
 def _clone_cores(text: Optional[str]) -> Optional[tuple[int, ...]]:

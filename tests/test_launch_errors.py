@@ -57,6 +57,18 @@ def test_more_ranks_than_cores_needs_oversubscribe(capsys):
     fails(capsys, launcher("--dpu-ranks", "3"), "3 DPU ranks", "--oversubscribe")
 
 
+def test_share_cores_runs_every_rank_on_every_core_and_refuses_placement_flags(capsys):
+    assert cli.main(launcher("--share-cores", "--host-ranks", "2", "--dpu-ranks", "2")) == 0
+    out, err = capsys.readouterr()
+    assert "sharing cores: 2 host and 2 DPU rank(s) on core(s) 0-1 (--share-cores)" in err
+    running = out.strip()  # --dry-run prints the command
+    assert running.count("taskset -c 0-1") == 2 and "--oversubscribe" in running  # both programs, no "fit" error
+    for flag in (["--dpu-speed", "0.5"], ["--dpu-cores", "1"], ["--clone-cores", "0"]):
+        fails(capsys, launcher("--share-cores", *flag), f"--share-cores runs every rank on every core, so {flag[0]}")
+    fails(capsys, launcher("--share-cores", "--hosts", "a:2", "--dpus", "a-bf:2"), "--share-cores is for a run on "
+          "this machine")
+
+
 def test_single_core_needs_oversubscribe(capsys, monkeypatch):
     monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {5})
     fails(capsys, launcher(), "only 1 core (5)", "--oversubscribe")
