@@ -63,7 +63,7 @@ def test_share_cores_runs_every_rank_on_every_core_and_refuses_placement_flags(c
     assert "sharing cores: 2 host and 2 DPU rank(s) on core(s) 0-1 (--share-cores)" in err
     running = out.strip()  # --dry-run prints the command
     assert running.count("taskset -c 0-1") == 2 and "--oversubscribe" in running  # both programs, no "fit" error
-    for flag in (["--dpu-speed", "0.5"], ["--dpu-cores", "1"], ["--clone-cores", "0"]):
+    for flag in (["--dpu-speed", "0.5"], ["--dpu-cores", "1"], ["--clone-cores", "0", "--clone-ranks", "1"]):
         fails(capsys, launcher("--share-cores", *flag), f"--share-cores runs every rank on every core, so {flag[0]}")
     fails(capsys, launcher("--share-cores", "--hosts", "a:2", "--dpus", "a-bf:2"), "--share-cores is for a run on "
           "this machine")
