@@ -91,6 +91,8 @@ class RunConfig:
     clone_at: Optional[int] = None
     clone_override: tuple[str, ...] = ()
     inject: tuple[str, ...] = ()
+    inject_simulate: tuple[str, ...] = ()
+    simulate_recovery: str = "lf"
     script: Optional[str] = None
 
     def __post_init__(self) -> None:
@@ -203,9 +205,14 @@ class RunConfig:
                               f"front: use --mode none, da, mv or hybrid, not {self.mode}")
         if self.clone_override and self.clone_at is None:
             raise ConfigError("--clone-override only applies with --clone-at STEP")
-        from dpuoffload.common.runtime.inject import parse_all
+        from dpuoffload.common.runtime.inject import RECOVERIES, parse_all, parse_simulated_all
 
         parse_all(self.inject)
+        parse_simulated_all(self.inject_simulate)
+        _check_choice("simulate_recovery", self.simulate_recovery, RECOVERIES)
+        if self.inject_simulate and self.mode in (Mode.NAIVE, Mode.AUTO):
+            raise ConfigError(f"--inject-simulate fails host ranks' gradients in a run whose replicas are the host "
+                              f"ranks: use --mode none, da, mv or hybrid, not {self.mode}")
 
     @property
     def checkpointing(self) -> bool:
@@ -411,6 +418,13 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
                    help="fail a rank on purpose (repeatable, or comma-separated): WHO host:R, dpu:R or node:N; "
                         "WHEN a global step or a fraction of the run's steps; HOW kill (default), term, stop "
                         "(a hang) or raise, e.g. host:1@12 or dpu:0@0.5:stop")
+    g.add_argument("--inject-simulate", action="append", default=S, metavar="WHO@WHEN[:P]",
+                   help="simulate a failure as the recovery study does, no process lost (repeatable, or "
+                        "comma-separated): host rank R (host:R, node:N) loses the gradients after share P of the "
+                        "backward pass of global step WHEN (default 50%%), e.g. host:1@12:25%%")
+    g.add_argument("--simulate-recovery", choices=("lf", "ir"), default=S,
+                   help="--inject-simulate's recovery: lf (lossy forward: the survivors average the lost "
+                        "gradients and go on) or ir (immediate rollback: replay the mini-batch) (default: lf)")
 
 
 def _or_auto(cast: Callable[[str], Any], expected: str) -> Callable[[str], Any]:
@@ -442,7 +456,7 @@ def parse_run_config(argv: Optional[Sequence[str]] = None, prog: str = "dpuofflo
     if path is not None:
         values.update(read_config_file(path))
     values.update(flags)
-    for name in ("clone_override", "inject"):
+    for name in ("clone_override", "inject", "inject_simulate"):
         if name in values:
             values[name] = tuple(values[name])
     return RunConfig(**values)
@@ -495,7 +509,8 @@ def _config_value(name: str, value: Any) -> Any:
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ValueError(f"is not a setting: {hint}keys are training flag names without the dashes "
                          f"(e.g. batch_size), see {PROG_HELP}")
-    if name in ("clone_override", "inject") and isinstance(value, list) and all(isinstance(v, str) for v in value):
+    lists = ("clone_override", "inject", "inject_simulate")
+    if name in lists and isinstance(value, list) and all(isinstance(v, str) for v in value):
         return tuple(value)
     allowed = _toml_types(hints[name])
     if isinstance(value, bool) != (bool in allowed) or not isinstance(value, allowed):

@@ -163,9 +163,9 @@ def check_ranks(cfg: RunConfig, facts: LaunchFacts) -> None:
 
 def check_injections(cfg: RunConfig, facts: LaunchFacts) -> None:
     """`--inject` names ranks that exist (a spec naming none would silently inject nothing)."""
-    from dpuoffload.common.runtime.inject import parse_all
+    from dpuoffload.common.runtime.inject import parse_all, parse_simulated_all
 
-    for inj in parse_all(cfg.inject):
+    for inj in (*parse_all(cfg.inject), *(s.injection for s in parse_simulated_all(cfg.inject_simulate))):
         count, what = (facts.dpu_ranks, "DPU") if inj.who == "dpu" else (facts.host_ranks, "host")
         if inj.index >= count:
             raise ConfigError(f"--inject {inj}: there is no {what} rank {inj.index} (this job has {count}: "

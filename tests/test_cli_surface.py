@@ -28,7 +28,7 @@ TRAINING_FLAGS = {
     "--dpu-da-ranks", "--dpu-mv-ranks", "--da-fanout", "--dpu-batch-size", "--auto-allow", "--save-weights", "--trace",
     "--ckpt-dir", "--ckpt-every", "--ckpt-every-epoch", "--ckpt-keep", "--ckpt-copy", "--ckpt-errors", "--resume",
     "--stop-at-step",
-    "--clone-at", "--clone-override", "--inject",
+    "--clone-at", "--clone-override", "--inject", "--inject-simulate", "--simulate-recovery",
     "--config", "--tensorboard", "--plots", "--script",
 }
 

@@ -87,6 +87,52 @@ def parse_all(specs: Sequence[str]) -> tuple[Injection, ...]:
     return tuple(parse(s) for part in specs for s in part.split(",") if s.strip())
 
 
+# --------------------------------------------------------------- simulated failures (the study's)
+SIMULATE_FORM = "WHO@WHEN[:P] with WHO host:R or node:N, WHEN a step >= 1 or a fraction in (0, 1), P the " \
+                "share of the step's gradients computed before the failure, e.g. 25% or 0.75 (default 50%)"
+RECOVERIES = ("lf", "ir")
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """`--inject-simulate`: host rank `index` becomes a casualty during the backward pass of a step,
+    after `progress` of the gradients (in backward order, last layer first): no process is lost."""
+
+    injection: Injection        # who and when (`how` unused)
+    progress: float             # in [0, 1]
+
+    def __str__(self) -> str:
+        when = self.injection.step if self.injection.step is not None else self.injection.fraction
+        return f"{self.injection.who}:{self.injection.index}@{when}:{self.progress:.0%}"
+
+
+def parse_simulated(spec: str) -> Simulated:
+    """One `--inject-simulate` spec; a ConfigError naming it and the expected form otherwise."""
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"--inject-simulate {spec!r}: {why}; expected {SIMULATE_FORM} (e.g. host:1@12:25%)")
+
+    target, at, rest = spec.partition("@")
+    when, _, share = rest.partition(":")
+    try:
+        inj = parse(f"{target}@{when}")
+    except ConfigError as e:
+        raise bad(str(e).split(": ", 1)[1].split("; expected")[0]) from None
+    if inj.who == "dpu":
+        raise bad("only host ranks compute gradients (name host:R or node:N)")
+    text = share.strip() or "50%"
+    try:
+        progress = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise bad(f"P {share!r} is not a share such as 25% or 0.25") from None
+    if not 0 <= progress <= 1:
+        raise bad(f"P {share!r} is outside 0..100 %")
+    return Simulated(inj, progress)
+
+
+def parse_simulated_all(specs: Sequence[str]) -> tuple[Simulated, ...]:
+    return tuple(parse_simulated(s) for part in specs for s in part.split(",") if s.strip())
+
+
 def targets_me(inj: Injection, host_rank: Optional[int], dpu_rank: Optional[int],
                partners_of_host: Sequence[int] = ()) -> bool:
     """Whether `inj` names this rank: host rank `host_rank`, or DPU rank `dpu_rank` whose paired

@@ -49,6 +49,7 @@ from dpuoffload.common.train.evaluation import (
     allreduce_sums,
     metrics_from_sums,
 )
+from dpuoffload.common.train.simulate import FailureSimulator, StepFailure, lose_gradients
 
 
 class StateHooks(Protocol):
@@ -167,6 +168,8 @@ class Trainer:
         self.reports = Reports([])  # --tensorboard / --plots, built in `fit` once the label is known
         self.step_times: list[float] = []  # seconds of each step of the epoch in flight
         self.injector = inject.for_rank(cfg.inject, topo)  # --inject: this rank fails on purpose at a step
+        self.simulator = FailureSimulator(cfg.inject_simulate, cfg.simulate_recovery, self.total_steps, self.size) \
+            if cfg.inject_simulate else None  # --inject-simulate: the study's failures, no process lost
         built = hooks(self) if hooks is not None else None
         self.hands_off = built is not None  # time the hooks as their own phase only when there are some
         self.hooks: StateHooks = built if built is not None else NoHooks()
@@ -296,9 +299,12 @@ class Trainer:
                 return
             yield batch
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, total: Optional[int]) -> tuple[float, int]:
+    def step(self, x: torch.Tensor, y: torch.Tensor, total: Optional[int], replay: bool = False) -> tuple[float, int]:
         """One SGD step. `total` None: every replica has an equal batch, gradients are averaged.
-        Otherwise the loss is scaled by n_i / total and gradients summed: the sample-weighted mean."""
+        Otherwise the loss is scaled by n_i / total and gradients summed: the sample-weighted mean.
+        A step `--inject-simulate` fails loses gradients before the allreduce (`common.train.simulate`)
+        and, with immediate rollback, is replayed (`replay`) on the state it left."""
+        failure = None if replay or self.simulator is None else self.simulator.at(self.global_step + 1)
         loss, correct = 0.0, 0
         with self.timer.phase("forward_backward"):
             self.optimizer.zero_grad(set_to_none=False)
@@ -308,12 +314,25 @@ class Trainer:
                 (mean if total is None else mean * (len(y) / total)).backward()
                 loss, correct = float(mean.detach()), int((out.detach().argmax(1) == y).sum())
         with self.timer.phase("allreduce"):
-            self.sync.allreduce_gradients_(self.gradients(), average=total is None)
+            grads = self.gradients()
+            if failure is not None:
+                self.announce(failure, lose_gradients(grads, failure, self.comm.Get_rank(), self.size), len(grads))
+            self.sync.allreduce_gradients_(grads, average=total is None)
         with self.timer.phase("optimizer"):
             self.hooks.before_optimizer_step()
             self.optimizer.step()
+            if failure is not None and failure.replays:  # the same mini-batch again, at the same LR
+                return self.step(x, y, total, replay=True)
             self.scheduler.step()
         return loss, correct
+
+    def announce(self, failure: StepFailure, lost: int, total: int) -> None:
+        """One line and one metrics record per simulated failure (replica 0)."""
+        if self.is_leader:
+            print(f"[dpuoffload] {self.label}{failure.describe(self.size, lost, total)}", flush=True)
+            self.metrics_log.write({"event": "simulated_failure", "global_step": failure.global_step,
+                                    "casualties": list(failure.casualties), "progress": failure.progress,
+                                    "recovery": failure.recovery, "gradients_lost": lost, "gradients": total})
 
     def gradients(self) -> list[torch.Tensor]:
         """Every parameter's gradient; zeros where this replica had no samples (it still takes part)."""
