@@ -23,6 +23,8 @@ from dpuoffload.common.modes import Mode
 
 MODES = tuple(m.value for m in Mode)
 ALLREDUCE_BACKENDS = ("auto", "horovod", "torch")
+DEVICES = ("auto", "cpu", "cuda")
+AMPS = ("off", "bf16", "fp16")
 LR_SCHEDULES = ("cosine", "step", "constant")
 CKPT_COPIES = ("staged", "zero")
 CKPT_ERRORS = ("continue", "fail")
@@ -32,7 +34,7 @@ AUTO_ALLOWS = ("naive",)  # modes that change the math, which --mode auto consid
 SCRIPT_FIELDS = ("mode", "script", "da_buffers", "dpu_workers", "da_host_share", "da_host_workers",
                  "log_dir", "peer_timeout", "progress",
                  "mv_dpu_fraction", "dpu_da_ranks", "dpu_mv_ranks", "da_fanout", "ckpt_dir", "ckpt_keep", "ckpt_copy",
-                 "ckpt_errors", "resume", "clone_at")
+                 "ckpt_errors", "resume", "clone_at", "device")
 SCRIPT_MODES = (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID)
 
 
@@ -62,6 +64,9 @@ class RunConfig:
     lr_schedule: str = "cosine"
     seed: int = 0
     allreduce: str = "auto"
+    device: str = "auto"
+    amp: str = "off"
+    channels_last: bool = False
     log_dir: Optional[str] = None
     digest_batches: bool = False
     save_weights: Optional[str] = None
@@ -100,6 +105,11 @@ class RunConfig:
         object.__setattr__(self, "mode", Mode(self.mode))
         _check_choice("allreduce", self.allreduce, ALLREDUCE_BACKENDS)
         _check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("amp", self.amp, AMPS)
+        if self.device == "cuda" and self.mode in (Mode.NAIVE, Mode.AUTO):
+            raise ConfigError(f"--device cuda with --mode {self.mode}: the DPU ranks would train as replicas on "
+                              "their CPUs beside GPU host ranks; use --mode none, da, mv or hybrid")
         for name in ("epochs", "batch_size", "val_batch_size", "da_buffers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
@@ -306,6 +316,13 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
     p.add_argument("--allreduce", choices=ALLREDUCE_BACKENDS, default=S,
                    help="gradient allreduce: horovod, torch (torch.distributed gloo) or auto = "
                         "horovod when it imports")
+    p.add_argument("--device", choices=DEVICES, default=S,
+                   help="where host ranks train: cuda (one GPU per host rank, by its rank on its node), cpu, or "
+                        "auto (cuda when torch sees a GPU) (default: auto); with a script, job.device says which")
+    p.add_argument("--amp", choices=AMPS, default=S,
+                   help="autocast the forward pass to bf16 or fp16 (fp16 with loss scaling) (default: off)")
+    p.add_argument("--channels-last", action="store_true", default=S,
+                   help="model and image batches in the channels-last memory layout (faster convolutions on GPUs)")
     p.add_argument("--log-dir", default=S, metavar="DIR",
                    help="write metrics.jsonl and per-rank phase timers (phases-rank<R>.jsonl) here")
     p.add_argument("--digest-batches", action="store_true", default=S,

@@ -46,6 +46,7 @@ from dpuoffload.common.state.trainstate import (
     restore,
     set_rng,
 )
+from dpuoffload.common.train.device import to_host
 from dpuoffload.common.train.loop import Trainer
 
 if TYPE_CHECKING:
@@ -153,11 +154,11 @@ def state_sha256(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> st
     h = hashlib.sha256()
     for name, t in model.state_dict().items():
         h.update(name.encode())
-        h.update(memoryview(t.detach().contiguous().numpy()).cast("B"))
+        h.update(memoryview(to_host(t).contiguous().numpy()).cast("B"))
     for i, st in sorted(optimizer.state_dict()["state"].items()):
         for key, t in sorted(st.items()):
             h.update(f"{i}.{key}".encode())
-            h.update(memoryview(t.detach().contiguous().numpy()).cast("B") if torch.is_tensor(t) else repr(t).encode())
+            h.update(memoryview(to_host(t).contiguous().numpy()).cast("B") if torch.is_tensor(t) else repr(t).encode())
     return h.hexdigest()
 
 

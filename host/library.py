@@ -50,6 +50,7 @@ from dpuoffload.host.loader import DpuLoader, HostPart, RemoteSource, SharedSour
 from dpuoffload.host.validation import JobValidation
 
 if TYPE_CHECKING:
+    import torch
     from mpi4py import MPI
 
 # Environment variables of launchers that start one process per rank, for the fallback's rank count.
@@ -99,6 +100,16 @@ class Job:
         self.warned: set[str] = set()
         self.exit_code = 0
         self.finished = False
+
+    @property
+    def device(self) -> "torch.device":
+        """The device this host rank should train on: `--device` (default auto: its own GPU, by its
+        rank among the host ranks of its node, when torch sees one; else the CPU). The batches of
+        `job.loader` arrive in host memory; move them with `.to(job.device, non_blocking=True)`."""
+        from dpuoffload.common.train.device import resolve_device
+
+        requested = self.cfg.device if self.cfg is not None else "auto"
+        return resolve_device(requested, self.topo.local_rank if self.topo is not None else 0)
 
     @property
     def offloaded(self) -> bool:

@@ -12,7 +12,9 @@ from typing import Any, Optional, Sequence
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import build_datasets
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.models.zoo import build_model
+from dpuoffload.common.modes import Mode
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.plan.offload import plan_offload
 from dpuoffload.common.runtime import trace
@@ -24,6 +26,7 @@ from dpuoffload.common.state.resume import find_resume, start_position
 from dpuoffload.common.state.trainstate import describe_position, epoch_spans
 from dpuoffload.common.train.allreduce import build_sync, resolve_backend
 from dpuoffload.common.train.autoselect import report_measured
+from dpuoffload.common.train.device import Compute, resolve_device
 from dpuoffload.common.train.evaluation import LocalValidation, SharePolicy, Validation
 from dpuoffload.common.train.loop import Trainer, TrainJob
 from dpuoffload.common.train.naive import build_naive_feed, measure_profile, naive_backend
@@ -44,8 +47,13 @@ def prepare(cfg: RunConfig, topo: Topology, extensions: HostExtensions) -> Train
     if topo.role is Role.HOST:  # the public API's job: the da feed's loader and the end of the run
         attach(cfg, topo, plan)
     train = PerSampleSeeded(data.train, cfg.seed)
-    job = TrainJob(data=data, train=train, model=build_model(cfg, data.num_classes),
-                   feed=extensions.feed_factory(cfg, topo, train, plan), plan=plan)
+    compute = Compute.of(resolve_device("cpu" if cfg.mode.dpu_trains or cfg.mode is Mode.AUTO else cfg.device,
+                                        topo.local_rank), cfg.amp, cfg.channels_last)  # naive, auto: CPU replicas
+    if compute.device.type == "cuda" and cfg.ckpt_copy == "zero":
+        raise ConfigError("--ckpt-copy zero sends the state from the tensors' own memory, which is GPU memory with "
+                          "--device cuda; use --ckpt-copy staged (the default: staged through host memory)")
+    job = TrainJob(data=data, train=train, model=compute.place(build_model(cfg, data.num_classes)),
+                   feed=extensions.feed_factory(cfg, topo, train, plan), plan=plan, compute=compute)
     if topo.role is Role.HOST:
         check_state_flags(cfg, topo, job)
     return job
@@ -97,11 +105,12 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
         job.feed = build_naive_feed(cfg, topo, job.train, profiles, source)
         group = topo.world
     sync = build_sync(naive_backend(cfg, profiles) if cfg.mode.dpu_trains else cfg.allreduce, group,
-                      cfg.peer_timeout)
+                      cfg.peer_timeout, job.compute.device)
     if topo.side_rank == 0:
         print(f"[dpuoffload] mode {cfg.mode}: {len(topo.host_ranks)} host rank(s), "
               f"{len(topo.dpu_ranks)} DPU rank(s), model {cfg.model}, dataset {cfg.dataset} "
-              f"({len(job.data.train)} train / {len(job.data.val)} val), allreduce {sync.name}", flush=True)
+              f"({len(job.data.train)} train / {len(job.data.val)} val), allreduce {sync.name}"
+              f"{'' if job.compute == Compute() else ', on ' + job.compute.describe()}", flush=True)
     validation, share = build_validation(cfg, topo, job)
     trainer = Trainer(cfg, topo, job, sync, validation, share, group=group,
                       hooks=lambda t: ext.hooks_factory(cfg, topo, t))
@@ -140,7 +149,7 @@ def report_end(cfg: RunConfig, topo: Topology, trainer: Trainer) -> int:
 def run_clone(original: RunConfig, topo: Topology, job: TrainJob, adopt: CloneAdopter) -> int:
     """Clone ranks: stand by for the forwarded state, then train as their own group."""
     cfg = clone_config(original)
-    sync = build_sync(cfg.allreduce, topo.side_comm, cfg.peer_timeout)
+    sync = build_sync(cfg.allreduce, topo.side_comm, cfg.peer_timeout, job.compute.device)
     trainer = Trainer(cfg, topo, job, sync, LocalValidation(job.model, job.data.val, cfg.val_batch_size,
                                                             topo.side_comm), group=topo.side_comm)
     trainer.label = "[clone] "

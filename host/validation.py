@@ -36,6 +36,7 @@ from dpuoffload.common.state.sharding import (
     plan_shards,
     state_tensors,
 )
+from dpuoffload.common.train.device import to_host
 from dpuoffload.common.train.evaluation import (
     LocalValidation,
     SharePolicy,
@@ -175,7 +176,10 @@ class JobValidation:
     def epoch_end(self, epoch: int) -> None:
         if self.comm is not None and self.comm.Get_size() > 1:
             for buffer in self.model.buffers():
-                self.comm.Bcast(buffer.detach().numpy(), root=0)
+                staged = to_host(buffer).contiguous()  # the buffer itself on the CPU; a copy from a GPU
+                self.comm.Bcast(staged.numpy(), root=0)
+                if staged.data_ptr() != buffer.data_ptr():
+                    buffer.copy_(staged)
         self.inner.epoch_end(epoch, self.share if self.offloaded else 0.0)
         self.collect(self.inner.ready())
 

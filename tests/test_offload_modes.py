@@ -87,6 +87,16 @@ def test_da_fan_out_several_hosts_per_dpu(run):
     assert [r["batches"] for r in dpu] == [3 * 2] * int(EPOCHS)  # all three hosts' batches
 
 
+# The compute options of GPU host ranks, on the CPU (bf16 autocast and channels-last work there too).
+COMPUTE = ("--device", "cpu", "--amp", "bf16", "--channels-last", *TINY)
+
+
+def test_da_equals_none_under_bf16_autocast_and_channels_last(run):
+    none, da = none_ref(run, 2, *COMPUTE), run("da", 2, 1, *COMPUTE)
+    assert_same_training(da, none, hosts=2)
+    assert "allreduce horovod, on cpu, bf16 autocast, channels-last" in da["stdout"]
+
+
 def test_da_host_stall_is_logged_per_epoch(run):
     da = run("da", 2, 2, *SHARED)
     for h in (0, 1):

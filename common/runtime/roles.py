@@ -123,6 +123,12 @@ class Topology:
     def side_ranks(self, role: Role) -> tuple[int, ...]:
         return {Role.HOST: self.host_ranks, Role.DPU: self.dpu_ranks, Role.CLONE: self.clone_ranks}[role]
 
+    @property
+    def local_rank(self) -> int:
+        """This rank's index among the ranks of its role on its node (a GPU host rank's GPU number)."""
+        me = self.ranks[self.world_rank]
+        return [r.world_rank for r in self.ranks if r.role is me.role and r.node == me.node].index(self.world_rank)
+
     def describe(self, world_rank: Optional[int] = None) -> str:
         """'host rank 1 (world rank 1, node n0)' — the label used in every log and error."""
         wr = self.world_rank if world_rank is None else world_rank

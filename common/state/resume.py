@@ -22,8 +22,8 @@ FREE = frozenset({"resume", "ckpt_dir", "ckpt_every", "ckpt_every_epoch", "ckpt_
                   "log_dir", "trace", "save_weights", "progress", "peer_timeout", "digest_batches", "clone_at",
                   "clone_override", "inject", "inject_simulate",
                   "simulate_recovery", "mode", "da_buffers", "dpu_workers", "da_host_share", "da_host_workers",
-                  "mv_dpu_fraction", "dpu_da_ranks",
-                  "dpu_mv_ranks", "da_fanout", "val_batch_size", "allreduce", "download", "data"})
+                  "mv_dpu_fraction", "dpu_da_ranks", "dpu_mv_ranks", "da_fanout", "val_batch_size", "allreduce",
+                  "device", "amp", "channels_last", "download", "data"})
 # Fields that make the state unusable: another model or another label space.
 FATAL = ("model", "dataset", "num_classes")
 

@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
+from dpuoffload.common.train.device import numpy_dtype, to_host
 from dpuoffload.common.train.evaluation import shard_range
 
 DEFAULT_THRESHOLD = 4096  # elements; below this a slice costs more in bookkeeping than it saves
@@ -80,7 +81,7 @@ def state_digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, t in model.state_dict().items():
         h.update(name.encode())
-        h.update(t.detach().contiguous().numpy().tobytes())
+        h.update(to_host(t).contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -111,18 +112,25 @@ def pack_pieces(tensors: Sequence[torch.Tensor], pieces: Sequence[Piece], out: n
     """Copy `pieces` of `tensors` into the uint8 buffer `out` (the staging copy); return bytes used."""
     offset = 0
     for p in pieces:
-        src = tensors[p.tensor].reshape(-1)[p.start: p.stop].numpy().view(np.uint8)
+        src = to_host(tensors[p.tensor].reshape(-1)[p.start: p.stop]).numpy().view(np.uint8)  # (a GPU's: a copy)
         out[offset: offset + src.nbytes] = src
         offset += src.nbytes
     return offset
 
 
 def unpack_pieces(buf: np.ndarray, pieces: Sequence[Piece], tensors: Sequence[torch.Tensor]) -> int:
-    """Copy packed `pieces` from `buf` into `tensors` (in place); return bytes consumed."""
+    """Copy packed `pieces` from `buf` into `tensors` (in place); return bytes consumed. Pieces index
+    a tensor's elements in logical (row-major) order; a tensor in another layout (channels-last)
+    has no flat view, so its pieces land in a row-major copy that is copied back at the end."""
     offset = 0
+    staged: dict[int, torch.Tensor] = {}
     for p in pieces:
-        dst = tensors[p.tensor].reshape(-1)[p.start: p.stop]
+        t = tensors[p.tensor]
+        flat = t.view(-1) if t.is_contiguous() else staged.setdefault(p.tensor, t.contiguous()).view(-1)
+        dst = flat[p.start: p.stop]
         n = dst.numel() * dst.element_size()
-        dst.copy_(torch.from_numpy(buf[offset: offset + n].view(dst.numpy().dtype)))
+        dst.copy_(torch.from_numpy(buf[offset: offset + n].view(numpy_dtype(dst.dtype))))
         offset += n
+    for i, rowmajor in staged.items():
+        tensors[i].copy_(rowmajor)
     return offset

@@ -62,38 +62,55 @@ def resolve_backend(requested: str) -> str:
 class HorovodSync:
     name = "horovod"
 
-    def __init__(self, group: "MPI.Comm") -> None:
+    def __init__(self, group: "MPI.Comm", device: torch.device = torch.device("cpu")) -> None:
         import horovod.torch as hvd
 
         hvd.init(comm=group)
+        if device.type == "cuda" and not hvd.nccl_built():
+            raise ConfigError("--device cuda: this Horovod was built without GPU support (hvd.nccl_built() is 0), "
+                              "so it cannot reduce GPU gradients; use --allreduce torch (NCCL), or rebuild Horovod "
+                              "with HOROVOD_GPU_OPERATIONS=NCCL")
         self._hvd = hvd
 
     def broadcast_parameters_(self, model: nn.Module) -> None:
-        self._hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        self._broadcast(model.state_dict())
 
     def broadcast_buffers_(self, model: nn.Module) -> None:
         buffers = dict(model.named_buffers())
         if buffers:
-            self._hvd.broadcast_parameters(buffers, root_rank=0)
+            self._broadcast(buffers)
+
+    def _broadcast(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Horovod takes only contiguous tensors: channels-last ones go through a row-major copy."""
+        staged = {k: t if t.is_contiguous() else t.contiguous() for k, t in tensors.items()}
+        self._hvd.broadcast_parameters(staged, root_rank=0)
+        for k, t in tensors.items():
+            if staged[k] is not t:
+                t.copy_(staged[k])
 
     def allreduce_gradients_(self, grads: Sequence[torch.Tensor], average: bool = True) -> None:
         if grads:
             op = self._hvd.Average if average else self._hvd.Sum
-            self._hvd.grouped_allreduce_(list(grads), op=op, name="grads")
+            staged = [g if g.is_contiguous() else g.contiguous() for g in grads]  # channels-last: row-major copies
+            self._hvd.grouped_allreduce_(staged, op=op, name="grads")
+            for g, s in zip(grads, staged):
+                if s is not g:
+                    g.copy_(s)
 
     def shutdown(self) -> None:
         self._hvd.shutdown()
 
 
 class TorchSync:
-    """torch.distributed gloo group of the host ranks; the rendezvous port is shared over MPI."""
+    """torch.distributed group of the host ranks (NCCL for GPU host ranks, gloo on CPUs); the
+    rendezvous port is shared over MPI."""
 
     name = "torch"
 
-    def __init__(self, group: "MPI.Comm", timeout: float) -> None:
+    def __init__(self, group: "MPI.Comm", timeout: float, device: torch.device = torch.device("cpu")) -> None:
         import torch.distributed as dist
 
-        init_torch_group(group, "gloo", timeout)
+        init_torch_group(group, "nccl" if device.type == "cuda" else "gloo", timeout, device)
         self._dist, self._size = dist, group.Get_size()
 
     def broadcast_parameters_(self, model: nn.Module) -> None:
@@ -120,7 +137,8 @@ class TorchSync:
         self._dist.destroy_process_group()
 
 
-def init_torch_group(group: "MPI.Comm", backend: str, timeout: float) -> None:
+def init_torch_group(group: "MPI.Comm", backend: str, timeout: float,
+                     device: torch.device = torch.device("cpu")) -> None:
     """`torch.distributed.init_process_group` over the ranks of `group` (collective over it).
 
     Rank 0 of the group opens a TCPStore on a free port and broadcasts the port over MPI, so no
@@ -137,7 +155,8 @@ def init_torch_group(group: "MPI.Comm", backend: str, timeout: float) -> None:
     else:
         port = group.bcast(None, root=0)
         store = dist.TCPStore(addr, port, size, is_master=False, timeout=delta)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=delta)
+    bound = {"device_id": device} if device.type == "cuda" else {}  # NCCL: this rank's GPU, known up front
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=delta, **bound)
 
 
 def _rendezvous_address(group: "MPI.Comm") -> str:
@@ -148,6 +167,8 @@ def _rendezvous_address(group: "MPI.Comm") -> str:
     return "127.0.0.1" if len(set(names)) == 1 else names[0]
 
 
-def build_sync(requested: str, group: "MPI.Comm", timeout: float) -> GradientSync:
+def build_sync(requested: str, group: "MPI.Comm", timeout: float,
+               device: torch.device = torch.device("cpu")) -> GradientSync:
+    """The gradient allreduce of `group`; GPU host ranks (`device` cuda) reduce on their GPUs."""
     backend = resolve_backend(requested)
-    return HorovodSync(group) if backend == "horovod" else TorchSync(group, timeout)
+    return HorovodSync(group, device) if backend == "horovod" else TorchSync(group, timeout, device)

@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from dpuoffload.common.train.device import model_device
+
 if TYPE_CHECKING:
     from mpi4py import MPI
 
@@ -36,7 +38,9 @@ def evaluate_sums(model: nn.Module, dataset: Dataset, indices: Sequence[int], ba
     if len(indices) == 0:
         return sums
     loader = DataLoader(Subset(dataset, list(indices)), batch_size=batch_size, shuffle=False)
+    device = model_device(model)
     for x, y in loader:
+        x, y = x.to(device), y.to(device)
         out = model(x)
         sums[0] += float(nn.functional.cross_entropy(out, y, reduction="sum"))
         sums[1] += int((out.argmax(1) == y).sum())

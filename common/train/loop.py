@@ -18,7 +18,7 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol
 
 import numpy as np
@@ -43,6 +43,7 @@ from dpuoffload.common.state.resume import ResumePoint
 from dpuoffload.common.state.sharding import state_digest
 from dpuoffload.common.state.trainstate import EpochProgress, EpochSpan, Position, epoch_spans
 from dpuoffload.common.train.allreduce import GradientSync
+from dpuoffload.common.train.device import Compute
 from dpuoffload.common.train.evaluation import (
     SharePolicy,
     Validation,
@@ -96,6 +97,7 @@ class TrainJob:
     feed: Feed
     plan: OffloadPlan
     resume: Optional[ResumePoint] = None  # --resume: the checkpoint and where this run starts
+    compute: Compute = field(default_factory=Compute)  # --device, --amp, --channels-last (the model is placed)
 
 
 def save_state_dict(model: nn.Module, path: str) -> None:
@@ -153,6 +155,8 @@ class Trainer:
         self.validation, self.share_policy = validation, share_policy
         self.partial: dict[int, dict[str, Any]] = {}
         self.criterion = nn.CrossEntropyLoss()
+        self.compute = job.compute
+        self.scaler = torch.amp.GradScaler(job.compute.device.type) if job.compute.scales_loss else None
         self.optimizer = build_optimizer(cfg, self.model)
         self.feed = job.feed
         self.total_steps = cfg.epochs * self.feed.steps()
@@ -309,9 +313,12 @@ class Trainer:
         with self.timer.phase("forward_backward"):
             self.optimizer.zero_grad(set_to_none=False)
             if len(y):
-                out = self.model(x)
-                mean = self.criterion(out, y)
-                (mean if total is None else mean * (len(y) / total)).backward()
+                x, y = self.compute.inputs(x, y)
+                with self.compute.autocast():
+                    out = self.model(x)
+                    mean = self.criterion(out, y)
+                weighted = mean if total is None else mean * (len(y) / total)
+                (weighted if self.scaler is None else self.scaler.scale(weighted)).backward()
                 loss, correct = float(mean.detach()), int((out.detach().argmax(1) == y).sum())
         with self.timer.phase("allreduce"):
             grads = self.gradients()
@@ -320,7 +327,11 @@ class Trainer:
             self.sync.allreduce_gradients_(grads, average=total is None)
         with self.timer.phase("optimizer"):
             self.hooks.before_optimizer_step()
-            self.optimizer.step()
+            if self.scaler is None:
+                self.optimizer.step()
+            else:  # the same scaled gradients on every replica: the same skip-or-step decision
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
             if failure is not None and failure.replays:  # the same mini-batch again, at the same LR
                 return self.step(x, y, total, replay=True)
             self.scheduler.step()

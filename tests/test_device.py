@@ -1,0 +1,83 @@
+"""`--device`, `--amp`, `--channels-last` (pure, on the CPU; the GPU runs are marked `gpu`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from dpuoffload.common.config import parse_run_config
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.state.sharding import pack_pieces, plan_shards, state_digest, unpack_pieces
+from dpuoffload.common.train.device import Compute, numpy_dtype, resolve_device, to_host
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bash scripts/test.sh -m gpu "
+                                                                     "on a GPU node)")
+
+
+def test_auto_is_the_cpu_without_a_gpu_and_cuda_names_the_fix(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto", 3) == torch.device("cpu") == resolve_device("cpu", 0)
+    with pytest.raises(ConfigError, match="--device cuda, but torch .* sees no GPU here .* use --device cpu"):
+        resolve_device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("auto", 1) == torch.device("cuda", 1)
+    with pytest.raises(ConfigError, match="host rank 2 of its node has no GPU of its own .2 GPU.s. here"):
+        resolve_device("cuda", 2)
+
+
+def test_flags_and_what_they_refuse():
+    cfg = parse_run_config(["--device", "cpu", "--amp", "bf16", "--channels-last"])
+    assert (cfg.device, cfg.amp, cfg.channels_last) == ("cpu", "bf16", True)
+    with pytest.raises(ConfigError, match="--device cuda with --mode naive"):
+        parse_run_config(["--device", "cuda", "--mode", "naive"])
+    with pytest.raises(SystemExit):
+        parse_run_config(["--amp", "fp8"])
+
+
+def test_compute_places_autocasts_and_lays_out_on_the_cpu():
+    compute = Compute.of(torch.device("cpu"), "bf16", True)
+    model = compute.place(nn.Conv2d(3, 4, 3))
+    x, y = compute.inputs(torch.randn(2, 3, 8, 8), torch.tensor([0, 1]))
+    assert x.is_contiguous(memory_format=torch.channels_last) and model.weight.is_contiguous(
+        memory_format=torch.channels_last)
+    with compute.autocast():
+        assert model(x).dtype == torch.bfloat16
+    assert model(x).dtype == torch.float32 and not compute.scales_loss and Compute.of(
+        torch.device("cpu"), "fp16", False).scales_loss
+    assert compute.describe() == "cpu, bf16 autocast, channels-last" and Compute().describe() == "cpu"
+
+
+def test_state_crosses_to_host_memory_the_same_bytes(tmp_path):
+    """Packing, unpacking and digests go through `to_host`: on the CPU the tensor's own memory."""
+    t = torch.arange(10, dtype=torch.float32)
+    assert to_host(t).data_ptr() == t.data_ptr() and numpy_dtype(torch.int64) == np.int64
+    conv = torch.randn(8, 4, 16, 16).contiguous(memory_format=torch.channels_last)  # no flat view
+    tensors = [torch.randn(5000), torch.randn(7), conv]
+    plan = plan_shards([x.numel() for x in tensors], 2, 4096)
+    out = [torch.zeros_like(x) for x in tensors]  # (zeros_like keeps the channels-last layout)
+    assert not out[2].is_contiguous()
+    for rank in (0, 1):
+        pieces = plan.rank_pieces(rank)
+        buf = np.empty(sum((p.stop - p.start) * 4 for p in pieces), dtype=np.uint8)
+        pack_pieces(tensors, pieces, buf)
+        unpack_pieces(buf, pieces, out)
+    assert all(torch.equal(a, b) for a, b in zip(tensors, out))
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_gpu_state_crosses_to_host_memory_and_back():
+    model = nn.Linear(300, 300)
+    reference = state_digest(model)
+    gpu = Compute.of(torch.device("cuda", 0), "bf16", False).place(model)
+    assert state_digest(gpu) == reference
+    tensors = [p.data for p in gpu.parameters()]
+    plan = plan_shards([x.numel() for x in tensors], 1, 4096)
+    buf = np.empty(sum((p.stop - p.start) * 4 for p in plan.rank_pieces(0)), dtype=np.uint8)
+    pack_pieces(tensors, plan.rank_pieces(0), buf)
+    back = [torch.zeros_like(x) for x in tensors]
+    unpack_pieces(buf, plan.rank_pieces(0), back)
+    assert all(torch.equal(a, b) and b.is_cuda for a, b in zip(tensors, back))
