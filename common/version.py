@@ -8,4 +8,4 @@ PROTOCOL_VERSION = 4  # 2: StateKind.HEARTBEAT (keeper -> clone rank while the c
 
 # The public host-side API (`import dpuoffload`: init, Job, DpuLoader, seeded), semantic versioning:
 # a name or behaviour the README documents changes incompatibly only with a new major version.
-API_VERSION = "1.1.0"
+API_VERSION = "1.2.0"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+import torch
 from torch import nn
 
 from dpuoffload.common.config import RunConfig
@@ -16,6 +17,7 @@ from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.plan.offload import plan_offload
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.train.allreduce import GradientSync, build_sync
+from dpuoffload.common.train.device import Compute
 from dpuoffload.common.train.evaluation import NoValidation
 from dpuoffload.common.train.loop import Trainer, TrainJob
 from dpuoffload.common.train.naive import build_naive_feed, naive_backend
@@ -33,8 +35,9 @@ class Replica:
     def start(self, profiles: Sequence[dict[str, Any]]) -> None:
         """Agree on the DPU batch size and join the gradient group (collective with the host ranks)."""
         feed = build_naive_feed(self.cfg, self.topo, self.train, profiles)
-        self.job = TrainJob(data=self.data, train=self.train, model=self.model, feed=feed,
-                            plan=plan_offload(self.topo.ranks, self.cfg))
+        compute = Compute.of(torch.device("cpu"), self.cfg.amp, self.cfg.channels_last)  # as the host replicas
+        self.job = TrainJob(data=self.data, train=self.train, model=compute.place(self.model), feed=feed,
+                            plan=plan_offload(self.topo.ranks, self.cfg), compute=compute)
         self.sync = build_sync(naive_backend(self.cfg, profiles), self.topo.world, self.cfg.peer_timeout)
 
     def run(self) -> list[dict[str, Any]]:

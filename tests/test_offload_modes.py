@@ -22,7 +22,9 @@ STEPS = TRAIN // 2 // 16  # per host rank and epoch with 2 host ranks, batch 16
 # 50 samples over 3 host ranks (17 each, padded), batch 16: 2 batches per host rank and epoch, the last of
 # 1 sample, fewer than --da-buffers; one DPU rank feeds all three (the uneven and the fan-out test share it).
 # Their tests check training only, so 32 validation samples keep the validation pass short.
-TINY = ("--train-subset", "50", "--da-buffers", "4", "--val-subset", "32")
+# They also run the compute options of GPU host ranks, on the CPU (bf16 autocast and channels-last work there too).
+TINY = ("--train-subset", "50", "--da-buffers", "4", "--val-subset", "32", "--device", "cpu", "--amp", "bf16",
+        "--channels-last")
 
 
 @pytest.fixture(scope="module")
@@ -87,13 +89,9 @@ def test_da_fan_out_several_hosts_per_dpu(run):
     assert [r["batches"] for r in dpu] == [3 * 2] * int(EPOCHS)  # all three hosts' batches
 
 
-# The compute options of GPU host ranks, on the CPU (bf16 autocast and channels-last work there too).
-COMPUTE = ("--device", "cpu", "--amp", "bf16", "--channels-last", *TINY)
-
-
 def test_da_equals_none_under_bf16_autocast_and_channels_last(run):
-    none, da = none_ref(run, 2, *COMPUTE), run("da", 2, 1, *COMPUTE)
-    assert_same_training(da, none, hosts=2)
+    none, da = none_ref(run, 3, *TINY), run("da", 3, 1, *TINY)  # (the fan-out runs: no job of its own)
+    assert_same_training(da, none, hosts=3)
     assert "allreduce horovod, on cpu, bf16 autocast, channels-last" in da["stdout"]
 
 
