@@ -52,39 +52,57 @@ class Injection:
         """The global step it fires at, in a run of `total_steps` steps."""
         return self.step if self.step is not None else max(1, math.ceil(float(self.fraction) * total_steps))
 
+    @property
+    def when(self) -> "int | float":
+        return self.step if self.step is not None else float(self.fraction)  # type: ignore[arg-type]
+
     def __str__(self) -> str:
-        when = self.step if self.step is not None else self.fraction
-        return f"{self.who}:{self.index}@{when}:{self.how}"
+        return f"{self.who}:{self.index}@{self.when}:{self.how}"
+
+
+class _Bad(ValueError):
+    """Why a spec does not parse (each flag's parser wraps it with the spec and its form)."""
+
+
+def _who_when(spec: str) -> tuple[str, int, Optional[int], Optional[float], str]:
+    """WHO@WHEN[:REST] -> (who, index, step, fraction, REST): the part both flags share."""
+    target, at, rest = spec.partition("@")
+    who, colon, index = target.partition(":")
+    if not at or not colon or who not in WHO:
+        raise _Bad(f"WHO must be one of {', '.join(f'{w}:N' for w in WHO)}")
+    if not index.isdigit():
+        raise _Bad(f"{index!r} is not a rank number")
+    when, _, tail = rest.partition(":")
+    try:
+        value = float(when)
+    except ValueError:
+        raise _Bad(f"WHEN {when!r} is neither a step nor a fraction") from None
+    if value.is_integer() and "." not in when and value >= 1:
+        return who, int(index), int(value), None, tail
+    if 0 < value < 1:
+        return who, int(index), None, value, tail
+    raise _Bad(f"WHEN {when!r} is neither a step >= 1 nor a fraction strictly between 0 and 1")
+
+
+def _specs(specs: Sequence[str]) -> list[str]:
+    """The flag's values, repeated or comma-separated."""
+    return [s for part in specs for s in part.split(",") if s.strip()]
 
 
 def parse(spec: str) -> Injection:
     """One spec; a ConfigError naming the spec and the expected form otherwise."""
-    def bad(why: str) -> ConfigError:
-        return ConfigError(f"--inject {spec!r}: {why}; expected {FORM} (e.g. host:0@12 or dpu:1@0.5:stop)")
-
-    target, at, rest = spec.partition("@")
-    who, colon, index = target.partition(":")
-    if not at or not colon or who not in WHO:
-        raise bad(f"WHO must be one of {', '.join(f'{w}:N' for w in WHO)}")
-    if not index.isdigit():
-        raise bad(f"{index!r} is not a rank number")
-    when, _, how = rest.partition(":")
-    how = how or "kill"
-    if how not in HOW:
-        raise bad(f"HOW {how!r} is not one of {', '.join(HOW)}")
     try:
-        value = float(when)
-    except ValueError:
-        raise bad(f"WHEN {when!r} is neither a step nor a fraction") from None
-    if value.is_integer() and "." not in when and value >= 1:
-        return Injection(who, int(index), int(value), None, how)
-    if 0 < value < 1:
-        return Injection(who, int(index), None, value, how)
-    raise bad(f"WHEN {when!r} is neither a step >= 1 nor a fraction strictly between 0 and 1")
+        who, index, step, fraction, how = _who_when(spec)
+        how = how or "kill"
+        if how not in HOW:
+            raise _Bad(f"HOW {how!r} is not one of {', '.join(HOW)}")
+    except _Bad as e:
+        raise ConfigError(f"--inject {spec!r}: {e}; expected {FORM} (e.g. host:0@12 or dpu:1@0.5:stop)") from None
+    return Injection(who, index, step, fraction, how)
 
 
 def parse_all(specs: Sequence[str]) -> tuple[Injection, ...]:
-    return tuple(parse(s) for part in specs for s in part.split(",") if s.strip())
+    return tuple(parse(s) for s in _specs(specs))
 
 
 # --------------------------------------------------------------- simulated failures (the study's)
@@ -102,35 +120,35 @@ class Simulated:
     progress: float             # in [0, 1]
 
     def __str__(self) -> str:
-        when = self.injection.step if self.injection.step is not None else self.injection.fraction
-        return f"{self.injection.who}:{self.injection.index}@{when}:{self.progress:.0%}"
+        return f"{self.injection.who}:{self.injection.index}@{self.injection.when}:{self.progress:.0%}"
 
 
 def parse_simulated(spec: str) -> Simulated:
     """One `--inject-simulate` spec; a ConfigError naming it and the expected form otherwise."""
-    def bad(why: str) -> ConfigError:
-        return ConfigError(f"--inject-simulate {spec!r}: {why}; expected {SIMULATE_FORM} (e.g. host:1@12:25%)")
-
-    target, at, rest = spec.partition("@")
-    when, _, share = rest.partition(":")
     try:
-        inj = parse(f"{target}@{when}")
-    except ConfigError as e:
-        raise bad(str(e).split(": ", 1)[1].split("; expected")[0]) from None
-    if inj.who == "dpu":
-        raise bad("only host ranks compute gradients (name host:R or node:N)")
+        who, index, step, fraction, share = _who_when(spec)
+        progress = _progress(share)
+        if who == "dpu":
+            raise _Bad("only host ranks compute gradients (name host:R or node:N)")
+    except _Bad as e:
+        raise ConfigError(f"--inject-simulate {spec!r}: {e}; expected {SIMULATE_FORM} (e.g. host:1@12:25%)") from None
+    return Simulated(Injection(who, index, step, fraction), progress)
+
+
+def _progress(share: str) -> float:
+    """P of a simulated failure: 25% or 0.25 (default 50%)."""
     text = share.strip() or "50%"
     try:
         progress = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError:
-        raise bad(f"P {share!r} is not a share such as 25% or 0.25") from None
+        raise _Bad(f"P {share!r} is not a share such as 25% or 0.25") from None
     if not 0 <= progress <= 1:
-        raise bad(f"P {share!r} is outside 0..100 %")
-    return Simulated(inj, progress)
+        raise _Bad(f"P {share!r} is outside 0..100 %")
+    return progress
 
 
 def parse_simulated_all(specs: Sequence[str]) -> tuple[Simulated, ...]:
-    return tuple(parse_simulated(s) for part in specs for s in part.split(",") if s.strip())
+    return tuple(parse_simulated(s) for s in _specs(specs))
 
 
 def targets_me(inj: Injection, host_rank: Optional[int], dpu_rank: Optional[int],
