@@ -45,7 +45,7 @@ def _digest(batch: Any, layout: Any, buf: Any) -> str:
     return hashlib.sha256(raw[HEADER_BYTES:].tobytes()).hexdigest()
 
 
-def _setup(args: argparse.Namespace) -> tuple[Any, Any]:
+def _setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from dpuoffload.common.config import RunConfig
     from dpuoffload.common.data.datasets import build_datasets
     from dpuoffload.common.data.loaders import RankLoader, Sampling, probe_layout
@@ -54,21 +54,20 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any]:
     cfg = RunConfig(dataset=args.dataset, data=str(DATA / args.dataset), train_subset=args.batch * args.steps)
     train = PerSampleSeeded(build_datasets(cfg).train, 0)
     loader = RankLoader(Sampling(args.batch), train, collate=False)
-    loader.layout = probe_layout(train, loader.sampling)
-    return train, loader
+    return train, loader, probe_layout(train, loader.sampling)
 
 
-def in_process(train: Any, loader: Any, args: argparse.Namespace) -> Iterator[list]:
+def in_process(train: Any, loader: Any, layout: Any, args: argparse.Namespace) -> Iterator[list]:
     for epoch in range(args.epochs):
         loader.set_epoch(epoch)
         yield from loader.batches()
 
 
 def pool(k: int) -> Callable[[Any, Any, argparse.Namespace], Iterator[list]]:
-    def run(train: Any, loader: Any, args: argparse.Namespace) -> Iterator[list]:
+    def run(train: Any, loader: Any, layout: Any, args: argparse.Namespace) -> Iterator[list]:
         from dpuoffload.common.data.workers import WorkerPool
 
-        p = WorkerPool(train, loader, loader.layout, k)
+        p = WorkerPool(train, loader, layout, k)
         try:
             yield from p.batches(0, 0, args.epochs)
         finally:
@@ -77,13 +76,13 @@ def pool(k: int) -> Callable[[Any, Any, argparse.Namespace], Iterator[list]]:
 
 
 def per_epoch(k: int) -> Callable[[Any, Any, argparse.Namespace], Iterator[list]]:
-    def run(train: Any, loader: Any, args: argparse.Namespace) -> Iterator[list]:
+    def run(train: Any, loader: Any, layout: Any, args: argparse.Namespace) -> Iterator[list]:
         from torch.utils.data import DataLoader
 
         from dpuoffload.common.data.workers import Packing, PlannedKeys
 
         keys = PlannedKeys(loader)
-        dl = DataLoader(Packing(train, loader.layout), batch_sampler=keys, num_workers=k, collate_fn=lambda b: b,
+        dl = DataLoader(Packing(train, layout), batch_sampler=keys, num_workers=k, collate_fn=lambda b: b,
                         persistent_workers=True, prefetch_factor=2)
         for epoch in range(args.epochs):
             keys.plan(epoch, 0, epoch + 1)
@@ -91,13 +90,14 @@ def per_epoch(k: int) -> Callable[[Any, Any, argparse.Namespace], Iterator[list]
     return run
 
 
-def measure(variant: Callable, train: Any, loader: Any, args: argparse.Namespace) -> tuple[float, list[str]]:
+def measure(variant: Callable, train: Any, loader: Any, layout: Any,
+            args: argparse.Namespace) -> tuple[float, list[str]]:
     """Samples/s from the first batch on, and the batches' digests."""
-    batches, buf = variant(train, loader, args), loader.layout.buffer()
-    digests = [_digest(next(batches), loader.layout, buf)]
+    batches, buf = variant(train, loader, layout, args), layout.buffer()
+    digests = [_digest(next(batches), layout, buf)]
     t0, n = time.perf_counter(), 0
     for batch in batches:
-        digests.append(_digest(batch, loader.layout, buf))
+        digests.append(_digest(batch, layout, buf))
         n += args.batch
     return n / (time.perf_counter() - t0), digests
 
@@ -106,7 +106,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    train, loader = _setup(args)
+    train, loader, layout = _setup(args)
     variants = {"in-process": in_process}
     for k in args.workers:
         variants[f"workers {k}"] = pool(k)
@@ -115,7 +115,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     reference = None
     for rep in range(args.reps):
         for name, variant in variants.items():
-            rate, digests = measure(variant, train, loader, args)
+            rate, digests = measure(variant, train, loader, layout, args)
             reference = reference or digests
             if digests != reference:
                 sys.exit(f"fanin: {name} built other batches than the in-process loader")

@@ -126,12 +126,7 @@ class RunConfig:
         if self.mv_dpu_fraction != "auto" and not (
                 isinstance(self.mv_dpu_fraction, (int, float)) and 0 <= self.mv_dpu_fraction <= 1):
             raise ConfigError(f"--mv-dpu-fraction must be a number in [0, 1] or 'auto', got {self.mv_dpu_fraction!r}")
-        if self.dpu_workers < 0:
-            raise ConfigError(f"--dpu-workers must be >= 0, got {self.dpu_workers}")
-        if self.dpu_workers and self.mode not in (Mode.DA, Mode.HYBRID, Mode.AUTO):
-            raise ConfigError(f"--dpu-workers only applies where DPU ranks augment (--mode da or hybrid), not "
-                              f"--mode {self.mode}")
-        self._check_host_share()
+        self._check_feeding()
         for name in ("dpu_da_ranks", "dpu_mv_ranks", "da_fanout"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -154,16 +149,19 @@ class RunConfig:
         self._check_checkpointing()
         self._check_script()
 
-    def _check_host_share(self) -> None:
-        """--da-host-share f: the host ranks build a share of the steps themselves (with workers)."""
+    def _check_feeding(self) -> None:
+        """--dpu-workers K (cores per stream on the DPU) and --da-host-share f with --da-host-workers H
+        (the host ranks build a share of the steps themselves): only where DPU ranks augment."""
+        for name in ("dpu_workers", "da_host_workers"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.da_host_share <= 1:
             raise ConfigError(f"--da-host-share must be in [0, 1] (the share of every epoch's steps the host ranks "
                               f"build themselves), got {self.da_host_share}")
-        if self.da_host_workers < 0:
-            raise ConfigError(f"--da-host-workers must be >= 0, got {self.da_host_workers}")
-        if self.da_host_share and self.mode not in (Mode.DA, Mode.HYBRID, Mode.AUTO):
-            raise ConfigError(f"--da-host-share only applies where DPU ranks augment (--mode da or hybrid), not "
-                              f"--mode {self.mode}")
+        for name in ("dpu_workers", "da_host_share"):
+            if getattr(self, name) and self.mode not in (Mode.DA, Mode.HYBRID, Mode.AUTO):
+                raise ConfigError(f"--{_flag(name)} only applies where DPU ranks augment (--mode da or hybrid), not "
+                                  f"--mode {self.mode}")
 
     def _check_script(self) -> None:
         """A user's script: only the offload flags apply (the rest configure the built-in trainer)."""

@@ -193,10 +193,8 @@ class HostPart:
         train = PerSampleSeeded(dataset, sampling.seed)  # type: ignore[arg-type]
         self.loader = RankLoader(sampling, train)
         self.split, self.end = split, STOP if epochs is None else epochs
-        layout = probe_layout(train, sampling)
-        self.pool = WorkerPool(train, RankLoader(sampling, train, collate=False), layout, workers,
-                               keep=split.host) if workers > 0 else None
-        self.layout = layout
+        self.layout = probe_layout(train, sampling)
+        self.pool = WorkerPool(train, self.loader, self.layout, workers, keep=split.host) if workers > 0 else None
         self.running: Optional[Iterator] = None
         self.next: Optional[tuple[int, int]] = None  # (epoch, step) of the pool's next batch
 

@@ -33,9 +33,8 @@ from torch.utils.data import DataLoader
 from dpuoffload.common.data.batches import BatchLayout
 from dpuoffload.common.data.loaders import RankLoader
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.data.streams import STOP
 from dpuoffload.common.errors import WorkerError
-
-STOP = -1   # as streams.STOP: no last epoch, run on
 
 
 class EpochTagged:
@@ -53,20 +52,6 @@ class EpochTagged:
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         return self.__getitems__([key])[0]
-
-
-class Reporting(EpochTagged):
-    """`EpochTagged` that hands a failure back as a value: the parent re-raises it naming the line of
-    the user's data set that failed (torch's own re-raise names only its worker loop)."""
-
-    def __getitems__(self, keys: Sequence[tuple[int, int]]) -> Union[list[Any], WorkerError]:  # type: ignore[override]
-        try:
-            return super().__getitems__(keys)
-        except Exception as e:  # noqa: BLE001 - any failure of the user's code goes to the parent
-            from dpuoffload.common.runtime.failure import describe_error
-
-            text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-            return WorkerError(describe_error(e), text)
 
 
 class PlannedKeys:
@@ -93,24 +78,31 @@ class PlannedKeys:
             epoch, start = epoch + 1, 0
 
 
-class Packing(Reporting):
-    """`Reporting` whose workers also stack each batch into its message (`BatchLayout.pack_items`,
+class Packing(EpochTagged):
+    """`EpochTagged` whose workers also stack each batch into its message (`BatchLayout.pack_items`,
     header left for the parent): the batch crosses to the parent as one shared-memory tensor, and
     the parent sends that very memory. Handing back the items instead cost one shared-memory
-    segment per sample: a worker then built fewer than half the batches the parent alone did."""
+    segment per sample: a worker then built fewer than half the batches the parent alone did.
+
+    Failures come back as values: the user's data set's as a `WorkerError` that names its line
+    (torch's own re-raise names only its worker loop), the packer's `ValueError` as itself (the
+    parent names the transform)."""
 
     def __init__(self, dataset: PerSampleSeeded, layout: BatchLayout) -> None:
         super().__init__(dataset)
         self.layout = layout
 
     def __getitems__(self, keys: Sequence[tuple[int, int]]) -> Union[torch.Tensor, WorkerError, ValueError]:  # type: ignore[override]
-        items = super().__getitems__(keys)
-        if isinstance(items, WorkerError):
-            return items
+        try:
+            items = super().__getitems__(keys)
+        except Exception as e:  # noqa: BLE001 - any failure of the user's code goes to the parent
+            from dpuoffload.common.runtime.failure import describe_error
+
+            return WorkerError(describe_error(e), "".join(traceback.format_exception(type(e), e, e.__traceback__)))
         buf = self.layout.buffer()
         try:
             nbytes = self.layout.pack_items(buf, keys[0][0], -1, items)
-        except ValueError as e:  # samples that do not fit the layout: the parent names the transform
+        except ValueError as e:
             return e
         return torch.from_numpy(buf.raw)[:nbytes]
 
