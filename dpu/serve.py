@@ -25,11 +25,11 @@ import numpy as np
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.batches import BatchBuffer, BatchLayout
-from dpuoffload.common.data.loaders import RankLoader, probe_layout
+from dpuoffload.common.data.loaders import RankLoader, probe_layout, unfit_samples
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, Recipe, StepSplit, decode, stream_tag
 from dpuoffload.common.data.workers import WorkerPool, cores_note
-from dpuoffload.common.errors import ConfigError, PeerError
+from dpuoffload.common.errors import PeerError
 from dpuoffload.common.runtime import inject
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
@@ -89,13 +89,6 @@ class SendRing:
         self.pending[slot] = self.held[slot] = None
 
 
-def transform_name(dataset: Any) -> str:
-    """The user's transform, for error messages (looks through Subset wrappers)."""
-    while not hasattr(dataset, "transform") and hasattr(dataset, "dataset"):
-        dataset = dataset.dataset
-    return repr(getattr(dataset, "transform", None)).replace("\n", " ")
-
-
 class Stream:
     """One host rank's loader on this DPU rank: its sampler, its send ring, where its plan stands."""
 
@@ -118,7 +111,7 @@ class Stream:
         keep = self._mine if self.split.share else None
         self.pool = WorkerPool(train, self.loader, self.layout, workers, keep=keep) if workers > 0 else None
         self.ring = SendRing(world, self.layout, buffers, host, stream_tag(opened.loader))
-        self.transform = transform_name(dataset)
+        self.dataset = dataset  # (named in the error for samples that do not fit the layout)
         self.epoch, self.step, self.end = STOP, 0, STOP
         self.batches: Optional[Iterator[list]] = None
         self.sent = 0
@@ -154,10 +147,7 @@ class Stream:
             try:
                 self._send(slot, buf, items)
             except ValueError as e:
-                raise ConfigError(f"--mode da needs every training sample to have the same shape and dtype, but "
-                                  f"the training transform {self.transform} does not ({e}); end it with a "
-                                  "fixed-size step such as RandomResizedCrop(size) or Resize(size) + "
-                                  "CenterCrop(size)") from None
+                raise unfit_samples(self.dataset, e) from None
         self.sent += 1
         self.sent_in[self.epoch] = self.sent_in.get(self.epoch, 0) + 1
         self.step += 1

@@ -130,7 +130,8 @@ class Job:
                 (`seeded`), so a sample is augmented the same wherever it is.
             drop_last: drop this rank's last partial batch of an epoch.
             copy: False hands out views of the receive buffers, valid until the next batch is asked
-                for (saves one copy per batch; keep nothing across steps then).
+                for (saves one copy per batch; keep nothing across steps then). On a GPU host rank
+                the buffers, and the copies made with True, are pinned memory.
             epochs: the epochs you will iterate, if known: the DPU rank then stops running ahead
                 after the last one (else it makes up to --da-buffers batches of an epoch never asked for).
             build_on_dpu: a picklable zero-argument callable (a module-level function, or a
@@ -160,7 +161,7 @@ class Job:
         steps = steps_per_epoch(len(dataset), sampling.replicas, sampling.batch_size, sampling.drop_last)
         split = StepSplit(cfg.da_host_share, steps)
         remote = RemoteSource(topo.world, feeder, topo.describe(feeder), len(self.loaders), layout, steps,
-                              cfg.peer_timeout, copy, epochs, split)
+                              cfg.peer_timeout, copy, epochs, split, pinned=self.device.type == "cuda")
         remote.prepare(dataset if build_on_dpu is None else Recipe(build_on_dpu), sampling)
         if not cfg.da_host_share:
             return DpuLoader(remote, sampling, steps, dataset, topo.describe(feeder), epochs)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterator, Optional, Protocol
 import torch
 
 from dpuoffload.common.data.batches import BatchBuffer, BatchKind, BatchLayout
-from dpuoffload.common.data.loaders import RankLoader, Sampling, probe_layout
+from dpuoffload.common.data.loaders import RankLoader, Sampling, probe_layout, unfit_samples
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, StepSplit, encode, stream_tag
 from dpuoffload.common.data.workers import WorkerPool
@@ -63,15 +63,18 @@ class RemoteSource:
 
     def __init__(self, world: "MPI.Comm", feeder: int, feeder_label: str, loader_id: int, layout: BatchLayout,
                  steps: int, timeout: float, copy: bool, epochs: Optional[int] = None,
-                 split: Optional[StepSplit] = None) -> None:
-        """`split` (`--da-host-share`): the feeder sends only the steps the host does not build."""
+                 split: Optional[StepSplit] = None, pinned: bool = False) -> None:
+        """`split` (`--da-host-share`): the feeder sends only the steps the host does not build.
+        `pinned` (a host rank on a GPU): the receive buffers, and the batches copied out of them,
+        are page-locked, so their copies to the GPU run asynchronously (`common.train.device`)."""
         self.world, self.feeder, self.feeder_label = world, feeder, feeder_label
         self.split = split or StepSplit(0.0, steps)
         self.end = STOP if epochs is None else epochs  # the DPU rank produces no batch of epoch `end` or later
         self.loader_id, self.layout, self.steps = loader_id, layout, steps
         self.timeout, self.copy = timeout, copy
         self.tag = stream_tag(loader_id)
-        self.buffers: list[BatchBuffer] = [layout.buffer(), layout.buffer()]
+        self.pinned = pinned
+        self.buffers: list[BatchBuffer] = [layout.buffer(pinned), layout.buffer(pinned)]
         self.reqs: list[Optional["MPI.Request"]] = [None, None]
         self.head = 0                                # the buffer the next message lands in
         self.held: Optional[int] = None              # copy=False: the buffer the user's batch views
@@ -109,8 +112,8 @@ class RemoteSource:
                                 "host and DPU programs disagree on the loader's batches")
             x, y = self.layout.unpack(buf, head["count"])
             self.next = self.split.next_of(False, epoch, step + 1)
-            if self.copy:
-                x, y = x.clone(), y.clone()
+            if self.copy:  # (pin_memory() copies into torch's cached page-locked blocks)
+                x, y = (x.pin_memory(), y.pin_memory()) if self.pinned else (x.clone(), y.clone())
                 self._post(self._advance())
             else:
                 self.held = self._advance()
@@ -191,7 +194,7 @@ class HostPart:
     def __init__(self, dataset: object, sampling: Sampling, split: StepSplit, workers: int,
                  epochs: Optional[int] = None) -> None:
         train = PerSampleSeeded(dataset, sampling.seed)  # type: ignore[arg-type]
-        self.loader = RankLoader(sampling, train)
+        self.dataset, self.loader = dataset, RankLoader(sampling, train)
         self.split, self.end = split, STOP if epochs is None else epochs
         self.layout = probe_layout(train, sampling)
         self.pool = WorkerPool(train, self.loader, self.layout, workers, keep=split.host) if workers > 0 else None
@@ -211,8 +214,7 @@ class HostPart:
             if self.split.host(step):
                 message = next(self.running)
                 if isinstance(message, ValueError):
-                    raise ConfigError(f"--mode da needs every training sample to have the same shape and dtype: "
-                                      f"{message}") from None
+                    raise unfit_samples(self.dataset, message) from None
                 self.next = self.split.next_of(True, epoch, step + 1)
                 yield self.layout.unpack_message(message.numpy())
 

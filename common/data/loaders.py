@@ -9,7 +9,7 @@ host would have built. Sharing this one function is what guarantees that.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -102,3 +102,18 @@ def probe_layout(train: PerSampleSeeded, cfg: "RunConfig | Sampling") -> BatchLa
         return layout_for(sample, cfg.batch_size)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"--mode da cannot send this data set's samples: {e}") from None
+
+
+def transform_name(dataset: Any) -> str:
+    """The user's transform, for error messages (looks through Subset wrappers)."""
+    while not hasattr(dataset, "transform") and hasattr(dataset, "dataset"):
+        dataset = dataset.dataset
+    return repr(getattr(dataset, "transform", None)).replace("\n", " ")
+
+
+def unfit_samples(dataset: Any, error: ValueError) -> ConfigError:
+    """A batch whose samples do not fit the layout of sample 0 (`BatchLayout.pack_items`), named
+    the same wherever it was built (a DPU rank, its workers, or the host's own share)."""
+    return ConfigError(f"--mode da needs every training sample to have the same shape and dtype, but the "
+                       f"training transform {transform_name(dataset)} does not ({error}); end it with a "
+                       "fixed-size step such as RandomResizedCrop(size) or Resize(size) + CenterCrop(size)")

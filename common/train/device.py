@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Protocol
 
 import torch
 from torch import nn
 
 from dpuoffload.common.errors import ConfigError
 
+Batch = tuple[torch.Tensor, torch.Tensor]
 AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -74,6 +75,13 @@ class Compute:
         with torch.autocast(self.device.type, dtype=self.amp):
             yield
 
+    def staging(self, batches: Iterator[Batch]) -> Optional["Staging"]:
+        """Batches to this GPU a step ahead on a side stream (`Staging`); None on the CPU, where
+        `inputs` has nothing to copy."""
+        if self.device.type != "cuda":
+            return None
+        return Staging(batches, CudaCopier(self))
+
     def describe(self) -> str:
         amp = {None: "", torch.bfloat16: ", bf16 autocast", torch.float16: ", fp16 autocast"}[self.amp]
         return f"{self.device}{amp}{', channels-last' if self.channels_last else ''}"
@@ -92,3 +100,94 @@ def numpy_dtype(dtype: torch.dtype) -> Any:
 def model_device(model: nn.Module) -> torch.device:
     first = next(model.parameters(), None)
     return first.device if first is not None else torch.device("cpu")
+
+
+class InFlight(Protocol):
+    """One batch on its way to the device."""
+
+    def wait_host(self) -> None:
+        """Block until the copy has read the host batch (its buffer may then be reused)."""
+
+    def ready(self) -> Batch:
+        """The device batch, ordered after its copy for the work queued from now on."""
+
+
+class Copier(Protocol):
+    def start(self, host: Batch) -> InFlight: ...
+
+
+class CudaInFlight:
+    def __init__(self, device: Batch, copied: "torch.cuda.Event") -> None:
+        self.device, self.copied = device, copied
+
+    def wait_host(self) -> None:
+        self.copied.synchronize()
+
+    def ready(self) -> Batch:
+        stream = torch.cuda.current_stream(self.device[0].device)
+        stream.wait_event(self.copied)
+        for t in self.device:  # made on the side stream, used on this one: not to be reused before it is done
+            t.record_stream(stream)
+        return self.device
+
+
+class CudaCopier:
+    """Copies on a side stream of the compute's GPU, from pinned memory when the batch is pinned."""
+
+    def __init__(self, compute: Compute) -> None:
+        self.compute = compute
+        self.stream = torch.cuda.Stream(compute.device)
+
+    def start(self, host: Batch) -> InFlight:
+        with torch.cuda.stream(self.stream):
+            device = self.compute.inputs(*host)
+            copied = torch.cuda.Event()
+            copied.record(self.stream)
+        return CudaInFlight(device, copied)
+
+
+class Staging:
+    """A host rank's batches onto its GPU one step ahead, on a side stream.
+
+    Why: copied on the compute stream right before the forward pass, every batch's copy is time
+    the GPU does not train. Here the trainer calls `prefetch()` once a step's forward and backward
+    are queued: the next batch is taken from the feed and its copy queued on a side stream, where it
+    runs beside the step's compute. The feed's batch may be a view of a receive buffer that the
+    feed's next `next()` hands back to MPI (`copy=False`), so the copy out of it must have finished
+    first (`wait_host`, a step after it was queued: normally long done).
+
+    Iterating yields each batch as the feed gave it, in host memory (for `--digest-batches`);
+    `on_device()` is the same batch on the GPU.
+    """
+
+    def __init__(self, batches: Iterator[Batch], copier: Copier) -> None:
+        self.batches, self.copier = iter(batches), copier
+        self.ahead: Optional[tuple[Batch, InFlight]] = None  # fetched, copy queued, not yet handed out
+        self.current: Optional[tuple[Batch, InFlight]] = None
+        self.ended = False
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            self.prefetch()
+            if self.ahead is None:
+                return
+            self.current, self.ahead = self.ahead, None
+            yield self.current[0]
+
+    def prefetch(self) -> None:
+        """Take the next batch from the feed and queue its copy (no-op if already done or at the end)."""
+        if self.ahead is not None or self.ended:
+            return
+        if self.current is not None:
+            self.current[1].wait_host()  # the feed may reuse the current batch's memory now
+        host = next(self.batches, None)
+        if host is None:
+            self.ended = True
+            return
+        self.ahead = (host, self.copier.start(host))
+
+    def on_device(self) -> Batch:
+        """The batch last yielded, on the device."""
+        if self.current is None:
+            raise RuntimeError("Staging.on_device() before the first batch (a bug: please report it)")
+        return self.current[1].ready()

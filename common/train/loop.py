@@ -43,7 +43,7 @@ from dpuoffload.common.state.resume import ResumePoint
 from dpuoffload.common.state.sharding import state_digest
 from dpuoffload.common.state.trainstate import EpochProgress, EpochSpan, Position, epoch_spans
 from dpuoffload.common.train.allreduce import GradientSync
-from dpuoffload.common.train.device import Compute
+from dpuoffload.common.train.device import Compute, Staging
 from dpuoffload.common.train.evaluation import (
     SharePolicy,
     Validation,
@@ -163,6 +163,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(cfg.lr_schedule, s, self.total_steps))
         self.timer = PhaseTimer()
+        self.staging: Optional[Staging] = None  # on a GPU, the epoch's batches a step ahead
         self.phase_log = JsonlLog(cfg.log_dir, f"phases-rank{topo.world_rank}.jsonl")
         self.metrics_log = JsonlLog(cfg.log_dir if self.is_leader else None, "metrics.jsonl")
         self.start = Position()
@@ -261,6 +262,8 @@ class Trainer:
                    # hides the terminal size from ranks and tqdm would hide a bar it thinks off-screen
                    disable=not (self.cfg.progress and self.is_leader and env.progress_wanted()))
         batches = self.feed.epoch(span.epoch, span.start, span.stop)
+        self.staging = self.compute.staging(batches)  # a GPU: each batch's copy a step ahead
+        batches = self.staging if self.staging is not None else batches
         self.step_times, t_step = [], time.perf_counter()
         rate = SampleRate(self.size) if not bar.disable else None
         trace.set_position(epoch=span.epoch, step=self.global_step + 1)
@@ -309,16 +312,19 @@ class Trainer:
         A step `--inject-simulate` fails loses gradients before the allreduce (`common.train.simulate`)
         and, with immediate rollback, is replayed (`replay`) on the state it left."""
         failure = None if replay or self.simulator is None else self.simulator.at(self.global_step + 1)
-        loss, correct = 0.0, 0
+        loss, correct, out, mean = 0.0, 0, None, None
         with self.timer.phase("forward_backward"):
             self.optimizer.zero_grad(set_to_none=False)
             if len(y):
-                x, y = self.compute.inputs(x, y)
+                x, y = self.staging.on_device() if self.staging and not replay else self.compute.inputs(x, y)
                 with self.compute.autocast():
                     out = self.model(x)
                     mean = self.criterion(out, y)
                 weighted = mean if total is None else mean * (len(y) / total)
                 (weighted if self.scaler is None else self.scaler.scale(weighted)).backward()
+        self.prefetch(replay)  # on a GPU the next batch's copy runs beside the queued backward pass
+        with self.timer.phase("forward_backward"):
+            if out is not None and mean is not None:  # (reading the loss waits for the GPU)
                 loss, correct = float(mean.detach()), int((out.detach().argmax(1) == y).sum())
         with self.timer.phase("allreduce"):
             grads = self.gradients()
@@ -336,6 +342,14 @@ class Trainer:
                 return self.step(x, y, total, replay=True)
             self.scheduler.step()
         return loss, correct
+
+    def prefetch(self, replay: bool) -> None:
+        """On a GPU: take the next batch and queue its copy now, while the queued backward pass runs
+        (timed as data: it is the wait for the next batch, moved earlier)."""
+        if self.staging is None or replay:
+            return
+        with self.timer.phase("data"):
+            self.staging.prefetch()
 
     def announce(self, failure: StepFailure, lost: int, total: int) -> None:
         """One line and one metrics record per simulated failure (replica 0)."""
