@@ -128,8 +128,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     stats: dict[str, Any] = {} if runner is not None and runner.ends_on_shutdown else idle_until_shutdown(topo)
     if job.keeper is not None:
         stats["handoffs"] = len(job.keeper.join())
+    if isinstance(runner, LoaderService):  # the pairing, as the ranks found it (node: what --dpus maps it to)
+        stats["feeds"] = {str(h): topo.ranks[h].node for h in runner.hosts}
     log.write({"event": "end", "world_rank": topo.world_rank, "role": "dpu", "work": job.work, "mode": cfg.mode,
-               **stats})
+               "node": topo.ranks[topo.world_rank].node, **stats})
     trace.finish(topo.world, cfg.trace)
     return 0
 
