@@ -52,6 +52,10 @@ _PATTERNS = (
     ("abort", re.compile(r"MPI_ABORT was invoked on rank \d+ in communicator \S+ Proc: " +
                          _PROC_NAME + r" Errorcode: (-?\d+)")),
     ("abort_node", re.compile(r'process rank (\d+) with PID \d+ on node (\S+) calling "abort"')),
+    # Over TCP (other machines) a rank whose peer died first loses the socket and aborts before
+    # mpirun reports the dead peer, if it ever does: say so rather than blame the survivor alone.
+    ("peer_lost", re.compile(r"An error occurred in Socket closed (?:\[[^\]]*\] )?\*\*\* reported "
+                            r"by process \[\d+,(\d+)\]")),
 )
 
 
@@ -158,6 +162,10 @@ def _failure(kind: str, m: "re.Match[str]") -> RankFailure:
         return RankFailure(int(m[1]), "died", f"killed by signal {number} ({name})", m[2])
     if kind == "exit":
         return RankFailure(int(m[1]), "died", f"exited with code {m[2]}")
+    if kind == "peer_lost":
+        return RankFailure(int(m[1]), "failed", "lost its connection to another rank (Open MPI: 'Socket closed'), "
+                                                "so that rank or its machine ended first; over TCP MPI does not "
+                                                "say which (look for its own line above, or in its node's logs)")
     if kind == "abort":
         return RankFailure(int(m[1]), "failed", f"called MPI_Abort with error code {m[2]} "
                                                 "(its own message is above)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -61,30 +62,84 @@ def nodes():
         subprocess.run(["bash", SCRIPT, "down", *NODES], capture_output=True, env=env, timeout=60)
 
 
-def cluster_run(env: dict[str, str], bundled_data, log, mode: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", SCRIPT, "dpurun", "--hosts", "h0:1,h1:1", "--dpus", "d0:1,d1:1", "--host-ranks", "2",
-         "--dpu-ranks", "2", "--", "--preset", "debug", "--data", str(bundled_data / "cifar10"), "--epochs", "2",
-         "--mode", mode, "--train-subset", "128", "--val-subset", "64", "--digest-batches", "--no-progress",
-         "--log-dir", str(log)],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+def cluster_argv(bundled_data, log, mode: str, *extra: str) -> list[str]:
+    return ["bash", SCRIPT, "dpurun", "--hosts", "h0:1,h1:1", "--dpus", "d0:1,d1:1", "--host-ranks", "2",
+            "--dpu-ranks", "2", "--", "--preset", "debug", "--data", str(bundled_data / "cifar10"), "--epochs", "2",
+            "--mode", mode, "--train-subset", "128", "--val-subset", "64", "--digest-batches", "--no-progress",
+            "--log-dir", str(log), *extra]
 
 
-def test_da_across_nodes_pairs_each_host_with_its_own_dpu_and_equals_none(nodes, bundled_data, tmp_path):
-    runs = {}
-    for mode in ("none", "da"):
-        res = cluster_run(nodes, bundled_data, tmp_path / mode, mode)
-        assert res.returncode == 0, res.stdout + res.stderr
-        assert "--host h0:1,h1:1" in res.stderr and "--host d0:1,d1:1" in res.stderr and "btl tcp,self" in res.stderr
-        runs[mode] = {"metrics": read_jsonl(tmp_path / mode / "metrics.jsonl"),
-                      "phases": {r: read_jsonl(tmp_path / mode / f"phases-rank{r}.jsonl") for r in range(4)}}
-    none, da = runs["none"], runs["da"]
+@pytest.fixture(scope="module")
+def run(nodes, bundled_data, tmp_path_factory):
+    """`run(name, mode, *extra)`: one job across the emulated nodes, once per module, and its logs."""
+    done: dict[str, dict] = {}
+
+    def _run(name: str, mode: str, *extra: str) -> dict:
+        if name not in done:
+            log = tmp_path_factory.mktemp(name)
+            res = subprocess.run(cluster_argv(bundled_data, log, mode, *extra), capture_output=True, text=True,
+                                 env=nodes, cwd=REPO, timeout=300)
+            assert res.returncode == 0, res.stdout + res.stderr
+            launched = res.stderr.split("dpurun: running:")[1].splitlines()[0]  # the mpirun command
+            assert all(f in launched for f in ("--host h0:1,h1:1", "--host d0:1,d1:1", "btl tcp,self"))
+            metrics = read_jsonl(log / "metrics.jsonl")
+            done[name] = {"epochs": [e for e in metrics if e["event"] == "epoch"],
+                          "end": next(e for e in metrics if e["event"] == "end"), "out": res.stdout,
+                          "phases": {r: read_jsonl(log / f"phases-rank{r}.jsonl") for r in range(4)}}
+        return done[name]
+    return _run
+
+
+def test_da_across_nodes_pairs_each_host_with_its_own_dpu_and_equals_none(run):
+    none, da = run("none", "none"), run("da", "da")
     for h in (0, 1):
         assert [e["batch_digest"] for e in da["phases"][h]] == [e["batch_digest"] for e in none["phases"][h]]
-    losses = [[e["step_losses"] for e in r["metrics"] if e["event"] == "epoch"] for r in (none, da)]
-    assert losses[0] == losses[1] and len(losses[0]) == 2
-    ends = [next(e for e in r["metrics"] if e["event"] == "end") for r in (none, da)]
-    assert ends[0]["weights_sha256"] == ends[1]["weights_sha256"]
+    assert [e["step_losses"] for e in da["epochs"]] == [e["step_losses"] for e in none["epochs"]]
+    assert len(none["epochs"]) == 2 and da["end"]["weights_sha256"] == none["end"]["weights_sha256"]
     # World ranks 0-1 are the host ranks (h0, h1), 2-3 the DPU ranks (d0, d1: nodes h0 and h1 by --dpus)
     dpu_ends = {r: next(e for e in da["phases"][r] if e.get("event") == "end") for r in (2, 3)}
     assert {r: (e["node"], e["feeds"]) for r, e in dpu_ends.items()} == {2: ("h0", {"0": "h0"}), 3: ("h1", {"1": "h1"})}
+
+
+def test_mv_checkpoints_on_the_dpus_and_resumes_to_the_bit(run, tmp_path_factory):
+    """mv (validation on the DPU ranks of both machines) stopped at step 6 of 8 with checkpoints every
+    3 steps (the DPU keepers write the shards), then resumed: the same losses, validation sums and
+    final weights as none. (hybrid needs 2 DPU ranks per node: one augments, one validates.)"""
+    ck = str(tmp_path_factory.mktemp("ckpt"))
+    stopped = run("mv-stopped", "mv", "--ckpt-dir", ck, "--ckpt-every", "3", "--stop-at-step", "6")
+    assert "checkpoint step 6 committed" in stopped["out"] and stopped["end"]["global_step"] == 6
+    resumed = run("mv-resumed", "mv", "--ckpt-dir", ck, "--resume", "latest")
+    assert "(exactly): epoch 2, step 2 done (global step 6)" in resumed["out"], resumed["out"]
+    none = run("none", "none")
+    assert resumed["epochs"][-1]["step_losses"] == none["epochs"][-1]["step_losses"]
+    assert resumed["end"]["weights_sha256"] == none["end"]["weights_sha256"]
+    assert [(e["val_loss_sum"], e["val_correct"]) for e in resumed["epochs"]] == \
+        [(e["val_loss_sum"], e["val_correct"]) for e in none["epochs"][-1:]]
+    assert resumed["epochs"][-1]["val_dpu_share"] == 1.0  # validated on the DPU ranks
+
+
+def test_a_killed_dpu_rank_on_another_machine_ends_the_job_naming_it(nodes, bundled_data, tmp_path):
+    import psutil
+
+    ready = tmp_path / "phases-rank0.jsonl"  # host rank 0 finished an epoch: training is under way
+    proc = subprocess.Popen(cluster_argv(bundled_data, tmp_path, "da", "--epochs", "60"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=nodes, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 180
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ready.exists(), f"training never got under way (exit code {proc.poll()})"
+        victim = next(p for p in psutil.process_iter(["cmdline"])
+                      if "dpuoffload.dpu" in (p.info["cmdline"] or []) and "python" in p.info["cmdline"][0])
+        victim.kill()
+        killed_at = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        assert time.monotonic() - killed_at < 30
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    # Over TCP the host rank usually loses its socket to the dead DPU rank and aborts before mpirun
+    # reports the kill: dpurun then says that a peer ended first (launch/supervise.py, peer_lost).
+    named = "(DPU program)" in err and "killed by signal 9" in err
+    assert named or "lost its connection to another rank (Open MPI: 'Socket closed')" in err, err

@@ -71,6 +71,27 @@ def test_signal_death_any_chunking(chunk):
         RankFailure(2, "died", "killed by signal 9 (SIGKILL)", "vm")]
 
 
+# Host rank 0 on machine h0 after its DPU rank on another machine was killed (tests/test_multinode.py):
+# the TCP socket closes and the host aborts before mpirun reports the kill.
+OMPI5_TCP_PEER_LOST = """[h0:00000] *** An error occurred in Socket closed
+[h0:00000] *** reported by process [3498180609,0]
+[h0:00000] *** on a NULL communicator
+[h0:00000] *** Unknown error
+[h0:00000] *** MPI_ERRORS_ARE_FATAL (processes in this communicator will now abort,
+[h0:00000] ***    and MPI will try to terminate your MPI job as well)
+--------------------------------------------------------------------------
+prterun has exited due to process rank 0 with PID 0 on node h0 calling "abort".
+"""
+
+
+@pytest.mark.parametrize("chunk", [0, 5])
+def test_a_lost_tcp_peer_says_another_rank_ended_first(chunk):
+    (failure,) = scan(OMPI5_TCP_PEER_LOST, chunk)
+    assert (failure.world_rank, failure.node) == (0, "h0")
+    assert failure.cause.startswith("lost its connection to another rank (Open MPI: 'Socket closed'), so that "
+                                    "rank or its machine ended first")
+
+
 def test_nonzero_exit_open_mpi_5_and_4_process_names():
     assert scan(OMPI5_EXIT) == [RankFailure(3, "died", "exited with code 5")]
     ompi4 = OMPI5_EXIT.replace("[prterun-vm-6011@1,3]", "[[4242,1],3]")
