@@ -42,14 +42,19 @@ if TYPE_CHECKING:
 IDLE_MAX_SLEEP = 0.002       # nothing to do: poll for the host's receives and messages at least this often
 RING_POLL_MAX_SLEEP = 0.002  # a marker waits for a free buffer: poll often...
 RING_POLL_SPIN = 0.0002      # ...and spin briefly first, a send of a posted receive completes in microseconds
+# A host on another machine (TCP, no single-copy shared memory): a large message moves only while its
+# sender calls into MPI (each poll pushes the next fragments), so the ring polls every 50 us instead.
+REMOTE_POLL_MAX_SLEEP = 0.00005
 
 
 class SendRing:
     """K send buffers to one host rank on one tag, used in turn."""
 
     def __init__(self, world: "MPI.Comm", layout: BatchLayout, k: int, dest: int, tag: int,
-                 timeout: Optional[float] = None) -> None:
+                 timeout: Optional[float] = None, remote: bool = False) -> None:
+        """`remote`: `dest` is on another machine, where sends progress only while this rank polls."""
         self.world, self.dest, self.tag, self.timeout = world, dest, tag, timeout
+        self.max_sleep = REMOTE_POLL_MAX_SLEEP if remote else RING_POLL_MAX_SLEEP
         self.buffers = [layout.buffer() for _ in range(k)]
         self.pending: list[Optional["MPI.Request"]] = [None] * k
         self.held: list[Any] = [None] * k   # a message sent from other memory (a worker's), kept until sent
@@ -85,7 +90,7 @@ class SendRing:
             return
         if not req.Test():  # (a completed send skips building the wait's message)
             wait(req, self.timeout, f"host world rank {self.dest} to receive a batch",
-                 max_sleep=RING_POLL_MAX_SLEEP, spin=RING_POLL_SPIN)
+                 max_sleep=self.max_sleep, spin=RING_POLL_SPIN)
         self.pending[slot] = self.held[slot] = None
 
 
@@ -95,9 +100,11 @@ class Stream:
     def __init__(self, world: "MPI.Comm", host: int, host_label: str, opened: OpenLoader, buffers: int,
                  timer: PhaseTimer, on_epoch_end: Optional[Callable[[int], None]] = None,
                  prebuilt: Optional[dict[bytes, Any]] = None,
-                 on_batch: Optional[Callable[[int, int], None]] = None, workers: int = 0) -> None:
+                 on_batch: Optional[Callable[[int, int], None]] = None, workers: int = 0,
+                 remote: bool = False) -> None:
         """`on_batch(global_step, steps_per_epoch)` runs before each batch is built (`--inject`);
-        `workers` > 0 builds the batches in that many worker processes (`--dpu-workers`)."""
+        `workers` > 0 builds the batches in that many worker processes (`--dpu-workers`); `remote`:
+        the host rank is on another machine (`SendRing`)."""
         self.world, self.host, self.host_label, self.timer = world, host, host_label, timer
         self.on_epoch_end, self.on_batch = on_epoch_end, on_batch
         dataset = _prebuilt_or_none(opened, prebuilt or {})
@@ -110,7 +117,7 @@ class Stream:
         self.mine = self.split.owned(host=False)
         keep = self._mine if self.split.share else None
         self.pool = WorkerPool(train, self.loader, self.layout, workers, keep=keep) if workers > 0 else None
-        self.ring = SendRing(world, self.layout, buffers, host, stream_tag(opened.loader))
+        self.ring = SendRing(world, self.layout, buffers, host, stream_tag(opened.loader), remote=remote)
         self.dataset = dataset  # (named in the error for samples that do not fit the layout)
         self.epoch, self.step, self.end = STOP, 0, STOP
         self.batches: Optional[Iterator[list]] = None
@@ -209,6 +216,8 @@ class LoaderService:
 
     def __init__(self, cfg: RunConfig, topo: Topology, hosts: tuple[int, ...]) -> None:
         self.cfg, self.topo, self.hosts = cfg, topo, hosts
+        # full rings: each poll (ready()) also moves the sends in flight, which over TCP move no other way
+        self.max_idle = REMOTE_POLL_MAX_SLEEP if any(self._remote(h) for h in hosts) else IDLE_MAX_SLEEP
         self.streams: dict[tuple[int, int], Stream] = {}
         self.timer = PhaseTimer()
         self.turn = 0
@@ -243,7 +252,7 @@ class LoaderService:
                 continue
             with self.timer.phase("buffer_wait"):
                 time.sleep(sleep)
-            sleep = min(max(sleep * 2, 1e-4), IDLE_MAX_SLEEP)
+            sleep = min(max(sleep * 2, 1e-4), self.max_idle)
         return self.records
 
     def epoch_done(self, epoch: int) -> None:
@@ -274,6 +283,10 @@ class LoaderService:
             got = True
         return got
 
+    def _remote(self, host: int) -> bool:
+        """Whether `host` runs on another machine (a real DPU is one, whatever node it serves)."""
+        return self.topo.ranks[host].hostname != self.topo.ranks[self.topo.world_rank].hostname
+
     def handle(self, host: int, message: Any) -> None:
         if host not in self.hosts:
             raise PeerError(f"{self.topo.describe(host)} sent a loader message to {self.topo.describe()}, "
@@ -282,7 +295,7 @@ class LoaderService:
             self.streams[(host, message.loader)] = Stream(self.topo.world, host, self.topo.describe(host), message,
                                                           self.cfg.da_buffers, self.timer, self.epoch_done,
                                                           self.prebuilt, self.inject_at if self.injector else None,
-                                                          self.cfg.dpu_workers)
+                                                          self.cfg.dpu_workers, remote=self._remote(host))
         elif isinstance(message, Plan):
             stream = self.streams.get((host, message.loader))
             if stream is None:

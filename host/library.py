@@ -161,7 +161,8 @@ class Job:
         steps = steps_per_epoch(len(dataset), sampling.replicas, sampling.batch_size, sampling.drop_last)
         split = StepSplit(cfg.da_host_share, steps)
         remote = RemoteSource(topo.world, feeder, topo.describe(feeder), len(self.loaders), layout, steps,
-                              cfg.peer_timeout, copy, epochs, split, pinned=self.device.type == "cuda")
+                              cfg.peer_timeout, copy, epochs, split, pinned=self.device.type == "cuda",
+                              remote=topo.ranks[feeder].hostname != topo.ranks[topo.world_rank].hostname)
         remote.prepare(dataset if build_on_dpu is None else Recipe(build_on_dpu), sampling)
         if not cfg.da_host_share:
             return DpuLoader(remote, sampling, steps, dataset, topo.describe(feeder), epochs)

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 Batch = tuple[torch.Tensor, torch.Tensor]
 BATCH_POLL_MAX_SLEEP = 0.001  # a batch is on the critical path: poll at least every millisecond
 BATCH_POLL_SPIN = 0.0005      # and spin briefly first: a batch in flight lands within microseconds
+# A feeder on another machine (TCP): the bytes of a large batch are read from the socket only while this
+# rank calls into MPI, so it polls every 50 us while it waits (its core has nothing else to do then).
+REMOTE_BATCH_POLL_MAX_SLEEP = 0.00005
 
 
 class Source(Protocol):
@@ -63,10 +66,11 @@ class RemoteSource:
 
     def __init__(self, world: "MPI.Comm", feeder: int, feeder_label: str, loader_id: int, layout: BatchLayout,
                  steps: int, timeout: float, copy: bool, epochs: Optional[int] = None,
-                 split: Optional[StepSplit] = None, pinned: bool = False) -> None:
+                 split: Optional[StepSplit] = None, pinned: bool = False, remote: bool = False) -> None:
         """`split` (`--da-host-share`): the feeder sends only the steps the host does not build.
         `pinned` (a host rank on a GPU): the receive buffers, and the batches copied out of them,
-        are page-locked, so their copies to the GPU run asynchronously (`common.train.device`)."""
+        are page-locked, so their copies to the GPU run asynchronously (`common.train.device`).
+        `remote`: the feeder is on another machine (`REMOTE_BATCH_POLL_MAX_SLEEP`)."""
         self.world, self.feeder, self.feeder_label = world, feeder, feeder_label
         self.split = split or StepSplit(0.0, steps)
         self.end = STOP if epochs is None else epochs  # the DPU rank produces no batch of epoch `end` or later
@@ -74,6 +78,7 @@ class RemoteSource:
         self.timeout, self.copy = timeout, copy
         self.tag = stream_tag(loader_id)
         self.pinned = pinned
+        self.max_sleep = REMOTE_BATCH_POLL_MAX_SLEEP if remote else BATCH_POLL_MAX_SLEEP
         self.buffers: list[BatchBuffer] = [layout.buffer(pinned), layout.buffer(pinned)]
         self.reqs: list[Optional["MPI.Request"]] = [None, None]
         self.head = 0                                # the buffer the next message lands in
@@ -173,7 +178,7 @@ class RemoteSource:
         if req is None:
             raise PeerError(f"loader {self.loader_id}: no receive posted for {what} (a bug: please report it)")
         if not req.Test():
-            wait(req, self.timeout, f"{what} from {self.feeder_label}", max_sleep=BATCH_POLL_MAX_SLEEP,
+            wait(req, self.timeout, f"{what} from {self.feeder_label}", max_sleep=self.max_sleep,
                  spin=BATCH_POLL_SPIN)
         self.reqs[self.head] = None
         return self.buffers[self.head]
