@@ -118,6 +118,20 @@ def test_mv_checkpoints_on_the_dpus_and_resumes_to_the_bit(run, tmp_path_factory
     assert resumed["epochs"][-1]["val_dpu_share"] == 1.0  # validated on the DPU ranks
 
 
+def test_a_clone_forks_across_machines_from_the_dpu_keepers_and_trains_identically(nodes, bundled_data, tmp_path):
+    """2 clone ranks (one per host node) stand by, get the state of step 3 from the DPU keepers of both
+    machines over TCP, and train on identically (no overrides): every epoch line equal to the group's."""
+    argv = cluster_argv(bundled_data, tmp_path / "log", "da", "--ckpt-dir", str(tmp_path / "ck"), "--clone-at", "3")
+    argv[argv.index("--dpu-ranks") + 2:argv.index("--dpu-ranks") + 2] = ["--clone-ranks", "2", "--oversubscribe"]
+    res = subprocess.run(argv, capture_output=True, text=True, env=nodes, cwd=REPO, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "[clone] state of step 3 received after" in res.stdout, res.stdout
+    lines = [ln.split(" s, ")[0].rsplit(" | ", 1)[0] for ln in res.stdout.splitlines() if "| train loss" in ln]
+    ours = [ln for ln in lines if not ln.startswith("[clone] ")]
+    clone = [ln.removeprefix("[clone] ") for ln in lines if ln.startswith("[clone] ")]
+    assert len(ours) == 2 and clone == ours, res.stdout
+
+
 def test_a_killed_dpu_rank_on_another_machine_ends_the_job_naming_it(nodes, bundled_data, tmp_path):
     import psutil
 
