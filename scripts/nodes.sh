@@ -17,12 +17,17 @@
 # - MPI messages and the runtime's own wire-up both use the bridge's subnet (btl tcp, prte_if_include).
 # Every machine shares this box's file system (data, venv, logs, checkpoints), like a cluster's
 # shared file system. Knobs: DPUOFFLOAD_NETNS_PREFIX (default dpuo), DPUOFFLOAD_NETNS_SUBNET
-# (default 10.77.0; a /24 that nothing else on this box uses).
+# (default 10.77.0; a /24 that nothing else on this box uses), and a link speed for every machine's
+# link (tc on its side of the veth, so each direction of a host<->DPU path crosses one):
+# DPUOFFLOAD_NETNS_RATE (e.g. 25gbit: a tbf qdisc) and DPUOFFLOAD_NETNS_DELAY (e.g. 2us: netem, which
+# needs the kernel's sch_netem; this box's kernel has tbf but no netem); default: unshaped.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PREFIX=${DPUOFFLOAD_NETNS_PREFIX:-dpuo}
 SUBNET=${DPUOFFLOAD_NETNS_SUBNET:-10.77.0}
 SWITCH=$PREFIX-sw
+RATE=${DPUOFFLOAD_NETNS_RATE:-}
+DELAY=${DPUOFFLOAD_NETNS_DELAY:-}
 STATE=/run/$PREFIX-nodes   # the machine names, in `up` order (the first one runs mpirun)
 
 die() { echo "nodes.sh: error: $*" >&2; exit 1; }
@@ -47,6 +52,12 @@ up() {
     ip -n "$ns" addr add "$SUBNET.$i/24" dev eth0
     ip -n "$ns" link set eth0 up
     ip -n "$ns" link set lo up
+    if [ -n "$DELAY" ]; then
+      ip netns exec "$ns" tc qdisc add dev eth0 root netem ${RATE:+rate $RATE} delay "$DELAY" limit 100000 ||
+        { down "$@"; die "DPUOFFLOAD_NETNS_DELAY needs tc's netem qdisc (kernel module sch_netem), missing here; unset it"; }
+    elif [ -n "$RATE" ]; then  # (a burst of 2 MB: >= rate / HZ up to ~16 Gbit/s at HZ 1000)
+      ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst 2mb latency 50ms
+    fi
   done
   for name in "$@"; do  # `ip netns exec` shows /etc/netns/NS/hosts as /etc/hosts: the names resolve
     mkdir -p "/etc/netns/$PREFIX-$name"
@@ -55,7 +66,7 @@ up() {
   done
   printf '%s\n' "$@" > "$STATE"
   trap - ERR
-  echo "nodes.sh: up: $* on $SUBNET.0/24 (namespaces $PREFIX-*)"
+  echo "nodes.sh: up: $* on $SUBNET.0/24 (namespaces $PREFIX-*)${RATE:+, links at $RATE}${DELAY:+, delay $DELAY}"
 }
 
 down() {
