@@ -217,7 +217,7 @@ class LoaderService:
     def __init__(self, cfg: RunConfig, topo: Topology, hosts: tuple[int, ...]) -> None:
         self.cfg, self.topo, self.hosts = cfg, topo, hosts
         # full rings: each poll (ready()) also moves the sends in flight, which over TCP move no other way
-        self.max_idle = REMOTE_POLL_MAX_SLEEP if any(self._remote(h) for h in hosts) else IDLE_MAX_SLEEP
+        self.max_idle = REMOTE_POLL_MAX_SLEEP if any(topo.on_other_machine(h) for h in hosts) else IDLE_MAX_SLEEP
         self.streams: dict[tuple[int, int], Stream] = {}
         self.timer = PhaseTimer()
         self.turn = 0
@@ -283,10 +283,6 @@ class LoaderService:
             got = True
         return got
 
-    def _remote(self, host: int) -> bool:
-        """Whether `host` runs on another machine (a real DPU is one, whatever node it serves)."""
-        return self.topo.ranks[host].hostname != self.topo.ranks[self.topo.world_rank].hostname
-
     def handle(self, host: int, message: Any) -> None:
         if host not in self.hosts:
             raise PeerError(f"{self.topo.describe(host)} sent a loader message to {self.topo.describe()}, "
@@ -295,7 +291,7 @@ class LoaderService:
             self.streams[(host, message.loader)] = Stream(self.topo.world, host, self.topo.describe(host), message,
                                                           self.cfg.da_buffers, self.timer, self.epoch_done,
                                                           self.prebuilt, self.inject_at if self.injector else None,
-                                                          self.cfg.dpu_workers, remote=self._remote(host))
+                                                          self.cfg.dpu_workers, remote=self.topo.on_other_machine(host))
         elif isinstance(message, Plan):
             stream = self.streams.get((host, message.loader))
             if stream is None:

@@ -162,7 +162,7 @@ class Job:
         split = StepSplit(cfg.da_host_share, steps)
         remote = RemoteSource(topo.world, feeder, topo.describe(feeder), len(self.loaders), layout, steps,
                               cfg.peer_timeout, copy, epochs, split, pinned=self.device.type == "cuda",
-                              remote=topo.ranks[feeder].hostname != topo.ranks[topo.world_rank].hostname)
+                              remote=topo.on_other_machine(feeder))
         remote.prepare(dataset if build_on_dpu is None else Recipe(build_on_dpu), sampling)
         if not cfg.da_host_share:
             return DpuLoader(remote, sampling, steps, dataset, topo.describe(feeder), epochs)

@@ -63,3 +63,15 @@ def test_role_from_appnum():
         role_from_appnum(2, Role.DPU)
     with pytest.raises(ConfigError, match="two or three"):
         role_from_appnum(3, Role.HOST)
+
+
+def test_a_dpu_is_another_machine_than_the_host_node_it_serves():
+    """What makes the DPU and host ranks poll every 50 us for each other's batches (TCP, not
+    shared memory): the hostname, not the node the DPU→node map gives it."""
+    from mpi4py import MPI
+
+    from dpuoffload.common.runtime.roles import Topology
+
+    infos = [RankInfo(0, D, "n0-bf", "n0"), RankInfo(1, H, "n0", "n0"), RankInfo(2, H, "n0-bf", "n0")]
+    topo = Topology(MPI.COMM_SELF, MPI.COMM_SELF, D, tuple(infos), pair_ranks(infos))  # this rank: world rank 0
+    assert topo.on_other_machine(1) and not topo.on_other_machine(2) and not topo.on_other_machine(0)

@@ -129,6 +129,12 @@ class Topology:
         me = self.ranks[self.world_rank]
         return [r.world_rank for r in self.ranks if r.role is me.role and r.node == me.node].index(self.world_rank)
 
+    def on_other_machine(self, world_rank: int) -> bool:
+        """Whether `world_rank` runs on another machine than this rank (its hostname; a real DPU is
+        a machine of its own even though it serves this node). Messages between the two then cross
+        a network, where a large one moves only while both ranks call into MPI."""
+        return self.ranks[world_rank].hostname != self.ranks[self.world_rank].hostname
+
     def describe(self, world_rank: Optional[int] = None) -> str:
         """'host rank 1 (world rank 1, node n0)' — the label used in every log and error."""
         wr = self.world_rank if world_rank is None else world_rank
