@@ -62,11 +62,11 @@ def nodes():
         subprocess.run(["bash", SCRIPT, "down", *NODES], capture_output=True, env=env, timeout=60)
 
 
-def cluster_argv(bundled_data, log, mode: str, *extra: str) -> list[str]:
+def cluster_argv(bundled_data, log, mode: str, *extra: str, launcher: tuple[str, ...] = ()) -> list[str]:
     return ["bash", SCRIPT, "dpurun", "--hosts", "h0:1,h1:1", "--dpus", "d0:1,d1:1", "--host-ranks", "2",
-            "--dpu-ranks", "2", "--", "--preset", "debug", "--data", str(bundled_data / "cifar10"), "--epochs", "2",
-            "--mode", mode, "--train-subset", "128", "--val-subset", "64", "--digest-batches", "--no-progress",
-            "--log-dir", str(log), *extra]
+            "--dpu-ranks", "2", *launcher, "--", "--preset", "debug", "--data", str(bundled_data / "cifar10"),
+            "--epochs", "2", "--mode", mode, "--train-subset", "128", "--val-subset", "64", "--digest-batches",
+            "--no-progress", "--log-dir", str(log), *extra]
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +74,11 @@ def run(nodes, bundled_data, tmp_path_factory):
     """`run(name, mode, *extra)`: one job across the emulated nodes, once per module, and its logs."""
     done: dict[str, dict] = {}
 
-    def _run(name: str, mode: str, *extra: str) -> dict:
+    def _run(name: str, mode: str, *extra: str, launcher: tuple[str, ...] = ()) -> dict:
         if name not in done:
             log = tmp_path_factory.mktemp(name)
-            res = subprocess.run(cluster_argv(bundled_data, log, mode, *extra), capture_output=True, text=True,
-                                 env=nodes, cwd=REPO, timeout=300)
+            res = subprocess.run(cluster_argv(bundled_data, log, mode, *extra, launcher=launcher), capture_output=True,
+                                 text=True, env=nodes, cwd=REPO, timeout=300)
             assert res.returncode == 0, res.stdout + res.stderr
             launched = res.stderr.split("dpurun: running:")[1].splitlines()[0]  # the mpirun command
             assert all(f in launched for f in ("--host h0:1,h1:1", "--host d0:1,d1:1", "btl tcp,self"))
@@ -90,8 +90,15 @@ def run(nodes, bundled_data, tmp_path_factory):
     return _run
 
 
-def test_da_across_nodes_pairs_each_host_with_its_own_dpu_and_equals_none(run):
-    none, da = run("none", "none"), run("da", "da")
+def da_with_clones(run, tmp_path_factory) -> dict:
+    """The da run, with 2 clone ranks (one per host node) forking at step 3 from the DPU keepers'
+    state: one job for the da and the clone tests (the clones do not change the group's training)."""
+    ck = str(tmp_path_factory.mktemp("clone-ck"))
+    return run("da", "da", "--ckpt-dir", ck, "--clone-at", "3", launcher=("--clone-ranks", "2", "--oversubscribe"))
+
+
+def test_da_across_nodes_pairs_each_host_with_its_own_dpu_and_equals_none(run, tmp_path_factory):
+    none, da = run("none", "none"), da_with_clones(run, tmp_path_factory)
     for h in (0, 1):
         assert [e["batch_digest"] for e in da["phases"][h]] == [e["batch_digest"] for e in none["phases"][h]]
     assert [e["step_losses"] for e in da["epochs"]] == [e["step_losses"] for e in none["epochs"]]
@@ -118,18 +125,15 @@ def test_mv_checkpoints_on_the_dpus_and_resumes_to_the_bit(run, tmp_path_factory
     assert resumed["epochs"][-1]["val_dpu_share"] == 1.0  # validated on the DPU ranks
 
 
-def test_a_clone_forks_across_machines_from_the_dpu_keepers_and_trains_identically(nodes, bundled_data, tmp_path):
+def test_a_clone_forks_across_machines_from_the_dpu_keepers_and_trains_identically(run, tmp_path_factory):
     """2 clone ranks (one per host node) stand by, get the state of step 3 from the DPU keepers of both
     machines over TCP, and train on identically (no overrides): every epoch line equal to the group's."""
-    argv = cluster_argv(bundled_data, tmp_path / "log", "da", "--ckpt-dir", str(tmp_path / "ck"), "--clone-at", "3")
-    argv[argv.index("--dpu-ranks") + 2:argv.index("--dpu-ranks") + 2] = ["--clone-ranks", "2", "--oversubscribe"]
-    res = subprocess.run(argv, capture_output=True, text=True, env=nodes, cwd=REPO, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "[clone] state of step 3 received after" in res.stdout, res.stdout
-    lines = [ln.split(" s, ")[0].rsplit(" | ", 1)[0] for ln in res.stdout.splitlines() if "| train loss" in ln]
+    out = da_with_clones(run, tmp_path_factory)["out"]
+    assert "[clone] state of step 3 received after" in out, out
+    lines = [ln.split(" s, ")[0].rsplit(" | ", 1)[0] for ln in out.splitlines() if "| train loss" in ln]
     ours = [ln for ln in lines if not ln.startswith("[clone] ")]
     clone = [ln.removeprefix("[clone] ") for ln in lines if ln.startswith("[clone] ")]
-    assert len(ours) == 2 and clone == ours, res.stdout
+    assert len(ours) == 2 and clone == ours, out
 
 
 def test_a_killed_dpu_rank_on_another_machine_ends_the_job_naming_it(nodes, bundled_data, tmp_path):
