@@ -248,11 +248,8 @@ class Keeper:
 
     def stop_job(self, step: int, errors: list[str]) -> None:
         """--ckpt-errors fail: one line, then end the whole job (host ranks may be mid-step)."""
-        from mpi4py import MPI
-
-        print(f"{PREFIX} checkpoints: step {step} NOT saved ({'; '.join(errors)}); stopping the job "
-              f"(--ckpt-errors fail); {self.newest_intact()}", file=sys.stderr, flush=True)
-        MPI.COMM_WORLD.Abort(EXIT_CHECKPOINT_FAILED)
+        abort_job(f"checkpoints: step {step} NOT saved ({'; '.join(errors)}); stopping the job "
+                  f"(--ckpt-errors fail); {self.newest_intact()}", EXIT_CHECKPOINT_FAILED)
 
     def summary(self) -> dict[str, Any]:
         """How many checkpoints were taken and failed, and the newest intact one, in one line."""

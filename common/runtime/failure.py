@@ -16,6 +16,7 @@ import os
 import sys
 import sysconfig
 import tempfile
+import time
 import traceback
 from pathlib import Path
 from types import TracebackType
@@ -184,12 +185,19 @@ def run_program(main: Callable[[], int], default_label: str) -> None:
         sys.exit(code)
 
 
+# After its last line and before MPI_Abort, a rank gives Open MPI's output forwarding this long to
+# carry the line to mpirun: aborting at once, a long line was once cut in two by mpirun's abort
+# banner (the rest dropped with the banner), so dpurun quoted it truncated.
+ABORT_SETTLE_S = 0.3
+
+
 def abort_job(message: str, code: int = 1) -> None:
     """Print `message` (one line) and end the whole job: peers blocked in MPI are killed, not left hanging.
 
     For a failure outside the program's main thread (a DPU keeper thread), where `run_program`
-    cannot catch it."""
+    cannot catch it, and for `--ckpt-errors fail`."""
     _err(message)
+    time.sleep(ABORT_SETTLE_S)
     try:
         from mpi4py import MPI
 
