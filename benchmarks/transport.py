@@ -157,11 +157,11 @@ def _on_machines(me: list[str]) -> subprocess.CompletedProcess:
     if up.returncode != 0:
         sys.exit(f"--tcp needs emulated machines: {up.stderr.strip()}")
     try:
-        agent = f"--mca plm_rsh_agent {ROOT / 'scripts' / 'nodes-agent.sh'}"
-        net = "--mca btl tcp,self --mca btl_tcp_if_include 10.79.7.0/24 --prtemca prte_if_include 10.79.7.0/24"
-        cmd = ["bash", *nodes, "run", "h", str(BIN / "mpirun"), *agent.split(), *net.split(), "-x", "PATH",
-               "-x", "PYTHONPATH", "--bind-to", "none", "-np", "1", "--host", "h:1", "taskset", "-c", "0", *me,
-               ":", "-np", "1", "--host", "d:1", "taskset", "-c", "1", *me]
+        flags = subprocess.run(["bash", *nodes, "mpi-flags"], capture_output=True, text=True, env=env,
+                               check=True).stdout.split()
+        cmd = ["bash", *nodes, "run", "h", str(BIN / "mpirun"), *flags, "--bind-to", "none",
+               "-np", "1", "--host", "h:1", "taskset", "-c", "0", *me, ":", "-np", "1", "--host", "d:1",
+               "taskset", "-c", "1", *me]
         return subprocess.run(cmd, capture_output=True, text=True, env=env)
     finally:
         subprocess.run(["bash", *nodes, "down", "h", "d"], capture_output=True, env=env)

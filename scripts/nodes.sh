@@ -8,6 +8,7 @@
 #       -- --preset debug --data /tmp/dpudata/cifar10 --mode da
 #   bash scripts/nodes.sh down h0 h1 d0 d1      # (also after a failed `up`: removes what exists)
 #   bash scripts/nodes.sh run h1 hostname       # a command on one machine
+#   bash scripts/nodes.sh mpi-flags             # the mpirun flags these machines need (for your own mpirun)
 #
 # `dpurun` here runs `dpurun` on the first machine `up` named, with the Open MPI settings that the
 # emulation needs (see ../shared/notes/platform.md and the README's "Emulated nodes"):
@@ -88,15 +89,18 @@ run_on() {
   exec ip netns exec "$PREFIX-$name" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" "$@"
 }
 
+mpi_flags() {  # what mpirun needs across these machines (the ranks' environment comes from mpirun's)
+  echo "--mca plm_rsh_agent $ROOT/scripts/nodes-agent.sh --mca btl tcp,self" \
+    "--mca btl_tcp_if_include $SUBNET.0/24 --prtemca prte_if_include $SUBNET.0/24 -x PATH${PYTHONPATH:+ -x PYTHONPATH}"
+}
+
 dpurun_on_first() {
   [ -e "$STATE" ] || die "no nodes are up (bash scripts/nodes.sh up h0 h1 d0 d1 first)"
   local first venv
   first=$(head -n1 "$STATE")
   venv=${DPUOFFLOAD_VENV:-$ROOT/.venv}
-  local export="-x PATH${PYTHONPATH:+ -x PYTHONPATH}"  # (the ranks' environment comes from mpirun's)
   run_on "$first" env PATH="$venv/bin:$PATH" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    "$venv/bin/dpurun" --mpirun-arg="--mca plm_rsh_agent $ROOT/scripts/nodes-agent.sh --mca btl tcp,self
-      --mca btl_tcp_if_include $SUBNET.0/24 --prtemca prte_if_include $SUBNET.0/24 $export" "$@"
+    "$venv/bin/dpurun" --mpirun-arg="$(mpi_flags)" "$@"
 }
 
 case "${1:-}" in
@@ -104,5 +108,6 @@ case "${1:-}" in
   down) shift; down "$@" ;;
   run) shift; [ $# -ge 2 ] || die "usage: run MACHINE COMMAND..."; run_on "$@" ;;
   dpurun) shift; dpurun_on_first "$@" ;;
-  *) die "usage: bash scripts/nodes.sh up NAME... | dpurun [dpurun args] | run NAME CMD... | down [NAME...]" ;;
+  mpi-flags) mpi_flags ;;
+  *) die "usage: bash scripts/nodes.sh up NAME... | dpurun [dpurun args] | run NAME CMD... | mpi-flags | down [NAME...]" ;;
 esac
