@@ -34,7 +34,7 @@ from dpuoffload.common.runtime import inject
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
-from dpuoffload.common.runtime.waits import wait
+from dpuoffload.common.runtime.waits import REMOTE_MAX_SLEEP, wait
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -42,9 +42,6 @@ if TYPE_CHECKING:
 IDLE_MAX_SLEEP = 0.002       # nothing to do: poll for the host's receives and messages at least this often
 RING_POLL_MAX_SLEEP = 0.002  # a marker waits for a free buffer: poll often...
 RING_POLL_SPIN = 0.0002      # ...and spin briefly first, a send of a posted receive completes in microseconds
-# A host on another machine (TCP, no single-copy shared memory): a large message moves only while its
-# sender calls into MPI (each poll pushes the next fragments), so the ring polls every 50 us instead.
-REMOTE_POLL_MAX_SLEEP = 0.00005
 
 
 class SendRing:
@@ -54,7 +51,7 @@ class SendRing:
                  timeout: Optional[float] = None, remote: bool = False) -> None:
         """`remote`: `dest` is on another machine, where sends progress only while this rank polls."""
         self.world, self.dest, self.tag, self.timeout = world, dest, tag, timeout
-        self.max_sleep = REMOTE_POLL_MAX_SLEEP if remote else RING_POLL_MAX_SLEEP
+        self.max_sleep = REMOTE_MAX_SLEEP if remote else RING_POLL_MAX_SLEEP
         self.buffers = [layout.buffer() for _ in range(k)]
         self.pending: list[Optional["MPI.Request"]] = [None] * k
         self.held: list[Any] = [None] * k   # a message sent from other memory (a worker's), kept until sent
@@ -217,7 +214,7 @@ class LoaderService:
     def __init__(self, cfg: RunConfig, topo: Topology, hosts: tuple[int, ...]) -> None:
         self.cfg, self.topo, self.hosts = cfg, topo, hosts
         # full rings: each poll (ready()) also moves the sends in flight, which over TCP move no other way
-        self.max_idle = REMOTE_POLL_MAX_SLEEP if any(topo.on_other_machine(h) for h in hosts) else IDLE_MAX_SLEEP
+        self.max_idle = REMOTE_MAX_SLEEP if any(topo.on_other_machine(h) for h in hosts) else IDLE_MAX_SLEEP
         self.streams: dict[tuple[int, int], Stream] = {}
         self.timer = PhaseTimer()
         self.turn = 0

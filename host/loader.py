@@ -26,7 +26,7 @@ from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, StepSplit, en
 from dpuoffload.common.data.workers import WorkerPool
 from dpuoffload.common.errors import ConfigError, PeerError
 from dpuoffload.common.runtime.messages import Tag
-from dpuoffload.common.runtime.waits import wait
+from dpuoffload.common.runtime.waits import REMOTE_MAX_SLEEP, wait
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -34,9 +34,6 @@ if TYPE_CHECKING:
 Batch = tuple[torch.Tensor, torch.Tensor]
 BATCH_POLL_MAX_SLEEP = 0.001  # a batch is on the critical path: poll at least every millisecond
 BATCH_POLL_SPIN = 0.0005      # and spin briefly first: a batch in flight lands within microseconds
-# A feeder on another machine (TCP): the bytes of a large batch are read from the socket only while this
-# rank calls into MPI, so it polls every 50 us while it waits (its core has nothing else to do then).
-REMOTE_BATCH_POLL_MAX_SLEEP = 0.00005
 
 
 class Source(Protocol):
@@ -70,7 +67,7 @@ class RemoteSource:
         """`split` (`--da-host-share`): the feeder sends only the steps the host does not build.
         `pinned` (a host rank on a GPU): the receive buffers, and the batches copied out of them,
         are page-locked, so their copies to the GPU run asynchronously (`common.train.device`).
-        `remote`: the feeder is on another machine (`REMOTE_BATCH_POLL_MAX_SLEEP`)."""
+        `remote`: the feeder is on another machine (`REMOTE_MAX_SLEEP`)."""
         self.world, self.feeder, self.feeder_label = world, feeder, feeder_label
         self.split = split or StepSplit(0.0, steps)
         self.end = STOP if epochs is None else epochs  # the DPU rank produces no batch of epoch `end` or later
@@ -78,7 +75,7 @@ class RemoteSource:
         self.timeout, self.copy = timeout, copy
         self.tag = stream_tag(loader_id)
         self.pinned = pinned
-        self.max_sleep = REMOTE_BATCH_POLL_MAX_SLEEP if remote else BATCH_POLL_MAX_SLEEP
+        self.max_sleep = REMOTE_MAX_SLEEP if remote else BATCH_POLL_MAX_SLEEP
         self.buffers: list[BatchBuffer] = [layout.buffer(pinned), layout.buffer(pinned)]
         self.reqs: list[Optional["MPI.Request"]] = [None, None]
         self.head = 0                                # the buffer the next message lands in

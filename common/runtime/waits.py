@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 _MAX_SLEEP = 0.05
+# Between ranks on different machines (TCP, no single-copy shared memory) a large message moves only
+# while its sender and its receiver call into MPI (each poll pushes or pulls the next fragments), so
+# both ends of a batch stream poll at least this often there (0.41 -> 0.65-0.84 of raw MPI at 3-19 MB,
+# benchmarks/RESULTS.md); on one box they sleep longer and leave shared cores to the other ranks.
+REMOTE_MAX_SLEEP = 0.00005
 
 
 def wait(req: "MPI.Request", timeout: Optional[float], what: str, max_sleep: float = _MAX_SLEEP,
