@@ -2,42 +2,27 @@
 
 from __future__ import annotations
 
-import functools
+import sys
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.data.datasets import build_datasets, build_train_set
-from dpuoffload.common.data.loaders import steps_per_epoch
-from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.models.zoo import build_model
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.plan.offload import DA, IDLE, MV, plan_offload
 from dpuoffload.common.runtime import inject, trace
 from dpuoffload.common.runtime.failure import run_program
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
-from dpuoffload.common.runtime.startup import start_program
-from dpuoffload.common.state.resume import find_resume, start_position
-from dpuoffload.common.state.trainstate import epoch_spans
-from dpuoffload.common.train.naive import measure_profile
+from dpuoffload.common.runtime.startup import init_torch, start_program
 from dpuoffload.dpu.idle import idle_until_shutdown
-from dpuoffload.dpu.keeper import Keeper
-from dpuoffload.dpu.replica import Replica
-from dpuoffload.dpu.serve import LoaderService
-from dpuoffload.dpu.validate import ScriptValidation, Validator
+
+if TYPE_CHECKING:
+    from dpuoffload.dpu.keeper import Keeper
+    from dpuoffload.dpu.work import Work
 
 REPLICA = "replica"  # --mode naive: the DPU rank trains as a data-parallel replica
 WORK_COLORS = {IDLE: 0, DA: 1, MV: 2}
-
-
-class Work(Protocol):
-    ends_on_shutdown: bool  # run() returns on host rank 0's SHUTDOWN itself (else: idle until it comes)
-
-    def run(self) -> list[dict[str, Any]]: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass
@@ -48,34 +33,29 @@ class DpuJob:
 
 
 def prepare(cfg: RunConfig, topo: Topology) -> DpuJob:
-    """Build this rank's work (augmentation, validation, training, or none) before any host<->DPU traffic."""
-    me = topo.world_rank
+    """Build this rank's work (augmentation, validation, training, or none) before any host<->DPU traffic.
+
+    Only a rank with something to compute imports torch (`dpu/work.py`, `init_torch`); an idle one
+    (every DPU rank of --mode none, the ranks a plan leaves over) waits for the end without it.
+    """
     if cfg.mode.dpu_trains:
-        data = build_datasets(cfg)
-        return DpuJob(REPLICA, Replica(cfg, topo, data, PerSampleSeeded(data.train, cfg.seed),
-                                       build_model(cfg, data.num_classes)), None)
+        init_torch()
+        from dpuoffload.dpu import work as works
+
+        return DpuJob(REPLICA, works.replica(cfg, topo), None)
     plan = plan_offload(topo.ranks, cfg)
-    work = plan.work.get(me, IDLE)
-    check_injections(cfg, topo, work)
+    planned = plan.work.get(topo.world_rank, IDLE)
+    check_injections(cfg, topo, planned)
     # DPU-only collectives first, before anything that could fail on one rank and not the others
-    work_comm = topo.side_comm.Split(color=WORK_COLORS[work], key=me)
+    work_comm = topo.side_comm.Split(color=WORK_COLORS[planned], key=topo.world_rank)
     keeper = build_keeper(cfg, topo)
-    if work == DA and plan.fed_by(me):  # the loaders its host ranks open (their plans say which batches)
-        service = LoaderService(cfg, topo, plan.fed_by(me))
-        if cfg.script is None:  # the built-in trainer's hosts name the training set by this recipe
-            service.prebuild(functools.partial(build_train_set, cfg))
-        return DpuJob(work, service, keeper)
-    if cfg.script is not None:  # a user's script: validation when it calls job.validate, else idle
-        return DpuJob(MV, ScriptValidation(cfg, topo, work_comm, plan.states_to(me)), keeper) if work == MV \
-            else DpuJob(IDLE, None, keeper)
-    if work == MV:
-        data = build_datasets(cfg)
-        steps = host_steps(cfg, topo, len(data.train))
-        start = start_position(find_resume(cfg, len(topo.host_ranks), steps))
-        epochs = [s.epoch for s in epoch_spans(steps, cfg.epochs, start, cfg.stop_at_step) if s.completes]
-        return DpuJob(work, Validator(cfg, topo, work_comm, build_model(cfg, data.num_classes), data.val,
-                                      plan.states_to(me), epochs), keeper)
-    return DpuJob(IDLE, None, keeper)
+    work = IDLE if planned == DA and not plan.fed_by(topo.world_rank) else planned  # (more DPU ranks than needed)
+    if work == IDLE:
+        return DpuJob(IDLE, None, keeper)
+    init_torch()
+    from dpuoffload.dpu import work as works
+
+    return DpuJob(work, works.offloaded(cfg, topo, plan, work, work_comm), keeper)
 
 
 def check_injections(cfg: RunConfig, topo: Topology, work: str) -> None:
@@ -87,10 +67,6 @@ def check_injections(cfg: RunConfig, topo: Topology, work: str) -> None:
                           "augmentation DPU rank or a host rank")
 
 
-def host_steps(cfg: RunConfig, topo: Topology, n_train: int) -> int:
-    return steps_per_epoch(n_train, len(topo.host_ranks), cfg.batch_size, cfg.drop_last)
-
-
 def build_keeper(cfg: RunConfig, topo: Topology) -> Optional[Keeper]:
     """A keeper on every DPU rank that host ranks hand state to (collective over the DPU ranks)."""
     if not (cfg.checkpointing or (cfg.clone_at is not None and topo.clone_ranks)):
@@ -99,13 +75,20 @@ def build_keeper(cfg: RunConfig, topo: Topology) -> Optional[Keeper]:
 
     keeps = bool(StateAssignment.of(topo).hosts_kept_by(topo.world_rank))
     comm = topo.side_comm.Split(color=1 if keeps else MPI.UNDEFINED, key=topo.world_rank)
-    return Keeper(cfg, topo, comm) if keeps else None
+    if not keeps:
+        return None
+    init_torch()  # (shard files: safetensors over torch tensors)
+    from dpuoffload.dpu.keeper import Keeper
+
+    return Keeper(cfg, topo, comm)
 
 
 def profile(cfg: RunConfig, topo: Topology, job: DpuJob) -> dict[str, Any]:
-    if isinstance(job.runner, Replica):
-        return measure_profile(cfg, topo, job.runner.model, job.runner.train)
-    return {}
+    if job.work != REPLICA:
+        return {}
+    from dpuoffload.dpu import work as works
+
+    return works.profile(cfg, topo, job.runner)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -115,7 +98,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         trace.finish(topo.world, cfg.trace)
         return 0
     runner = job.runner
-    if isinstance(runner, Replica):
+    if job.work == REPLICA:
         runner.start(profiles)
     log = JsonlLog(cfg.log_dir, f"phases-rank{topo.world_rank}.jsonl")
     if job.keeper is not None:
@@ -128,10 +111,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     stats: dict[str, Any] = {} if runner is not None and runner.ends_on_shutdown else idle_until_shutdown(topo)
     if job.keeper is not None:
         stats["handoffs"] = len(job.keeper.join())
-    if isinstance(runner, LoaderService):  # the pairing, as the ranks found it (node: what --dpus maps it to)
+    if job.work == DA:  # the pairing, as the ranks found it (node: what --dpus maps it to)
         stats["feeds"] = {str(h): topo.ranks[h].node for h in runner.hosts}
     log.write({"event": "end", "world_rank": topo.world_rank, "role": "dpu", "work": job.work, "mode": cfg.mode,
-               "node": topo.ranks[topo.world_rank].node, **stats})
+               "node": topo.ranks[topo.world_rank].node, "torch_imported": "torch" in sys.modules, **stats})
     trace.finish(topo.world, cfg.trace)
     return 0
 

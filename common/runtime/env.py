@@ -2,11 +2,13 @@
 
 These are launcher concerns that may differ between host and DPU ranks (so they are not part of
 `RunConfig` and its hash). Both the launcher (which sets them) and the programs (which read them)
-import the names from here.
+import the names from here. Also here: whether Horovod is installed (`horovod_available`), which
+every rank reports at start-up without importing torch.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Mapping, Optional
 
@@ -58,3 +60,8 @@ def progress_wanted(environ: Mapping[str, str] = os.environ) -> bool:
     """Progress bars only for a human at a terminal: under mpirun the ranks' own stdout is a pipe,
     so dpurun says whether *its* stdout is a terminal. Logs and CI get the epoch lines only."""
     return environ.get(PROGRESS_TTY) == "1"
+
+
+def horovod_available() -> bool:
+    """Horovod's torch binding is installed (found, not imported: importing it loads torch)."""
+    return importlib.util.find_spec("horovod") is not None and importlib.util.find_spec("horovod.torch") is not None

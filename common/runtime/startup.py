@@ -15,21 +15,19 @@ ends every rank with one message instead of leaving the other program waiting fo
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
 
-import torch
-
 from dpuoffload.common.config import RunConfig, parse_run_config
 from dpuoffload.common.modes import Mode
 from dpuoffload.common.runtime import env, metrics, trace
+from dpuoffload.common.runtime.env import horovod_available
 from dpuoffload.common.runtime.failure import collective_call, set_error_dir, set_rank_label
 from dpuoffload.common.runtime.handshake import check_peers
 from dpuoffload.common.runtime.malloc import tune_malloc
 from dpuoffload.common.runtime.roles import Role, Topology, build_topology
-from dpuoffload.common.train.allreduce import horovod_available
-from dpuoffload.common.train.autoselect import resolve_auto
 
 T = TypeVar("T")
 
@@ -38,11 +36,12 @@ def use_deterministic_algorithms() -> None:
     """`torch.use_deterministic_algorithms(True)`, without importing torch._inductor for it.
 
     Since torch 2.9 the public call also sets `torch._inductor.config.deterministic`; that import
-    pulls in torch._dynamo and sympy, 1.4 s of CPU per rank here before anything runs (an idle DPU
-    rank never needs them; on a real DPU's small cores it is several seconds). The inductor flag
-    only affects compiled graphs, which nothing here compiles. Once inductor is loaded anyway
+    pulls in torch._dynamo and sympy, 1.4 s of CPU per rank here before anything runs. The inductor
+    flag only affects compiled graphs, which nothing here compiles. Once inductor is loaded anyway
     (torchvision imports it), or without the private setter, the public call is used.
     """
+    import torch
+
     if "torch._inductor.config" in sys.modules or not hasattr(torch._C, "_set_deterministic_algorithms"):
         torch.use_deterministic_algorithms(True)
     else:
@@ -50,14 +49,27 @@ def use_deterministic_algorithms() -> None:
 
 
 def configure(argv: Optional[Sequence[str]], prog: str) -> RunConfig:
-    """Parse the training flags and apply this side's thread count."""
+    """Parse the training flags (torch-free, see `init_torch`)."""
     cfg = parse_run_config(argv, prog=prog)
     tune_malloc()  # steps re-fault their activations otherwise (common/runtime/malloc.py)
+    return cfg
+
+
+@functools.cache
+def init_torch() -> None:
+    """Import torch and apply this rank's settings: intra-op threads, deterministic algorithms.
+
+    Every rank that computes calls it before building anything: host ranks at start-up, DPU ranks
+    once the offload plan has given them work. An idle DPU rank (every DPU rank of --mode none)
+    never does: importing torch costs 1.5 s of CPU per rank on this box's x86 cores, several
+    seconds on a DPU's Arm cores, and such a rank only waits for the end.
+    """
+    import torch
+
     threads = env.threads_from_env()
     if threads is not None:
         torch.set_num_threads(threads)
     use_deterministic_algorithms()
-    return cfg
 
 
 @dataclass
@@ -73,7 +85,11 @@ class Started(Generic[T]):
 
 def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[RunConfig, Topology], T],
                   profile: Callable[[RunConfig, Topology, T], dict[str, Any]]) -> Started[T]:
-    """Run the shared start-up sequence on this rank."""
+    """Run the shared start-up sequence on this rank.
+
+    Host ranks (and every rank under --mode auto, which measures) set up torch here; a DPU program's
+    `prepare` calls `init_torch` itself when its work computes.
+    """
     topo = build_topology(role)
     label = topo.describe()
     set_rank_label(label)
@@ -83,8 +99,12 @@ def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[
     set_error_dir(cfg.log_dir)
     metrics.set_run(topo.world.bcast(metrics.new_run_id() if topo.world.Get_rank() == 0 else None, root=0),
                     resuming=cfg.resume is not None)
+    if role is Role.HOST or cfg.mode is Mode.AUTO:
+        init_torch()
     auto = None
     if cfg.mode is Mode.AUTO:
+        from dpuoffload.common.train.autoselect import resolve_auto  # (torch: measures the model)
+
         cfg, auto = resolve_auto(cfg, topo, label)
     state = collective_call(topo.world, lambda: prepare(cfg, topo), label)
     mine = collective_call(topo.world, lambda: {"horovod": horovod_available(), **profile(cfg, topo, state)}, label)

@@ -10,13 +10,13 @@ they talk to hosts over mpi4py point-to-point on COMM_WORLD.
 from __future__ import annotations
 
 import datetime
-import importlib.util
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 from torch import nn
 
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.runtime.env import horovod_available
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -43,10 +43,6 @@ class GradientSync(Protocol):
         """Sum `grads` over the group in place; divide by the group size when `average`."""
 
     def shutdown(self) -> None: ...
-
-
-def horovod_available() -> bool:
-    return importlib.util.find_spec("horovod") is not None and importlib.util.find_spec("horovod.torch") is not None
 
 
 def resolve_backend(requested: str) -> str:

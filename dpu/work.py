@@ -1,0 +1,66 @@
+"""Build the DPU rank's computing work: augmentation, validation, or a training replica.
+
+Everything here needs torch, so `dpu/main.py` imports this module only once the offload plan has
+given the rank something to compute (`--mode none`'s DPU ranks, and ranks the plan leaves idle,
+never import torch: see `common/runtime/startup.init_torch`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional, Protocol
+
+from mpi4py import MPI
+
+from dpuoffload.common.config import RunConfig
+from dpuoffload.common.data.datasets import build_datasets, build_train_set
+from dpuoffload.common.data.loaders import steps_per_epoch
+from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.models.zoo import build_model
+from dpuoffload.common.plan.offload import DA, MV, OffloadPlan
+from dpuoffload.common.runtime.roles import Topology
+from dpuoffload.common.state.resume import find_resume, start_position
+from dpuoffload.common.state.trainstate import epoch_spans
+from dpuoffload.common.train.naive import measure_profile
+from dpuoffload.dpu.replica import Replica
+from dpuoffload.dpu.serve import LoaderService
+from dpuoffload.dpu.validate import ScriptValidation, Validator
+
+
+class Work(Protocol):
+    ends_on_shutdown: bool  # run() returns on host rank 0's SHUTDOWN itself (else: idle until it comes)
+
+    def run(self) -> list[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+def replica(cfg: RunConfig, topo: Topology) -> Replica:
+    """--mode naive: this DPU rank trains as a data-parallel replica."""
+    data = build_datasets(cfg)
+    return Replica(cfg, topo, data, PerSampleSeeded(data.train, cfg.seed), build_model(cfg, data.num_classes))
+
+
+def offloaded(cfg: RunConfig, topo: Topology, plan: OffloadPlan, work: str, work_comm: MPI.Comm) -> Work:
+    """The augmentation service (`work == DA`) or the validation of this rank (`work == MV`)."""
+    me = topo.world_rank
+    if work == DA:  # the loaders its host ranks open (their plans say which batches)
+        service = LoaderService(cfg, topo, plan.fed_by(me))
+        if cfg.script is None:  # the built-in trainer's hosts name the training set by this recipe
+            service.prebuild(functools.partial(build_train_set, cfg))
+        return service
+    assert work == MV, work
+    if cfg.script is not None:  # a user's script: validation when it calls job.validate
+        return ScriptValidation(cfg, topo, work_comm, plan.states_to(me))
+    data = build_datasets(cfg)
+    steps = steps_per_epoch(len(data.train), len(topo.host_ranks), cfg.batch_size, cfg.drop_last)
+    start = start_position(find_resume(cfg, len(topo.host_ranks), steps))
+    epochs = [s.epoch for s in epoch_spans(steps, cfg.epochs, start, cfg.stop_at_step) if s.completes]
+    return Validator(cfg, topo, work_comm, build_model(cfg, data.num_classes), data.val, plan.states_to(me), epochs)
+
+
+def profile(cfg: RunConfig, topo: Topology, runner: Optional[Work]) -> dict[str, Any]:
+    """A replica's measured compute speeds (--mode naive sizes its batch from them)."""
+    if isinstance(runner, Replica):
+        return measure_profile(cfg, topo, runner.model, runner.train)
+    return {}
