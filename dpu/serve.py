@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pickle
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -206,6 +206,37 @@ def _prebuilt_or_none(opened: OpenLoader, prebuilt: dict[bytes, Any]) -> Any:
     return prebuilt.get(pickle.dumps(opened.dataset.build))
 
 
+class EpochRecords:
+    """This DPU rank's record per epoch: its phases since the previous record and the batches it
+    sent of that epoch (what the benchmarks read per epoch, as for the host ranks)."""
+
+    def __init__(self, timer: PhaseTimer) -> None:
+        self.timer = timer
+        self.records: list[dict[str, Any]] = []
+        self.mark = time.perf_counter()  # when the last record was taken
+        self.recorded = -1               # the last epoch recorded
+
+    def done(self, epoch: int, streams: Iterable[Stream]) -> None:
+        """A stream finished producing `epoch`: record it once every open stream has. A stream opened
+        late (its host started after the others, as on a loaded machine) adds its batches to the
+        epoch already recorded instead of losing them."""
+        streams = list(streams)
+        if epoch <= self.recorded:
+            record = next((r for r in self.records if r["epoch"] == epoch), None)
+            late = sum(s.sent_in.pop(epoch, 0) for s in streams)
+            if record is not None:
+                record["batches"] += late
+            return
+        if any(s.finished < epoch for s in streams):
+            return
+        now = time.perf_counter()
+        batches = sum(s.sent_in.pop(epoch, 0) for s in streams)
+        self.records.append({"epoch": epoch, "epoch_time": now - self.mark, "batches": batches,
+                             "phases": dict(self.timer.totals)})
+        self.timer.reset()
+        self.mark, self.recorded = now, epoch
+
+
 class LoaderService:
     """This DPU rank's work in `--mode da`: the loaders of the host ranks it feeds."""
 
@@ -219,9 +250,7 @@ class LoaderService:
         self.timer = PhaseTimer()
         self.turn = 0
         self.prebuilt: dict[bytes, Any] = {}
-        self.records: list[dict[str, Any]] = []
-        self.mark = time.perf_counter()       # when the last epoch record was taken
-        self.recorded = -1                    # the last epoch recorded
+        self.epochs = EpochRecords(self.timer)
         self.injector = inject.for_rank(cfg.inject, topo)  # --inject: fail on purpose at a step's batch
         note = cores_note(cfg.dpu_workers) if cfg.dpu_workers else None
         if note and topo.host_ranks[0] in hosts:  # once per job: the rank that feeds host rank 0
@@ -250,20 +279,10 @@ class LoaderService:
             with self.timer.phase("buffer_wait"):
                 time.sleep(sleep)
             sleep = min(max(sleep * 2, 1e-4), self.max_idle)
-        return self.records
+        return self.epochs.records
 
     def epoch_done(self, epoch: int) -> None:
-        """A stream finished producing `epoch`; once every stream has, one record of this rank's
-        phases since the previous record and the batches of that epoch (what the benchmarks read
-        per epoch, as for the host ranks)."""
-        if epoch <= self.recorded or any(s.finished < epoch for s in self.streams.values()):
-            return
-        now = time.perf_counter()
-        batches = sum(s.sent_in.pop(epoch, 0) for s in self.streams.values())
-        self.records.append({"epoch": epoch, "epoch_time": now - self.mark, "batches": batches,
-                             "phases": dict(self.timer.totals)})
-        self.timer.reset()
-        self.mark, self.recorded = now, epoch
+        self.epochs.done(epoch, self.streams.values())
 
     def inject_at(self, global_step: int, steps_per_epoch: int) -> None:
         self.injector.check(global_step, steps_per_epoch * self.cfg.epochs)
