@@ -40,6 +40,7 @@ from benchmarks.harness import (  # noqa: E402
 )
 
 METHODS = ("ours-staged", "ours-zero", "rank0-torch.save", "slices-torch.save")
+QUICK_METHODS = ("ours-zero", "rank0-torch.save")  # --quick: our hand-off and the reference it is compared with
 MODELS = {
     "resnet20": ["--preset", "debug", "--dataset", "cifar10", "--data", "@cifar10", "--batch-size", "16"],
     "resnet50": ["--preset", "debug", "--model", "resnet50", "--dataset", "tinyimagenet", "--data", "@tinyimagenet",
@@ -88,13 +89,14 @@ def run(args: Any) -> dict[str, Any]:
     steps, every = (12, 4) if args.quick else (30, 5)
     if args.quick:
         args.dpu_speed = QUICK_DPU_SPEED
-    results: dict[str, dict[str, list[dict[str, Any]]]] = {m: {k: [] for k in METHODS} for m in args.models}
+    methods = QUICK_METHODS if args.quick else METHODS
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {m: {k: [] for k in methods} for m in args.models}
     for rep in range(args.reps):
         for model in args.models:
             batch = int(MODELS[model][MODELS[model].index("--batch-size") + 1])
             training = [str(data / a[1:]) if a.startswith("@") else a for a in MODELS[model]]
             training += ["--epochs", "1", "--train-subset", str(steps * batch), "--val-subset", "16", "--no-progress"]
-            for method in METHODS:
+            for method in methods:
                 t0 = time.perf_counter()
                 results[model][method].append(measure(method, training, every, args.dpu_speed))
                 print(f"[checkpoint] rep {rep + 1}/{args.reps} {model} {method}: {time.perf_counter() - t0:.0f} s",
@@ -124,7 +126,8 @@ def markdown(payload: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    p = bench_parser(__doc__, "checkpoint", "tiny runs (12 steps) for the test suite", epochs=False, plots=False)
+    p = bench_parser(__doc__, "checkpoint", "tiny runs (12 steps), ours-zero and rank0-torch.save only (tests)",
+                     epochs=False, plots=False)
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
     args = p.parse_args()
     payload = run(args)

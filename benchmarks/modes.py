@@ -37,6 +37,7 @@ from benchmarks.harness import (  # noqa: E402
 )
 
 MODES = ("none", "da", "mv", "hybrid", "naive")
+QUICK_MODES = ("none", "hybrid", "naive")  # --quick: every kind of DPU work (da + mv in hybrid, a replica)
 WORKLOADS = {
     "resnet20/cifar10": ["--model", "resnet20", "--dataset", "cifar10", "--data", "@cifar10"],
     "resnet20/tinyimagenet (JPEG, RandomResizedCrop 64)": ["--model", "resnet20", "--dataset", "tinyimagenet",
@@ -79,7 +80,8 @@ def dpu_busy(records: list[dict], host_epoch_time: dict[int, float]) -> float | 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = bench_parser(__doc__, "modes", "1 rep, 2 epochs, cifar10 only, 64 train / 32 val samples", plots=False)
+    p = bench_parser(__doc__, "modes", "1 rep, 2 epochs, cifar10, 64 train / 32 val samples, none / hybrid / naive",
+                     plots=False)
     p.add_argument("--train", type=int, default=512, help="training samples (default: 512)")
     p.add_argument("--val", type=int, default=256, help="validation samples (default: 256)")
     return p
@@ -90,11 +92,12 @@ def run(args: argparse.Namespace) -> Section:
     if args.quick:
         args.reps, args.epochs, args.train, args.val, args.dpu_speed = 1, 2, 64, 32, QUICK_DPU_SPEED
         workloads = {k: v for k, v in workloads.items() if "cifar10" in k}
+    modes = QUICK_MODES if args.quick else MODES
     data = make_data()
-    runs: dict[str, dict[str, list[dict]]] = {w: {m: [] for m in MODES} for w in workloads}
+    runs: dict[str, dict[str, list[dict]]] = {w: {m: [] for m in modes} for w in workloads}
     for rep in range(args.reps):
         for w, flags in workloads.items():
-            for mode in MODES:
+            for mode in modes:
                 r = run_mode(mode, flags, data, args)
                 runs[w][mode].append(r)
                 print(f"rep {rep + 1}/{args.reps} {w} {mode}: {statistics.median(r['epoch_times']):.2f} s/epoch",

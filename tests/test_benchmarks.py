@@ -104,9 +104,7 @@ def test_suite_quick(quick_suite):
         assert p["predicted_s"] > 0 and p["measured_s"] > 0 and math.isfinite(p["error"])
     assert w["machine"]["cpus_logical"] >= 1 and w["machine"]["torch"]
     a = json.loads((tmp_path / "augweight.json").read_text())["report"]
-    assert set(a) == {"light", "heavy"} and all(x["vs_none"]["da"]["median"] > 0 for x in a.values())
-    # Both weights measured; which one the DPU rank took longer for on 32 samples is the benchmark's to
-    # report (under another job's load the light run was once the slower: 0.122 s vs 0.105 s).
+    assert set(a) == {"heavy"} and all(x["vs_none"]["da"]["median"] > 0 for x in a.values())  # (--quick: one weight)
     assert all(x["dpu_augment_s"]["median"] > 0 for x in a.values())
     s = json.loads((tmp_path / "sweep.json").read_text())["report"]
     # Both sides measured. Whether the throttled DPU side is slower depends on what else loads the
@@ -136,7 +134,7 @@ def test_modes_benchmark_quick(tmp_path):
                          capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=600)
     assert res.returncode == 0, res.stderr
     rows = json.loads(out.read_text())["report"]["resnet20/cifar10"]
-    assert set(rows) == {"none", "da", "mv", "hybrid", "naive"}
+    assert set(rows) == {"none", "hybrid", "naive"}  # (--quick: every kind of DPU work, and the reference)
     assert rows["none"]["ratio_to_none"] == 1.0
     assert all(r["epoch_s"] > 0 and 0 <= r["dpu_busy"] for r in rows.values())
     assert "| hybrid |" in res.stdout
@@ -174,9 +172,9 @@ def test_checkpoint_benchmark_quick(tmp_path):
                          capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     by = json.loads(out.read_text())["results"]["resnet20"]
-    assert set(by) == {"ours-staged", "ours-zero", "rank0-torch.save", "slices-torch.save"}
+    assert set(by) == {"ours-zero", "rank0-torch.save"}  # (--quick: ours and the reference)
     assert all(r[0]["checkpoints"] == 3 and all(b > 0 for b in r[0]["blocked_s"]) for r in by.values())
-    assert "| ours-staged |" in res.stdout
+    assert "| ours-zero |" in res.stdout
 
 
 def test_clone_metrics_from_step_times_and_wall_clock_stamps():
@@ -201,10 +199,10 @@ def test_clone_benchmark_quick(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     payload = json.loads(out.read_text())
     by = payload["results"]["resnet20"]
-    assert set(by) == {"ours-staged", "ours-zero", "file", "p2p"}
+    assert set(by) == {"ours-zero", "file"}  # (--quick: ours and the reference)
     assert all(r[0]["clone_step"] == 6 and r[0]["readiness_s"] > 0 and r[0]["standby_s"] > 0 for r in by.values())
-    assert payload["same_state"]["resnet20"], "the three methods forked different states"
-    assert "| ours-staged |" in res.stdout and "identical across methods" in res.stdout
+    assert payload["same_state"]["resnet20"], "the methods forked different states"
+    assert "| ours-zero |" in res.stdout and "identical across methods" in res.stdout
 
 
 @pytest.mark.mpi
@@ -229,7 +227,7 @@ def test_own_loop_benchmark_quick(tmp_path):
                          capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     report = json.loads(out.read_text())["report"]
-    assert set(report) == {"resnet20/cifar10", "shufflenet_v2/tinyimagenet"}
+    assert set(report) == {"resnet20/cifar10"}  # (--quick: one workload)
     for w, r in report.items():
         ratio = r["ratio_api_vs_peer"]["median"]
         assert math.isfinite(ratio) and ratio > 0

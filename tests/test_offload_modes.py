@@ -102,14 +102,20 @@ def test_da_host_stall_is_logged_per_epoch(run):
 
 
 # ------------------------------------------------------------------------------------------- mv
-def test_mv_dpu_metrics_equal_host_metrics_for_same_weights(run):
-    none, mv = none_ref(run, 2), run("mv", 2, 2)
+def test_mv_dpu_ranks_rebuild_the_hosts_weights_and_auto_picks_a_share(run):
+    """--mode mv, --mv-dpu-fraction auto: training as in none; both DPU validation ranks rebuild exactly
+    the host's weights every epoch; the share is picked from measured costs and reported every epoch;
+    the metrics equal the host's (to float32 rounding: the share changes the batch boundaries)."""
+    none, mv = none_ref(run, 2), run("mv", 2, 2, "--mv-dpu-fraction", "auto")
     assert_same_training(mv, none, hosts=2)
-    assert val_sums(mv) == val_sums(none)  # same shards, same batches: bit-identical sums
-    assert [e["val_dpu_share"] for e in mv["epochs"]] == [1.0] * int(EPOCHS)
     for rank in (2, 3):  # the DPU validation ranks rebuilt exactly the host's weights, every epoch
         dpu = [r for r in mv["phases"][rank] if r.get("work") == "mv" and "epoch" in r]
         assert [r["weights_sha256"] for r in dpu] == [e["weights_sha256"] for e in none["epochs"]]
+    shares = [e["val_dpu_share"] for e in mv["epochs"]]
+    assert len(shares) == int(EPOCHS) and all(0.0 <= s <= 1.0 for s in shares)
+    assert "[dpuoffload] mv auto: evaluation costs" in mv["stdout"]
+    assert all(e["val_count"] == 256 for e in mv["epochs"])
+    assert_same_metrics(val_sums(mv), val_sums(none))
 
 
 def assert_same_metrics(a: list[tuple], b: list[tuple]) -> None:
@@ -136,21 +142,18 @@ def test_mv_split_fraction_gives_same_metrics(run):
     assert dpu_samples == 128 * int(EPOCHS)  # half of 256 validation samples per epoch
 
 
-def test_mv_auto_fraction_picks_a_share_and_reports_every_epoch(run):
-    mv = run("mv", 2, 2, "--mv-dpu-fraction", "auto")
-    shares = [e["val_dpu_share"] for e in mv["epochs"]]
-    assert len(shares) == int(EPOCHS) and all(0.0 <= s <= 1.0 for s in shares)
-    assert "[dpuoffload] mv auto: evaluation costs" in mv["stdout"]
-    assert all(e["val_count"] == 256 for e in mv["epochs"])
-
-
 # --------------------------------------------------------------------------------------- hybrid
 def test_hybrid_both_properties_at_once(run):
+    """One augmentation and one validation DPU rank: training as in none, and the validation rank
+    (share 1.0, the host shards' batches) rebuilds the host's weights and gives bit-identical sums."""
     none, hy = none_ref(run, 2), run("hybrid", 2, 2)
     assert_same_training(hy, none, hosts=2)
-    assert val_sums(hy) == val_sums(none)
+    assert val_sums(hy) == val_sums(none)  # same shards, same batches: bit-identical sums
+    assert [e["val_dpu_share"] for e in hy["epochs"]] == [1.0] * int(EPOCHS)
     work = {rank: next(r["work"] for r in hy["phases"][rank] if "work" in r) for rank in (2, 3)}
     assert work == {2: "da", 3: "mv"}
+    dpu = [r for r in hy["phases"][3] if r.get("work") == "mv" and "epoch" in r]
+    assert [r["weights_sha256"] for r in dpu] == [e["weights_sha256"] for e in none["epochs"]]
 
 
 def test_hybrid_fan_out_layout(run):
