@@ -62,6 +62,13 @@ def nodes():
         subprocess.run(["bash", SCRIPT, "down", *NODES], capture_output=True, env=env, timeout=60)
 
 
+def machine_pids(env: dict[str, str], machine: str) -> list[int]:
+    """The processes running on one emulated machine (its network namespace)."""
+    out = subprocess.run(["ip", "netns", "pids", f"{env['DPUOFFLOAD_NETNS_PREFIX']}-{machine}"], capture_output=True,
+                         text=True, check=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
 def cluster_argv(bundled_data, log, mode: str, *extra: str, launcher: tuple[str, ...] = ()) -> list[str]:
     return ["bash", SCRIPT, "dpurun", "--hosts", "h0:1,h1:1", "--dpus", "d0:1,d1:1", "--host-ranks", "2",
             "--dpu-ranks", "2", *launcher, "--", "--preset", "debug", "--data", str(bundled_data / "cifar10"),
@@ -147,8 +154,8 @@ def test_a_killed_dpu_rank_on_another_machine_ends_the_job_naming_it(nodes, bund
         while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert ready.exists(), f"training never got under way (exit code {proc.poll()})"
-        victim = next(p for p in psutil.process_iter(["cmdline"])
-                      if "dpuoffload.dpu" in (p.info["cmdline"] or []) and "python" in p.info["cmdline"][0])
+        victim = next(p for p in map(psutil.Process, machine_pids(nodes, "d0"))  # this job's, not another test's
+                      if "dpuoffload.dpu" in p.cmdline() and "python" in p.cmdline()[0])
         victim.kill()
         killed_at = time.monotonic()
         _, err = proc.communicate(timeout=60)
