@@ -75,7 +75,7 @@ class RunConfig:
     plots: bool = False
     da_buffers: int = 4
     dpu_workers: int = 0
-    da_host_share: float = 0.0
+    da_host_share: Union[float, str] = 0.0
     da_host_workers: int = 1
     mv_dpu_fraction: Union[float, str] = 1.0
     dpu_da_ranks: Optional[int] = None
@@ -155,9 +155,10 @@ class RunConfig:
         for name in ("dpu_workers", "da_host_workers"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.da_host_share <= 1:
+        if self.da_host_share != "auto" and not (
+                isinstance(self.da_host_share, (int, float)) and 0 <= self.da_host_share <= 1):
             raise ConfigError(f"--da-host-share must be in [0, 1] (the share of every epoch's steps the host ranks "
-                              f"build themselves), got {self.da_host_share}")
+                              f"build themselves) or 'auto', got {self.da_host_share!r}")
         for name in ("dpu_workers", "da_host_share"):
             if getattr(self, name) and self.mode not in (Mode.DA, Mode.HYBRID, Mode.AUTO):
                 raise ConfigError(f"--{_flag(name)} only applies where DPU ranks augment (--mode da or hybrid), not "
@@ -174,6 +175,10 @@ class RunConfig:
         if self.mv_dpu_fraction == "auto":
             raise ConfigError("--mv-dpu-fraction auto needs the built-in trainer's epoch timings; with a script give "
                               "a number in [0, 1]")
+        if self.da_host_share == "auto":
+            raise ConfigError("--da-host-share auto measures the built-in trainer's training set at start-up, and a "
+                              "script's loaders get their data sets later; with a script give a number in [0, 1] "
+                              "(the built-in trainer on the same data prints the share auto picks)")
         defaults = RunConfig()
         for f in dataclasses.fields(self):
             if f.name not in SCRIPT_FIELDS and getattr(self, f.name) != getattr(defaults, f.name):
@@ -341,10 +346,11 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
     p.add_argument("--da-buffers", type=int, default=S, metavar="K",
                    help="--mode da: batch buffers per DPU rank, used as a circular send queue; "
                         "memory stays bounded by K batches")
-    p.add_argument("--da-host-share", type=float, default=S, metavar="F",
+    p.add_argument("--da-host-share", type=_fraction_or_auto, default=S, metavar="F|auto",
                    help="--mode da/hybrid: share of every epoch's steps each host rank builds itself (spread evenly: "
                         "0.25 is every 4th step), the DPU ranks the rest, so host and DPU cores feed together; "
-                        "batches stay identical to --mode none")
+                        "batches stay identical to --mode none; 'auto' picks it at start-up from measured "
+                        "augmentation speeds on both sides so that neither waits for the other")
     p.add_argument("--da-host-workers", type=int, default=S, metavar="H",
                    help="--mode da/hybrid with --da-host-share: worker processes each host rank uses for its "
                         "share (0: in the training process itself)")

@@ -51,3 +51,20 @@ def test_auto_allow_flag_only_with_mode_auto():
         RunConfig(mode="none", auto_allow="naive")
     with pytest.raises(ConfigError, match="--auto-allow 'da' is not one of: naive"):
         RunConfig(mode="auto", auto_allow="da")
+
+
+def test_the_chosen_mode_gets_the_flags_its_prediction_used_and_the_others_are_cleared():
+    """--mode auto --da-host-share auto --dpu-workers 2: da gets the balanced share it was predicted
+    with; a mode without DPU augmentation gets neither flag (each would fail that mode's checks)."""
+    from dpuoffload.common.train.autoselect import mode_settings
+
+    cfg = RunConfig(mode="auto", da_host_share="auto", dpu_workers=2)
+    preds = predict_all(Profile(n_train=512, n_val=256, host_ranks=1, dpu_ranks=2, batch=16, host_aug=0.02,
+                                host_train=0.004, host_eval=0.001, dpu_aug=0.02, dpu_train=0.008, dpu_eval=0.002,
+                                allreduce=0.002, host_share=None, dpu_workers=2))
+    da = cfg.replace(mode=Mode.DA, auto_allow=None, **mode_settings(cfg, Mode.DA, preds[Mode.DA]))
+    assert da.da_host_share == preds[Mode.DA].detail["host_share"] and 0 < da.da_host_share < 1
+    assert da.dpu_workers == 2
+    for mode in (Mode.NONE, Mode.MV):
+        other = cfg.replace(mode=mode, auto_allow=None, **mode_settings(cfg, mode, preds[mode]))
+        assert (other.da_host_share, other.dpu_workers) == (0.0, 0)

@@ -7,10 +7,12 @@
 Each distinct run starts once per module (oversubscribed on 2 cores) and is shared by the tests.
 """
 
+import re
 from functools import lru_cache
 
 import pytest
 
+from dpuoffload.common.data.streams import StepSplit
 from tests.mpijobs import dpurun, kill_first_dpu_rank_once, read_jsonl
 
 pytestmark = pytest.mark.mpi
@@ -129,10 +131,20 @@ def assert_same_metrics(a: list[tuple], b: list[tuple]) -> None:
 def fan_out_runs(run) -> tuple[dict, dict]:
     """The published layout scaled down: 4 host ranks, 2 augmentation ranks feeding 2 host ranks
     each (--da-fanout 2), 1 validation rank taking half of the validation set (--mv-dpu-fraction 0.5),
-    and its --mode none reference. One pair of jobs proves the hybrid fan-out and the split fraction."""
+    the host ranks building the share of the steps `--da-host-share auto` picks (in one worker
+    process each), and its --mode none reference. One pair of jobs proves the hybrid fan-out, the
+    split fraction and the automatic host share."""
     none = none_ref(run, 4, "--train-subset", "128")
-    hy = run("hybrid", 4, 3, "--train-subset", "128", "--da-fanout", "2", "--mv-dpu-fraction", "0.5")
+    hy = run("hybrid", 4, 3, "--train-subset", "128", "--da-fanout", "2", "--mv-dpu-fraction", "0.5",
+             "--da-host-share", "auto")
     return none, hy
+
+
+def auto_host_share(r: dict) -> float:
+    """The share `--da-host-share auto` printed (host rank 0, at start-up)."""
+    found = re.search(r"\[dpuoffload\] --da-host-share auto: ([0-9.]+) of every epoch's steps", r["stdout"])
+    assert found, r["stdout"]
+    return float(found.group(1))
 
 
 def test_mv_split_fraction_gives_same_metrics(run):
@@ -164,7 +176,17 @@ def test_hybrid_fan_out_layout(run):
     work = {rank: next(r["work"] for r in hy["phases"][rank] if "work" in r) for rank in (4, 5, 6)}
     assert work == {4: "da", 5: "da", 6: "mv"}
     fed = [sum(r["batches"] for r in hy["phases"][rank] if r.get("work") == "da" and "epoch" in r) for rank in (4, 5)]
-    assert fed == [2 * 2 * int(EPOCHS)] * 2  # 2 hosts x 2 batches (128 / 4 / 16) per epoch
+    dpu_steps = StepSplit(auto_host_share(hy), 2).owned(host=False)  # of 2 steps (128 / 4 / 16) per epoch
+    assert fed == [2 * dpu_steps * int(EPOCHS)] * 2  # 2 hosts each, every epoch
+
+
+def test_auto_host_share_is_measured_and_balanced(run):
+    """`--da-host-share auto` (the fan-out runs): a share in [0, 1] from the measured speeds of both
+    sides, printed once; the training stays the same as none's (test_hybrid_fan_out_layout)."""
+    _, hy = fan_out_runs(run)
+    assert 0.0 <= auto_host_share(hy) <= 1.0
+    assert hy["stdout"].count("--da-host-share auto:") == 1
+    assert "ms/sample in 1 worker process(es); DPU" in hy["stdout"] and "feeding 2 host rank(s)" in hy["stdout"]
 
 
 # ------------------------------------------------------------------------------ no deadlock

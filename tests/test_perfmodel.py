@@ -83,3 +83,41 @@ def test_ring_allreduce_and_projection():
     assert (big.host_ranks, big.dpu_ranks) == (128, 128)
     assert big.allreduce_all > big.allreduce > 0
     assert predict("none", big).epoch_s < predict("none", profile()).epoch_s  # more ranks, shorter epoch
+
+
+# ----------------------------------------------------------------------- da with a host share
+def test_a_host_share_splits_the_feeding_between_host_workers_and_the_dpu():
+    """--da-host-share s: the DPU builds (1-s) of the steps, the host's H workers the rest beside
+    training; the slowest of the three sides bounds the step."""
+    p = profile(dpu_aug=0.01, host_aug=0.01, host_share=0.5, host_workers=1)
+    pred = predict("da", p)
+    assert pred.train_s == pytest.approx(32 * 0.5 * (16 * 0.01 + 0.0001)) and pred.bottleneck == "DPU augmentation"
+    assert pred.detail["host_share"] == 0.5
+    slow_host = predict("da", profile(dpu_aug=0.01, host_aug=0.03, host_share=0.5, host_workers=1))
+    assert slow_host.bottleneck == "host augmentation" and slow_host.train_s == pytest.approx(32 * 0.5 * 16 * 0.03)
+    in_process = predict("da", profile(dpu_aug=0.01, host_aug=0.01, host_share=0.5, host_workers=0))
+    assert in_process.train_s == pytest.approx(32 * (16 * 0.004 + 0.003 + 0.5 * 16 * 0.01))  # added to the step
+    workers = predict("da", profile(dpu_aug=0.01, dpu_workers=4))  # 4 DPU processes per stream
+    assert workers.train_s == pytest.approx(32 * (16 * 0.004 + 0.003)) and workers.bottleneck == "host compute"
+
+
+def test_auto_share_balances_host_and_dpu_so_neither_waits():
+    """The balanced share makes both producers equally fast per step; it is what predict uses for
+    host_share None (auto), per mode (hybrid has fewer augmentation ranks than da)."""
+    from dpuoffload.common.plan.perfmodel import balanced_host_share, feeding_terms
+
+    p = profile(dpu_aug=0.01, host_aug=0.02, host_workers=2, transfer=0.0)  # host 2 workers = DPU 1 process
+    assert balanced_host_share(p) == 0.5
+    terms = feeding_terms(p, 1, 0.5)
+    assert terms["host augmentation"] == pytest.approx(terms["DPU augmentation"])
+    auto = predict("da", profile(dpu_aug=0.01, host_aug=0.02, host_workers=2, transfer=0.0, host_share=None))
+    assert auto.detail["host_share"] == 0.5 and auto.train_s == pytest.approx(32 * 0.5 * 16 * 0.01)
+    # in process (H = 0) the host's own share lengthens its step: (d - step) / (h + d), clipped to [0, 1]
+    p0 = profile(dpu_aug=0.01, host_aug=0.01, host_workers=0, transfer=0.0)
+    d, step, h = 16 * 0.01, 16 * 0.004 + 0.003, 16 * 0.01
+    assert balanced_host_share(p0) == round((d - step) / (h + d), 3)
+    assert balanced_host_share(profile(dpu_aug=0.0001, host_workers=0)) == 0.0  # the DPU keeps up alone
+    # hybrid: half the DPU ranks augment, so each feeds twice the host ranks and the host takes more
+    p4 = profile(host_ranks=4, dpu_ranks=4, dpu_aug=0.01, host_aug=0.02, host_workers=2, transfer=0.0,
+                 host_share=None)
+    assert predict("hybrid", p4).detail["host_share"] > predict("da", p4).detail["host_share"]

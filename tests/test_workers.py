@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from dpuoffload.common.config import RunConfig
+from dpuoffload.common.config import RunConfig, parse_run_config
 from dpuoffload.common.data.batches import BatchLayout
 from dpuoffload.common.data.loaders import RankLoader, Sampling, probe_layout
 from dpuoffload.common.data.sampling import PerSampleSeeded
@@ -171,3 +171,8 @@ def test_host_share_flag_checks():
         RunConfig(mode="none", da_host_share=0.5)
     with pytest.raises(ConfigError, match="--da-host-workers must be >= 0"):
         RunConfig(mode="da", da_host_workers=-2)
+    assert parse_run_config(["--mode", "hybrid", "--da-host-share", "auto"]).da_host_share == "auto"
+    with pytest.raises(ConfigError, match=r"--da-host-share must be in \[0, 1\] \(.*\) or 'auto', got 'half'"):
+        RunConfig(mode="da", da_host_share="half")
+    with pytest.raises(ConfigError, match="--da-host-share auto measures the built-in trainer's training set"):
+        RunConfig(mode="da", da_host_share="auto", script="train.py")

@@ -6,6 +6,9 @@ predict the host's critical path per epoch:
 
     none    S * (B*(aug_h + train_h) + allreduce + opt)                    + val_h
     da      S * max(B*train_h + allreduce + opt, F*(B*aug_d + transfer))   + val_h
+            (with --da-host-share s, --dpu-workers K, --da-host-workers H: the DPU term is
+            (1-s)*F*(B*aug_d/K + transfer), and the host's own share s*B*aug_h/H runs beside training
+            in its H worker processes, or adds to the host's step when it builds in process, H = 0)
     mv      max(S * (B*(aug_h + train_h) + allreduce + opt) + (1-f)*val_h,  f*val_d)
     hybrid  da's training term, mv's validation term
     naive   S' * (max(B*(aug_h + train_h), b*(aug_d + train_d)) + allreduce_all + opt) + val_h
@@ -54,6 +57,9 @@ class Profile:
     dpu_batch: Optional[int] = None
     mv_fraction: Optional[float] = None
     da_ranks: Optional[int] = None  # hybrid split; default: half the DPU ranks (at least 1)
+    host_share: Optional[float] = 0.0  # --da-host-share: the steps the host ranks build; None: auto (balanced)
+    host_workers: int = 1       # --da-host-workers (0: the host builds its share in the training process)
+    dpu_workers: int = 0        # --dpu-workers per stream (0: in the DPU rank's process, like 1)
 
     def __post_init__(self) -> None:
         for name in ("n_train", "host_ranks", "batch"):
@@ -113,19 +119,58 @@ def predict(mode: Mode | str, p: Profile) -> Prediction:
     n_da, n_mv = split(p, mode)
     if mode is Mode.HYBRID and (n_da < 1 or n_mv < 1):
         raise ValueError("--mode hybrid needs at least 2 DPU ranks")
-    train, train_bound = _train_term(p, n_da)
+    share = host_share(p, n_da)
+    train, train_bound = _train_term(p, n_da, share)
+    feeding = {"host_share": share} if n_da else {}
     if n_mv == 0:
-        return Prediction(mode, train + _val_host(p), train, _val_host(p), train_bound)
-    return _with_offloaded_validation(mode, p, train, train_bound, n_mv)
+        return Prediction(mode, train + _val_host(p), train, _val_host(p), train_bound, feeding)
+    pred = _with_offloaded_validation(mode, p, train, train_bound, n_mv)
+    return replace(pred, detail={**pred.detail, **feeding})
 
 
-def _train_term(p: Profile, n_da: int) -> tuple[float, str]:
+def host_share(p: Profile, n_da: int) -> float:
+    """The share of steps the host ranks build with `n_da` augmentation ranks: as given, or balanced (auto)."""
+    if n_da == 0:
+        return 0.0
+    return p.host_share if p.host_share is not None else balanced_host_share(p, n_da)
+
+
+def _train_term(p: Profile, n_da: int, share: float) -> tuple[float, str]:
     if n_da == 0:
         return _steps(p) * _host_step(p, with_aug=True), "host compute"
+    terms = feeding_terms(p, n_da, share)
+    bound = max(terms, key=terms.get)
+    return _steps(p) * terms[bound], bound
+
+
+def feeding_terms(p: Profile, n_da: int, share: float) -> dict[str, float]:
+    """Seconds per step of each side of `da` when the host ranks build `share` of the steps: the
+    host's step (with its own building when in process), the host's worker processes, the DPU rank."""
     fan_out = math.ceil(p.host_ranks / n_da)
-    host = _host_step(p, with_aug=False)
-    dpu = fan_out * (p.batch * p.dpu_aug + p.transfer)
-    return _steps(p) * max(host, dpu), ("DPU augmentation" if dpu > host else "host compute")
+    host_build = p.batch * p.host_aug
+    host = _host_step(p, with_aug=False) + (share * host_build if p.host_workers == 0 else 0.0)
+    terms = {"host compute": host,
+             "DPU augmentation": (1 - share) * fan_out * (p.batch * p.dpu_aug / max(p.dpu_workers, 1) + p.transfer)}
+    if p.host_workers > 0 and share > 0:
+        terms["host augmentation"] = share * host_build / p.host_workers
+    return terms
+
+
+def balanced_host_share(p: Profile, n_da: Optional[int] = None) -> float:
+    """`--da-host-share auto`: the share of the steps the host ranks build so that host and DPU
+    producers take equally long per step (neither waits for the other), to 0.001.
+
+    With worker processes the host's share s costs s*h beside training and the DPU's (1-s)*d, so
+    s = d/(h+d); built in the training process (H = 0) the host's step grows by s*h instead, so
+    s = (d - step)/(h + d). h: seconds for the host's workers to build one batch; d: for the DPU rank
+    to build and send one (its K workers, shared by the F host ranks it feeds)."""
+    n_da = n_da if n_da is not None else split(p, Mode.DA)[0]
+    d = feeding_terms(p, n_da, 0.0)["DPU augmentation"]
+    h = p.batch * p.host_aug / max(p.host_workers, 1)
+    if d <= 0:
+        return 0.0
+    share = (d - _host_step(p, with_aug=False)) / (h + d) if p.host_workers == 0 else d / (h + d)
+    return round(min(max(share, 0.0), 1.0), 3)
 
 
 def _with_offloaded_validation(mode: Mode, p: Profile, train: float, bound: str, n_mv: int) -> Prediction:

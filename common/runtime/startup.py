@@ -106,6 +106,10 @@ def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[
         from dpuoffload.common.train.autoselect import resolve_auto  # (torch: measures the model)
 
         cfg, auto = resolve_auto(cfg, topo, label)
+    if cfg.da_host_share == "auto":  # (da, hybrid: the config allows it nowhere else)
+        from dpuoffload.common.train.autoselect import resolve_host_share  # (torch: builds samples)
+
+        cfg = resolve_host_share(cfg, topo, label)
     state = collective_call(topo.world, lambda: prepare(cfg, topo), label)
     mine = collective_call(topo.world, lambda: {"horovod": horovod_available(), **profile(cfg, topo, state)}, label)
     profiles = topo.world.allgather(mine)

@@ -17,14 +17,24 @@ from typing import Any, Optional
 import numpy as np
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.data.datasets import build_datasets
+from dpuoffload.common.data.datasets import build_datasets, build_train_set
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.models.zoo import build_model
 from dpuoffload.common.modes import Mode
-from dpuoffload.common.plan.perfmodel import Prediction, Profile, choose, explain_choice, format_table, predict_all
+from dpuoffload.common.plan.offload import plan_offload
+from dpuoffload.common.plan.perfmodel import (
+    Prediction,
+    Profile,
+    balanced_host_share,
+    choose,
+    explain_choice,
+    format_table,
+    predict_all,
+)
 from dpuoffload.common.runtime.failure import collective_call
 from dpuoffload.common.runtime.messages import Tag
 from dpuoffload.common.runtime.roles import Role, Topology
+from dpuoffload.common.runtime.startup import init_torch
 from dpuoffload.common.runtime.waits import wait
 from dpuoffload.common.train.evaluation import eval_seconds_per_sample
 from dpuoffload.common.train.loop import optimizer_seconds_per_step
@@ -36,18 +46,21 @@ def local_costs(cfg: RunConfig, topo: Topology) -> dict[str, Any]:
     data = build_datasets(cfg)
     train = PerSampleSeeded(data.train, cfg.seed)
     model = build_model(cfg, data.num_classes)
-    k = min(2 * cfg.batch_size, len(train))
-    train.__getitems__(list(range(len(train) - min(4, len(train)), len(train))))  # warm-up: the first decodes
-    t0 = time.perf_counter()                                                      # pay one-off costs (7x on JPEG)
-    batch = train.__getitems__(list(range(k)))
-    aug = (time.perf_counter() - t0) / k
-    sample = batch[0][0]
+    aug, sample = aug_seconds_per_sample(train, min(2 * cfg.batch_size, len(train)))
     return {"aug": aug, "train": train_seconds_per_sample(model, train, cfg.batch_size),
             "eval": eval_seconds_per_sample(model, data.val, cfg.val_batch_size),
             "opt": optimizer_seconds_per_step(cfg, model),
             "n_train": len(train), "n_val": len(data.val),
             "grad_elems": sum(p.numel() for p in model.parameters()),
             "batch_bytes": cfg.batch_size * sample.numel() * sample.element_size()}
+
+
+def aug_seconds_per_sample(train: PerSampleSeeded, k: int) -> tuple[float, Any]:
+    """Seconds to load and augment one training sample here (over `k` samples), and a sample."""
+    train.__getitems__(list(range(len(train) - min(4, len(train)), len(train))))  # warm-up: the first decodes
+    t0 = time.perf_counter()                                                      # pay one-off costs (7x on JPEG)
+    batch = train.__getitems__(list(range(k)))
+    return (time.perf_counter() - t0) / k, batch[0][0]
 
 
 def timed_allreduce(comm, elems: int, reps: int = 3) -> float:
@@ -90,7 +103,14 @@ def gather_profile(cfg: RunConfig, topo: Topology, label: str) -> Profile:
                    dpu_train=dpu.get("train", 0.0), dpu_eval=dpu.get("eval", 0.0), allreduce=timing[0],
                    allreduce_all=timing[1], optimizer=host["opt"], transfer=timing[2], grad_bytes=4 * elems,
                    dpu_batch=cfg.dpu_batch_size if isinstance(cfg.dpu_batch_size, int) else None,
-                   mv_fraction=cfg.mv_dpu_fraction if isinstance(cfg.mv_dpu_fraction, float) else None)
+                   mv_fraction=cfg.mv_dpu_fraction if isinstance(cfg.mv_dpu_fraction, float) else None,
+                   **feeding_flags(cfg))
+
+
+def feeding_flags(cfg: RunConfig) -> dict[str, Any]:
+    """The `Profile` fields of --da-host-share (None: auto), --da-host-workers and --dpu-workers."""
+    share = None if cfg.da_host_share == "auto" else float(cfg.da_host_share)
+    return {"host_share": share, "host_workers": cfg.da_host_workers, "dpu_workers": cfg.dpu_workers}
 
 
 def resolve_auto(cfg: RunConfig, topo: Topology, label: str) -> tuple[RunConfig, dict[str, Any]]:
@@ -103,15 +123,67 @@ def resolve_auto(cfg: RunConfig, topo: Topology, label: str) -> tuple[RunConfig,
         print(f"[dpuoffload] {explain_choice(preds, chosen, allow)}", flush=True)
     record = {"event": "auto", "chosen": chosen, "profile": profile.to_dict(), "allowed": list(allow),
               "predicted": {m: p.epoch_s for m, p in preds.items()}, "table": format_table(preds, chosen)}
-    resolved = cfg.replace(mode=chosen, auto_allow=None)
+    return cfg.replace(mode=chosen, auto_allow=None, **mode_settings(cfg, chosen, preds[chosen])), record
+
+
+def mode_settings(cfg: RunConfig, chosen: Mode, pred: Prediction) -> dict[str, Any]:
+    """The flags of the run the model predicted for `chosen`, with the other modes' flags cleared
+    (in one replace: a flag of another mode left set would fail the chosen mode's checks)."""
+    out: dict[str, Any] = {}
     if chosen is Mode.NAIVE and not isinstance(cfg.dpu_batch_size, int):
-        # the run the model predicted
-        resolved = resolved.replace(dpu_batch_size=int(preds[Mode.NAIVE].detail["dpu_batch"]))
+        out["dpu_batch_size"] = int(pred.detail["dpu_batch"])
     if chosen is not Mode.HYBRID:
-        resolved = resolved.replace(dpu_da_ranks=None, dpu_mv_ranks=None, da_fanout=None)
+        out.update(dpu_da_ranks=None, dpu_mv_ranks=None, da_fanout=None)
     if chosen is not Mode.NAIVE:
-        resolved = resolved.replace(dpu_batch_size=None)
-    return resolved, record
+        out["dpu_batch_size"] = None
+    if chosen not in (Mode.DA, Mode.HYBRID):  # nothing is augmented on DPU ranks
+        out.update(dpu_workers=0, da_host_share=0.0)
+    elif cfg.da_host_share == "auto":  # the share the prediction used
+        out["da_host_share"] = pred.detail["host_share"]
+    return out
+
+
+def resolve_host_share(cfg: RunConfig, topo: Topology, label: str) -> RunConfig:
+    """`--da-host-share auto` (da, hybrid): the config with the share host rank 0 picks for every rank.
+
+    Collective over the world. The host ranks and the augmentation DPU ranks build training samples
+    at the same time (ranks that share cores measure the speed they will share), host rank 0
+    balances its workers' rate against the slowest-fed DPU rank's (`balanced_host_share`) and
+    prints the choice. With --da-host-workers 0 the host builds in its training process, so its
+    training step is measured too.
+    """
+    plan = plan_offload(topo.ranks, cfg)
+    feeders = sorted(set(plan.feeder.values()))
+    mine = collective_call(topo.world, lambda: _feeding_costs(cfg, topo, topo.world_rank in feeders), label)
+    costs = topo.world.allgather(mine)
+    share, line = None, None
+    if topo.world_rank == topo.host_ranks[0]:
+        host, dpu = costs[topo.world_rank], max(costs[d]["aug"] for d in feeders)
+        fan_out = max(len(plan.fed_by(d)) for d in feeders)
+        profile = Profile(n_train=1, n_val=0, host_ranks=fan_out, dpu_ranks=1, batch=cfg.batch_size,
+                          host_aug=host["aug"], host_train=host.get("train", 0.0), host_eval=0.0, dpu_aug=dpu,
+                          dpu_train=0.0, dpu_eval=0.0, allreduce=0.0, **feeding_flags(cfg))
+        share = balanced_host_share(profile, n_da=1)
+        where = (f"{cfg.da_host_workers} worker process(es)" if cfg.da_host_workers else "the training process")
+        line = (f"[dpuoffload] --da-host-share auto: {share:g} of every epoch's steps built on the host ranks "
+                f"(host {host['aug'] * 1e3:.2f} ms/sample in {where}; DPU {dpu * 1e3:.2f} ms/sample x "
+                f"{max(cfg.dpu_workers, 1)} process(es) per stream, feeding {fan_out} host rank(s))")
+        print(line, flush=True)
+    return cfg.replace(da_host_share=topo.world.bcast(share, root=topo.host_ranks[0]))
+
+
+def _feeding_costs(cfg: RunConfig, topo: Topology, feeds: bool) -> dict[str, float]:
+    """This rank's seconds per training sample (and per trained sample, for an in-process host share)."""
+    if topo.role is not Role.HOST and not feeds:
+        return {}
+    init_torch()  # (a DPU rank's threads before it measures: prepare has not run yet)
+    in_process = topo.role is Role.HOST and cfg.da_host_workers == 0
+    data = build_datasets(cfg) if in_process else None
+    train = PerSampleSeeded(data.train if data is not None else build_train_set(cfg), cfg.seed)
+    costs = {"aug": aug_seconds_per_sample(train, min(2 * cfg.batch_size, len(train)))[0]}
+    if data is not None:
+        costs["train"] = train_seconds_per_sample(build_model(cfg, data.num_classes), train, cfg.batch_size)
+    return costs
 
 
 def report_measured(record: dict[str, Any], epoch_times: list[float]) -> Optional[str]:
@@ -126,4 +198,4 @@ def report_measured(record: dict[str, Any], epoch_times: list[float]) -> Optiona
             f"{measured:.2f} s/epoch ({record['prediction_error']:+.0%})")
 
 
-__all__ = ["resolve_auto", "report_measured", "Prediction"]
+__all__ = ["resolve_auto", "resolve_host_share", "report_measured", "Prediction"]
