@@ -8,7 +8,8 @@ throttled with `--dpu-speed`. Every comparison is measured side by side inside o
 Each benchmark NAME writes `<results>/<NAME>.json` and its PNG plots into `<results>/`; the run
 appends one section with the machine description and every table to the markdown file.
 
-Benchmarks (default: all but `modes`, `baseline` (15+ min each on 2 cores) and `own_loop` (12 min)):
+Benchmarks (default: all but `modes`, `baseline` (15+ min each on 2 cores), `own_loop` (12 min) and
+`multinode` (root)):
   workloads  phase shares, the DataLoader peer, the ideal bounds of da and mv, prediction error
   augweight  light -> heavy augmentation: none / da / mv / peer at each weight
   sweep      samples/s vs threads per rank and batch size, host and (throttled) DPU
@@ -18,6 +19,7 @@ Benchmarks (default: all but `modes`, `baseline` (15+ min each on 2 cores) and `
   baseline   idle DPU rank cost, Horovod vs torch.distributed
   startup    wall time of a tiny dpurun job vs a plain torchvision + DataLoader script, and where it goes
   own_loop   a user's own script: torch's DataLoader on the spare core vs job.loader with a DPU rank there
+  multinode  none / da / mv / hybrid across 2 emulated nodes and their DPUs (TCP between machines; root)
 
 `--quick` shrinks every benchmark to seconds (1 repetition, tiny subsets) and writes to
 `benchmarks/results/quick/` so it never overwrites the real results; the test suite runs it.
@@ -38,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import RESULTS, ROOT, Section, machine, machine_line, table  # noqa: E402
 
 BENCHMARKS = ("workloads", "augweight", "sweep", "transport", "interference", "startup", "fanin", "modes", "baseline",
-              "own_loop")
+              "own_loop", "multinode")
 DEFAULT = ("workloads", "augweight", "sweep", "transport", "interference", "startup", "fanin")
 TITLES = {"workloads": "Phases, the DataLoader peer, ideal bounds and prediction error",
           "augweight": "Augmentation weight sweep", "sweep": "Thread and batch sweeps",
@@ -48,7 +50,8 @@ TITLES = {"workloads": "Phases, the DataLoader peer, ideal bounds and prediction
           "baseline": "Baseline: idle DPU rank, Horovod vs torch.distributed",
           "startup": "Start-up: a tiny dpurun job vs a plain torchvision script",
           "own_loop": "Own loop: a user's script, DataLoader worker vs job.loader",
-          "fanin": "Fan-in: K worker processes building one host rank's batches (--dpu-workers)"}
+          "fanin": "Fan-in: K worker processes building one host rank's batches (--dpu-workers)",
+          "multinode": "Offload modes on 2 emulated nodes (TCP between machines)"}
 
 
 def build_parser() -> argparse.ArgumentParser:

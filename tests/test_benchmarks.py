@@ -234,3 +234,19 @@ def test_own_loop_benchmark_quick(tmp_path):
         assert all(math.isfinite(r["next_us"][v]["median"]) and r["next_us"][v]["steps"] == 2 for v in ("peer", "api"))
         assert f"| {w} | 2 |" in res.stdout
     assert "**API per-step overhead**" in res.stdout
+
+
+def test_multinode_table_compares_each_mode_to_none_and_checks_the_training():
+    from benchmarks import multinode
+
+    def log(times, losses, digest="w"):
+        epochs = [{"epoch": i, "epoch_time": t, "step_losses": losses, "weights_sha256": digest}
+                  for i, t in enumerate([9.0, *times])]
+        return harness.RunLog(epochs, [], {}, None, 20.0)
+
+    runs = {"none": [log([2.0, 2.0], [1.0, 0.5])], "da": [log([1.0, 3.0], [1.0, 0.5])],
+            "mv": [log([4.0], [1.0, 0.25])]}
+    r = multinode.summarize(runs)
+    assert r["none"]["ratio_to_none"] == 1.0 and r["da"]["epoch_s"] == 2.0  # median of the steady epochs 2..
+    assert (r["da"]["min_s"], r["da"]["max_s"]) == (1.0, 3.0) and r["mv"]["ratio_to_none"] == 2.0
+    assert r["da"]["same_training_as_none"] and not r["mv"]["same_training_as_none"]
