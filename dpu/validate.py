@@ -21,6 +21,7 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.streams import decode
 from dpuoffload.common.errors import PeerError
 from dpuoffload.common.plan.validation_split import dpu_count
+from dpuoffload.common.runtime.failure import arrive
 from dpuoffload.common.runtime.messages import CONTROL, STATE_HEADER, STATE_HEADER_BYTES, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
@@ -115,7 +116,13 @@ class Validator:
         return b"".join(b.tobytes() for b in bufs)
 
     def allgather(self, mine: bytes) -> np.ndarray:
-        """Every validation rank's received slices, on every validation rank (raw Allgatherv)."""
+        """Every validation rank's received slices, on every validation rank (raw Allgatherv).
+
+        A validation rank no host rank sends slices to (more validation ranks than host ranks)
+        gets here at once and would wait out the epoch inside the collective, which spins: across
+        machines (no --oversubscribe, so no yielding) two such ranks took 0.8 of this box's 2 cores
+        from the host ranks, and `mv` ran at 2.2x `none`'s epoch. So they wait in a sleeping barrier."""
+        arrive(self.comm, "the other DPU validation ranks")
         counts = self.comm.allgather(len(mine))
         out = byte_buffer(sum(counts))
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
