@@ -69,9 +69,13 @@ def machine_pids(env: dict[str, str], machine: str) -> list[int]:
     return [int(pid) for pid in out.split()]
 
 
-def cluster_argv(bundled_data, log, mode: str, *extra: str, launcher: tuple[str, ...] = ()) -> list[str]:
-    return ["bash", SCRIPT, "dpurun", "--hosts", "h0:1,h1:1", "--dpus", "d0:1,d1:1", "--host-ranks", "2",
-            "--dpu-ranks", "2", *launcher, "--", "--preset", "debug", "--data", str(bundled_data / "cifar10"),
+def cluster_argv(bundled_data, log, mode: str, *extra: str, launcher: tuple[str, ...] = (),
+                 dpus: str = "d0:1,d1:1") -> list[str]:
+    """`dpus`: the DPU machines and their DPU ranks (hybrid needs 2 per node: one augments, one validates)."""
+    dpu_ranks = sum(int(d.split(":")[1]) for d in dpus.split(","))
+    return ["bash", SCRIPT, "dpurun", "--hosts", "h0:1,h1:1", "--dpus", dpus, "--host-ranks", "2",
+            "--dpu-ranks", str(dpu_ranks), *launcher, "--", "--preset", "debug", "--data",
+            str(bundled_data / "cifar10"),
             "--epochs", "2", "--mode", mode, "--train-subset", "128", "--val-subset", "64", "--digest-batches",
             "--no-progress", "--log-dir", str(log), *extra]
 
@@ -81,18 +85,19 @@ def run(nodes, bundled_data, tmp_path_factory):
     """`run(name, mode, *extra)`: one job across the emulated nodes, once per module, and its logs."""
     done: dict[str, dict] = {}
 
-    def _run(name: str, mode: str, *extra: str, launcher: tuple[str, ...] = ()) -> dict:
+    def _run(name: str, mode: str, *extra: str, launcher: tuple[str, ...] = (), dpus: str = "d0:1,d1:1") -> dict:
         if name not in done:
             log = tmp_path_factory.mktemp(name)
-            res = subprocess.run(cluster_argv(bundled_data, log, mode, *extra, launcher=launcher), capture_output=True,
-                                 text=True, env=nodes, cwd=REPO, timeout=300)
+            res = subprocess.run(cluster_argv(bundled_data, log, mode, *extra, launcher=launcher, dpus=dpus),
+                                 capture_output=True, text=True, env=nodes, cwd=REPO, timeout=300)
             assert res.returncode == 0, res.stdout + res.stderr
             launched = res.stderr.split("dpurun: running:")[1].splitlines()[0]  # the mpirun command
-            assert all(f in launched for f in ("--host h0:1,h1:1", "--host d0:1,d1:1", "btl tcp,self"))
+            assert all(f in launched for f in ("--host h0:1,h1:1", f"--host {dpus}", "btl tcp,self"))
             metrics = read_jsonl(log / "metrics.jsonl")
             done[name] = {"epochs": [e for e in metrics if e["event"] == "epoch"],
                           "end": next(e for e in metrics if e["event"] == "end"), "out": res.stdout,
-                          "phases": {r: read_jsonl(log / f"phases-rank{r}.jsonl") for r in range(4)}}
+                          "phases": {r: read_jsonl(p) for p in log.glob("phases-rank*.jsonl")
+                                     for r in [int(p.stem.removeprefix("phases-rank"))]}}
         return done[name]
     return _run
 
@@ -115,14 +120,19 @@ def test_da_across_nodes_pairs_each_host_with_its_own_dpu_and_equals_none(run, t
     assert {r: (e["node"], e["feeds"]) for r, e in dpu_ends.items()} == {2: ("h0", {"0": "h0"}), 3: ("h1", {"1": "h1"})}
 
 
-def test_mv_checkpoints_on_the_dpus_and_resumes_to_the_bit(run, tmp_path_factory):
-    """mv (validation on the DPU ranks of both machines) stopped at step 6 of 8 with checkpoints every
-    3 steps (the DPU keepers write the shards), then resumed: the same losses, validation sums and
-    final weights as none. (hybrid needs 2 DPU ranks per node: one augments, one validates.)"""
+def test_hybrid_checkpoints_on_the_dpus_and_resumes_to_the_bit(run, tmp_path_factory):
+    """hybrid across machines (2 DPU ranks per DPU: one augments for its node's host rank, one
+    validates) stopped at step 6 of 8 with checkpoints every 3 steps (the DPU keepers write the
+    shards), then resumed: the same losses, validation sums and final weights as none."""
     ck = str(tmp_path_factory.mktemp("ckpt"))
-    stopped = run("mv-stopped", "mv", "--ckpt-dir", ck, "--ckpt-every", "3", "--stop-at-step", "6")
+    two = "d0:2,d1:2"  # world ranks 2-3 on d0 (node h0), 4-5 on d1 (node h1)
+    stopped = run("hy-stopped", "hybrid", "--ckpt-dir", ck, "--ckpt-every", "3", "--stop-at-step", "6", dpus=two)
     assert "checkpoint step 6 committed" in stopped["out"] and stopped["end"]["global_step"] == 6
-    resumed = run("mv-resumed", "mv", "--ckpt-dir", ck, "--resume", "latest")
+    ends = {r: next(e for e in stopped["phases"][r] if e.get("event") == "end") for r in (2, 3, 4, 5)}
+    assert sorted(e["work"] for e in ends.values()) == ["da", "da", "mv", "mv"], ends
+    fed = sorted((e["node"], e["feeds"]) for e in ends.values() if e["work"] == "da")
+    assert fed == [("h0", {"0": "h0"}), ("h1", {"1": "h1"})]  # each node's augmentation rank feeds its own host
+    resumed = run("hy-resumed", "hybrid", "--ckpt-dir", ck, "--resume", "latest", dpus=two)
     assert "(exactly): epoch 2, step 2 done (global step 6)" in resumed["out"], resumed["out"]
     none = run("none", "none")
     assert resumed["epochs"][-1]["step_losses"] == none["epochs"][-1]["step_losses"]
