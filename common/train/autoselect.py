@@ -156,19 +156,19 @@ def resolve_host_share(cfg: RunConfig, topo: Topology, label: str) -> RunConfig:
     feeders = sorted(set(plan.feeder.values()))
     mine = collective_call(topo.world, lambda: _feeding_costs(cfg, topo, topo.world_rank in feeders), label)
     costs = topo.world.allgather(mine)
-    share, line = None, None
+    share = None
     if topo.world_rank == topo.host_ranks[0]:
         host, dpu = costs[topo.world_rank], max(costs[d]["aug"] for d in feeders)
         fan_out = max(len(plan.fed_by(d)) for d in feeders)
+        # the busiest augmentation rank, feeding fan_out host ranks (the share is one for the job)
         profile = Profile(n_train=1, n_val=0, host_ranks=fan_out, dpu_ranks=1, batch=cfg.batch_size,
                           host_aug=host["aug"], host_train=host.get("train", 0.0), host_eval=0.0, dpu_aug=dpu,
                           dpu_train=0.0, dpu_eval=0.0, allreduce=0.0, **feeding_flags(cfg))
         share = balanced_host_share(profile, n_da=1)
         where = (f"{cfg.da_host_workers} worker process(es)" if cfg.da_host_workers else "the training process")
-        line = (f"[dpuoffload] --da-host-share auto: {share:g} of every epoch's steps built on the host ranks "
-                f"(host {host['aug'] * 1e3:.2f} ms/sample in {where}; DPU {dpu * 1e3:.2f} ms/sample x "
-                f"{max(cfg.dpu_workers, 1)} process(es) per stream, feeding {fan_out} host rank(s))")
-        print(line, flush=True)
+        print(f"[dpuoffload] --da-host-share auto: {share:g} of every epoch's steps built on the host ranks "
+              f"(host {host['aug'] * 1e3:.2f} ms/sample in {where}; DPU {dpu * 1e3:.2f} ms/sample x "
+              f"{max(cfg.dpu_workers, 1)} process(es) per stream, feeding {fan_out} host rank(s))", flush=True)
     return cfg.replace(da_host_share=topo.world.bcast(share, root=topo.host_ranks[0]))
 
 
