@@ -46,6 +46,11 @@ def _code_of(code: object) -> int:
 
 
 def _exit_now() -> None:
+    if "torch" not in sys.modules:
+        # Nothing heavy to tear down (an idle DPU rank): the ordinary exit costs little here, and
+        # under MPICH an idle rank leaving by os._exit right after MPI_Finalize got a host rank of
+        # the same job killed (SIGKILL, reported by Hydra) in 4 of 16 runs; 0 of 28 the ordinary way.
+        return
     exit_now(_exit_code[0])
 
 
