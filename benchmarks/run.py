@@ -21,7 +21,8 @@ Benchmarks (default: all but `modes`, `baseline` (15+ min each on 2 cores), `own
   own_loop   a user's own script: torch's DataLoader on the spare core vs job.loader with a DPU rank there
   multinode  none / da / mv / hybrid across 2 emulated nodes and their DPUs (TCP between machines; root)
 
-`--quick` shrinks every benchmark to seconds (1 repetition, tiny subsets) and writes to
+`--quick` shrinks every benchmark to seconds (1 repetition, tiny subsets, ours and the reference
+variant only where a benchmark has several) and writes to
 `benchmarks/results/quick/` so it never overwrites the real results; the test suite runs it.
 """
 
