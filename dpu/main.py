@@ -55,7 +55,8 @@ def prepare(cfg: RunConfig, topo: Topology) -> DpuJob:
     init_torch()
     from dpuoffload.dpu import work as works
 
-    return DpuJob(work, works.offloaded(cfg, topo, plan, work, work_comm), keeper)
+    runner = works.augmentation(cfg, topo, plan) if work == DA else works.validation(cfg, topo, plan, work_comm)
+    return DpuJob(work, runner, keeper)
 
 
 def check_injections(cfg: RunConfig, topo: Topology, work: str) -> None:

@@ -17,7 +17,7 @@ from dpuoffload.common.data.datasets import build_datasets, build_train_set
 from dpuoffload.common.data.loaders import steps_per_epoch
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.models.zoo import build_model
-from dpuoffload.common.plan.offload import DA, MV, OffloadPlan
+from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.state.resume import find_resume, start_position
 from dpuoffload.common.state.trainstate import epoch_spans
@@ -41,22 +41,25 @@ def replica(cfg: RunConfig, topo: Topology) -> Replica:
     return Replica(cfg, topo, data, PerSampleSeeded(data.train, cfg.seed), build_model(cfg, data.num_classes))
 
 
-def offloaded(cfg: RunConfig, topo: Topology, plan: OffloadPlan, work: str, work_comm: MPI.Comm) -> Work:
-    """The augmentation service (`work == DA`) or the validation of this rank (`work == MV`)."""
-    me = topo.world_rank
-    if work == DA:  # the loaders its host ranks open (their plans say which batches)
-        service = LoaderService(cfg, topo, plan.fed_by(me))
-        if cfg.script is None:  # the built-in trainer's hosts name the training set by this recipe
-            service.prebuild(functools.partial(build_train_set, cfg))
-        return service
-    assert work == MV, work
-    if cfg.script is not None:  # a user's script: validation when it calls job.validate
-        return ScriptValidation(cfg, topo, work_comm, plan.states_to(me))
+def augmentation(cfg: RunConfig, topo: Topology, plan: OffloadPlan) -> LoaderService:
+    """The service of the loaders this rank's host ranks open (their plans say which batches)."""
+    service = LoaderService(cfg, topo, plan.fed_by(topo.world_rank))
+    if cfg.script is None:  # the built-in trainer's hosts name the training set by this recipe
+        service.prebuild(functools.partial(build_train_set, cfg))
+    return service
+
+
+def validation(cfg: RunConfig, topo: Topology, plan: OffloadPlan, work_comm: MPI.Comm) -> Work:
+    """This rank's share of validation: a script's when it calls job.validate, else the built-in
+    trainer's epochs this run completes."""
+    hosts = plan.states_to(topo.world_rank)
+    if cfg.script is not None:
+        return ScriptValidation(cfg, topo, work_comm, hosts)
     data = build_datasets(cfg)
     steps = steps_per_epoch(len(data.train), len(topo.host_ranks), cfg.batch_size, cfg.drop_last)
     start = start_position(find_resume(cfg, len(topo.host_ranks), steps))
     epochs = [s.epoch for s in epoch_spans(steps, cfg.epochs, start, cfg.stop_at_step) if s.completes]
-    return Validator(cfg, topo, work_comm, build_model(cfg, data.num_classes), data.val, plan.states_to(me), epochs)
+    return Validator(cfg, topo, work_comm, build_model(cfg, data.num_classes), data.val, hosts, epochs)
 
 
 def profile(cfg: RunConfig, topo: Topology, runner: Optional[Work]) -> dict[str, Any]:
