@@ -89,6 +89,7 @@ class RunConfig:
     ckpt_every: Optional[int] = None
     ckpt_every_epoch: bool = False
     ckpt_keep: int = 2
+    ckpt_mem_keep: int = 0
     ckpt_copy: str = "staged"
     ckpt_errors: str = "continue"
     resume: Optional[str] = None
@@ -205,6 +206,11 @@ class RunConfig:
                 raise ConfigError(f"--{_flag(name)} must be >= 1 (a global step number), got {value}")
         if self.ckpt_keep < 1:
             raise ConfigError(f"--ckpt-keep must be >= 1, got {self.ckpt_keep}")
+        if self.ckpt_mem_keep < 0:
+            raise ConfigError(f"--ckpt-mem-keep must be >= 0 (0: off), got {self.ckpt_mem_keep}")
+        if self.ckpt_mem_keep and not self.ckpt_dir:
+            raise ConfigError("--ckpt-mem-keep keeps copies of the checkpoints in DPU memory: add --ckpt-dir DIR "
+                              "(the disk copy, used when DPU memory is lost too)")
         wants = self.ckpt_every is not None or self.ckpt_every_epoch
         if wants and not self.ckpt_dir:
             raise ConfigError("--ckpt-every/--ckpt-every-epoch need --ckpt-dir DIR (where DPU ranks write "
@@ -415,6 +421,10 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
                    help="checkpoint at the end of every epoch (after validation hand-off)")
     g.add_argument("--ckpt-keep", type=int, default=S, metavar="K",
                    help="keep the K newest complete checkpoints, delete older ones")
+    g.add_argument("--ckpt-mem-keep", type=int, default=S, metavar="K",
+                   help="DPU ranks also keep the K newest checkpoints in their memory (/dev/shm, it outlives "
+                        "the job), so `--resume latest` after a failure restarts from DPU memory without "
+                        "reading the disk; 0 = off (dpurun --restarts sets 2)")
     g.add_argument("--ckpt-copy", choices=CKPT_COPIES, default=S,
                    help="staged: host ranks copy their slice into a send buffer and go on (blocks for the "
                         "copy); zero: send straight from the weights and wait for the send before the next "

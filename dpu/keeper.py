@@ -12,7 +12,10 @@ stops batches or validation for long: receiving and file writes release the GIL.
 - CLONE: forward the messages as received to the clone ranks (host rank k's slice goes to clone
   rank k mod M), never touching disk (DeepClone's forwarding).
 
-The latest state received stays in memory (`latest`). Waits for the next hand-off have no
+The latest state received stays in memory (`latest`); with `--ckpt-mem-keep K` the K newest
+checkpoints are also kept in DPU memory that outlives the job (`common.state.memstore`), and a
+relaunched job that restarts from them gets each host rank's hand-off back from its keeper
+(RESTORE) before anything else. A run that ends normally clears that memory. Waits for the next hand-off have no
 deadline (checkpoints may be hours apart); a dead host rank makes Open MPI end the job. Until the
 clone is served, the keeper sends its clone ranks a heartbeat every peer_timeout/4 s while it
 waits (`common.runtime.heartbeat`), so their stand-by can have a deadline without one of its own.
@@ -39,6 +42,7 @@ from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import wait, wait_all, wait_object
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.ckptfiles import Received
+from dpuoffload.common.state.memstore import MemoryStore, memory_point, memory_root
 from dpuoffload.common.state.sharding import byte_buffer
 
 if TYPE_CHECKING:
@@ -85,6 +89,9 @@ class Keeper:
         self.thread = threading.Thread(target=self._main, name="dpuoffload-keeper", daemon=True)
         self.records: list[dict[str, Any]] = []
         self.outcomes: dict[int, bool] = {}   # keeper 0: checkpoint step -> committed
+        self.memory = MemoryStore(memory_root(cfg.ckpt_dir), comm.Get_rank(), cfg.ckpt_mem_keep) \
+            if cfg.ckpt_mem_keep and cfg.ckpt_dir else None
+        self.hands_off = cfg.checkpointing or (cfg.clone_at is not None and bool(topo.clone_ranks))
 
     def start(self) -> None:
         self.thread.start()
@@ -95,7 +102,9 @@ class Keeper:
 
     def _main(self) -> None:
         try:
-            self.loop()
+            self.restore_or_forget()
+            if self.hands_off:
+                self.loop()
         except BaseException as e:  # noqa: BLE001 - a dead keeper thread must not leave the job hanging
             abort_job(f"{failure_line(e)} (in its checkpoint keeper thread)")
 
@@ -111,6 +120,8 @@ class Keeper:
             if kind is StateKind.END:
                 self.stop_beating()
                 self.send_summary()
+                if self.memory is not None:  # the run is over: nothing to restart from
+                    self.memory.clear()
                 return
             if kind is StateKind.PREPARE:
                 self.prepare(batch)
@@ -146,6 +157,42 @@ class Keeper:
         wait_all(reqs, self.cfg.peer_timeout, what, max_sleep=SLICE_POLL_MAX_SLEEP)
         return Received(head, small, shared)
 
+    # ------------------------------------------------------------------------- DPU memory
+    def restore_or_forget(self) -> None:
+        """Restarting from DPU memory: send each kept host rank its hand-off of the agreed step, as
+        received (RESTORE). Otherwise what this DPU's memory holds is stale: a new run forgets it."""
+        point = memory_point()
+        if point is None:
+            if self.memory is not None:
+                self.memory.clear()
+            return
+        store = MemoryStore(point.root, self.comm.Get_rank(), max(self.cfg.ckpt_mem_keep, 1))
+        t0 = time.perf_counter()
+        reqs, sent = [], 0
+        for host in self.hosts:
+            head, small, shared = store.get(point.step, self.topo.host_ranks.index(host))
+            restore = CKPT_HEADER.pack(**{**CKPT_HEADER.unpack(head), "kind": StateKind.RESTORE, "shared_parts": 1})
+            reqs += [self.topo.world.Isend(buf, dest=host, tag=Tag.RESTORE) for buf in (restore, small, shared)]
+            sent += small.nbytes + shared.nbytes
+        wait_all(reqs, self.cfg.peer_timeout, "a host rank to take its state back from DPU memory",
+                 max_sleep=SLICE_POLL_MAX_SLEEP)
+        self.records.append({"restored_step": point.step, "restore_bytes": sent,
+                             "restore_send_s": time.perf_counter() - t0})
+        self.log.write(self.records[-1])
+
+    def remember(self, batch: list[Received]) -> None:
+        """Keep this checkpoint's hand-offs in DPU memory too (the disk copy follows). A memory that
+        cannot take it (RAM file system full) costs the fast restart, not the checkpoint: warn."""
+        if self.memory is None:
+            return
+        try:
+            self.memory.put(batch[0].head["global_step"],
+                            [(CKPT_HEADER.pack(**r.head), r.small, r.shared) for r in batch])
+        except OSError as e:
+            print(f"{PREFIX} warning: {self.topo.describe()}: could not keep step {batch[0].head['global_step']} "
+                  f"in DPU memory ({self.memory.dir}: {e}); a restart will read the disk", file=sys.stderr,
+                  flush=True)
+
     # ------------------------------------------------------------------------- buffers
     def prepare(self, batch: list[Received]) -> None:
         """PREPARE: fault in a receive buffer per host rank now, and pass the size on to the clone
@@ -171,6 +218,7 @@ class Keeper:
     # ------------------------------------------------------------------------- checkpoint
     def persist(self, batch: list[Received]) -> None:
         t0 = time.perf_counter()
+        self.remember(batch)
         step = batch[0].head["global_step"]
         report: dict[str, Any] = {"keeper": self.comm.Get_rank(), "step": step, "files": {}, "error": None}
         try:

@@ -15,6 +15,7 @@ from dpuoffload.common.runtime.failure import run_program
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import init_torch, start_program
+from dpuoffload.common.state.memstore import memory_point
 from dpuoffload.dpu.idle import idle_until_shutdown
 
 if TYPE_CHECKING:
@@ -70,7 +71,8 @@ def check_injections(cfg: RunConfig, topo: Topology, work: str) -> None:
 
 def build_keeper(cfg: RunConfig, topo: Topology) -> Optional[Keeper]:
     """A keeper on every DPU rank that host ranks hand state to (collective over the DPU ranks)."""
-    if not (cfg.checkpointing or (cfg.clone_at is not None and topo.clone_ranks)):
+    restoring = memory_point() is not None  # (restarting from DPU memory: the keepers hand the state back)
+    if not (cfg.checkpointing or (cfg.clone_at is not None and topo.clone_ranks) or restoring):
         return None
     from mpi4py import MPI
 

@@ -28,6 +28,7 @@ import numpy as np
 from torch import nn
 
 from dpuoffload.common.config import RunConfig
+from dpuoffload.common.errors import PeerError
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.runtime.failure import EXIT_CHECKPOINT_FAILED, PREFIX
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
@@ -35,15 +36,18 @@ from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import wait, wait_all, wait_object
 from dpuoffload.common.state import ckptfiles
+from dpuoffload.common.state.ckptfiles import Received
 from dpuoffload.common.state.resume import ResumePoint, config_dict
 from dpuoffload.common.state.sharding import DEFAULT_THRESHOLD, byte_buffer, pack_pieces, packed_nbytes, plan_shards
 from dpuoffload.common.state.trainstate import (
     EpochProgress,
+    LocalState,
     Position,
     capture_local,
     capture_meta,
     catalog_of,
     describe_position,
+    parse_local,
     restore,
     set_rng,
     shared_tensors,
@@ -57,23 +61,68 @@ if TYPE_CHECKING:
 
 def resume_trainer(trainer: Any, point: ResumePoint, topo: Topology) -> None:
     """Load the checkpoint into the trainer. The same slicing restores this rank's own local state
-    (BatchNorm buffers, RNG, epoch progress): bit-exact. Another host rank count takes host rank 0's."""
-    ckpt = ckptfiles.load(point.path)
-    exact = point.same_slicing and int(ckpt.meta["host_ranks"]) == topo.side_comm.Get_size()
-    local = ckpt.locals[topo.side_rank] if exact else ckpt.locals[0]
-    restore(trainer.model, trainer.optimizer, trainer.scheduler, ckpt.meta, ckpt.shared, local)
+    (BatchNorm buffers, RNG, epoch progress): bit-exact. Another host rank count takes host rank 0's.
+    Restarting from DPU memory, the state comes from the keepers instead of the disk (same slicing)."""
+    t0 = time.perf_counter()
+    if point.memory is not None:
+        meta, shared, locals_ = state_from_memory(topo, point.memory.step, trainer.cfg.peer_timeout)
+    else:
+        ckpt = ckptfiles.load(point.path)
+        meta, shared, locals_ = ckpt.meta, ckpt.shared, dict(enumerate(ckpt.locals))
+    exact = point.same_slicing and int(meta["host_ranks"]) == topo.side_comm.Get_size()
+    local = locals_[topo.side_rank] if exact else locals_[0]
+    restore(trainer.model, trainer.optimizer, trainer.scheduler, meta, shared, local)
     trainer.resume_at(point.position, local.progress if exact else None)
     set_rng(local.rng)
     if topo.side_rank == 0:
-        for note in point.skipped:
-            print(f"[dpuoffload] warning: --resume latest {note}", flush=True)
-        pos = point.position
-        how = "exactly" if exact else (f"re-sliced from {ckpt.meta['host_ranks']} host rank(s) x batch "
-                                       f"{ckpt.meta['config']['batch_size']}")
-        print(f"[dpuoffload] resuming from {point.path} ({how}): {describe_position(pos)}", flush=True)
-        if point.changed:
-            print(f"[dpuoffload] note: the checkpoint's run had other values for: {', '.join(point.changed)}",
-                  flush=True)
+        report_resume(point, meta, exact, time.perf_counter() - t0, sum(t.nbytes for t in shared.values()))
+    if point.memory is not None:
+        trainer.metrics_log.write(
+            {"event": "restart", "source": "dpu-memory", "global_step": point.memory.step,
+             "transfer_s": time.perf_counter() - t0, "bytes": sum(t.nbytes for t in shared.values())})
+
+
+def report_resume(point: ResumePoint, meta: dict[str, Any], exact: bool, seconds: float, nbytes: int) -> None:
+    for note in point.skipped:
+        print(f"[dpuoffload] warning: --resume latest {note}", flush=True)
+    how = "exactly" if exact else (f"re-sliced from {meta['host_ranks']} host rank(s) x batch "
+                                   f"{meta['config']['batch_size']}")
+    if point.memory is not None:
+        print(f"[dpuoffload] restarting from DPU memory: the state of step {point.memory.step} "
+              f"({nbytes / 1e6:.1f} MB) came back from {len(point.memory.keepers)} keeper(s) in "
+              f"{seconds * 1e3:.0f} ms; the checkpoint disk was not read", flush=True)
+    print(f"[dpuoffload] resuming from {point.path} ({how}): {describe_position(point.position)}", flush=True)
+    if point.changed:
+        print(f"[dpuoffload] note: the checkpoint's run had other values for: {', '.join(point.changed)}",
+              flush=True)
+
+
+def state_from_memory(topo: Topology, step: int,
+                      timeout: float) -> tuple[dict[str, Any], dict[str, Any], dict[int, LocalState]]:
+    """Every host rank's hand-off of `step`, from the keepers' DPU memory: this rank receives its
+    own from its keeper, the host ranks all-gather them (as clone ranks do) and rebuild the state."""
+    from dpuoffload.host.clone import gather_handoffs, rebuild_shared  # (clone imports the trainer)
+
+    keeper = StateAssignment.of(topo).keeper_of(topo.world_rank)
+    mine = receive_restore(topo, keeper, step, topo.side_comm, timeout)
+    parts = {r.head["sender"]: r for r in gather_handoffs(topo.side_comm, [mine])}
+    meta = parts[0].meta
+    shared = rebuild_shared(meta, {k: r.shared for k, r in parts.items()})
+    return meta, shared, {k: parse_local(bytes(r.local)) for k, r in parts.items()}
+
+
+def receive_restore(topo: Topology, keeper: int, step: int, comm: "MPI.Comm", timeout: float) -> Received:
+    """This host rank's hand-off of `step`, sent back by its keeper (Tag.RESTORE)."""
+    what = f"its state of step {step} from DPU memory ({topo.describe(keeper)})"
+    header = CKPT_HEADER.empty()
+    wait(topo.world.Irecv(header, source=keeper, tag=Tag.RESTORE), timeout, what)
+    head = dict(CKPT_HEADER.unpack(header))
+    if head["kind"] != StateKind.RESTORE or head["sender"] != comm.Get_rank() or head["global_step"] != step:
+        raise PeerError(f"expected host rank {comm.Get_rank()}'s state of step {step} from {topo.describe(keeper)}, "
+                        f"got {head}")
+    small, shared = byte_buffer(head["small_nbytes"]), byte_buffer(head["shared_nbytes"])
+    wait_all([topo.world.Irecv(buf, source=keeper, tag=Tag.RESTORE) for buf in (small, shared)], timeout, what)
+    return Received(head, small, shared)
 
 
 class StateHandoff:

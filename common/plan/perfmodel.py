@@ -5,6 +5,8 @@ evaluation), the allreduce time per step, and the transfer time of one batch are
 predict the host's critical path per epoch:
 
     none    S * (B*(aug_h + train_h) + allreduce + opt)                    + val_h
+            (with W --none-workers processes building batches beside training, as a DataLoader's
+            workers do: S * max(B*train_h + allreduce + opt, B*aug_h/W))
     da      S * max(B*train_h + allreduce + opt, F*(B*aug_d + transfer))   + val_h
             (with --da-host-share s, --dpu-workers K, --da-host-workers H: the DPU term is
             (1-s)*F*(B*aug_d/K + transfer), and the host's own share s*B*aug_h/H runs beside training
@@ -18,7 +20,21 @@ fed per augmentation rank, val_h = n_val/H * eval_h, val_d = n_val/M_mv * eval_d
 validation (as `--mv-dpu-fraction auto` picks it) and b the naive DPU batch (as
 `--dpu-batch-size auto` picks it). In steady state the DPU work of da overlaps host steps (the
 circular buffers decouple them) and mv's validation of epoch i overlaps epoch i+1, hence the max.
-The same functions choose `--mode auto` and project to larger clusters (`dpurun project`).
+
+**GPU host ranks** (`gpu_step` > 0): the host's training step is no longer CPU work. CUDA launches
+are asynchronous, so the host process's CPU time per step (`host_cpu`: receiving a batch and copying
+it into pinned memory, plus anything it builds itself) runs beside the GPU's step (`gpu_step`:
+forward, backward and optimizer, timed with a synchronize), and the batch's copy to the GPU (`h2d`)
+runs on a side stream beside both (`common.train.device.Staging`). So in every formula above the
+host's compute term B*train_h + opt becomes
+
+    max(gpu_step, h2d, host_cpu + in-process building) + allreduce
+
+`none` builds in process (the built-in trainer: + B*aug_h), or, as the peer a GPU user runs
+(`DataLoader(num_workers=W)`), in W workers: max(gpu_step, h2d, host_cpu, B*aug_h/W) + allreduce;
+`da` with an in-process host share adds s*B*aug_h to host_cpu. `naive` (CPU replicas) is not
+predicted from a GPU profile. All GPU fields 0: the CPU formulas, unchanged. The same functions
+choose `--mode auto` and project to larger clusters (`dpurun project`).
 """
 
 from __future__ import annotations
@@ -60,11 +76,24 @@ class Profile:
     host_share: Optional[float] = 0.0  # --da-host-share: the steps the host ranks build; None: auto (balanced)
     host_workers: int = 1       # --da-host-workers (0: the host builds its share in the training process)
     dpu_workers: int = 0        # --dpu-workers per stream (0: in the DPU rank's process, like 1)
+    none_workers: int = 0       # processes building none's batches beside training (0: in the training
+                                # process, as the built-in trainer; W: the DataLoader(num_workers=W) peer)
+    gpu_step: float = 0.0       # per step: the GPU's forward + backward + optimizer (0: the host trains on CPUs)
+    h2d: float = 0.0            # per batch: its copy to the GPU (from pinned memory, on a side stream)
+    host_cpu: float = 0.0       # per step on a GPU host: the host process's own CPU work (receive, pinned copy)
 
     def __post_init__(self) -> None:
         for name in ("n_train", "host_ranks", "batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"profile: {name} must be >= 1")
+        for name in ("none_workers", "gpu_step", "h2d", "host_cpu"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"profile: {name} must be >= 0")
+
+    @property
+    def on_gpu(self) -> bool:
+        """The host ranks train on GPUs (a measured GPU step)."""
+        return self.gpu_step > 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,8 +113,21 @@ def _steps(p: Profile) -> int:
     return math.ceil(p.n_train / (p.host_ranks * p.batch))
 
 
-def _host_step(p: Profile, with_aug: bool) -> float:
-    return p.batch * (p.host_train + (p.host_aug if with_aug else 0.0)) + p.allreduce + p.optimizer
+def _host_step(p: Profile, with_aug: bool, in_process: float = 0.0) -> float:
+    """The host's step: training, plus building its batch when `with_aug` (in the training process,
+    or in `none_workers` processes beside it), plus `in_process` seconds of other building."""
+    if with_aug and p.none_workers > 0:  # the peer's workers build beside the training
+        return max(_host_step(p, False, in_process), p.batch * p.host_aug / p.none_workers)
+    if p.on_gpu:  # asynchronous launches: the GPU step, the host's CPU and the side-stream copy overlap
+        build = p.batch * p.host_aug if with_aug else 0.0
+        return max(p.gpu_step, p.h2d, p.host_cpu + build + in_process) + p.allreduce
+    return p.batch * (p.host_train + (p.host_aug if with_aug else 0.0)) + p.allreduce + p.optimizer + in_process
+
+
+def _host_serial(p: Profile) -> float:
+    """What the host's in-process building adds to: on CPUs its whole step, on a GPU host only its
+    own CPU work (the GPU's step runs beside it)."""
+    return p.host_cpu + p.allreduce if p.on_gpu else _host_step(p, with_aug=False)
 
 
 def _val_host(p: Profile, share: float = 0.0) -> float:
@@ -115,6 +157,8 @@ def predict(mode: Mode | str, p: Profile) -> Prediction:
         train = _steps(p) * _host_step(p, with_aug=True)
         return Prediction(mode, train + _val_host(p), train, _val_host(p), "host compute")
     if mode is Mode.NAIVE:
+        if p.on_gpu:
+            raise ValueError("--mode naive trains every replica on CPUs, and this profile measured GPU host ranks")
         return _predict_naive(p)
     n_da, n_mv = split(p, mode)
     if mode is Mode.HYBRID and (n_da < 1 or n_mv < 1):
@@ -148,7 +192,7 @@ def feeding_terms(p: Profile, n_da: int, share: float) -> dict[str, float]:
     host's step (with its own building when in process), the host's worker processes, the DPU rank."""
     fan_out = math.ceil(p.host_ranks / n_da)
     host_build = p.batch * p.host_aug
-    host = _host_step(p, with_aug=False) + (share * host_build if p.host_workers == 0 else 0.0)
+    host = _host_step(p, with_aug=False, in_process=share * host_build if p.host_workers == 0 else 0.0)
     terms = {"host compute": host,
              "DPU augmentation": (1 - share) * fan_out * (p.batch * p.dpu_aug / max(p.dpu_workers, 1) + p.transfer)}
     if p.host_workers > 0 and share > 0:
@@ -162,14 +206,15 @@ def balanced_host_share(p: Profile, n_da: Optional[int] = None) -> float:
 
     With worker processes the host's share s costs s*h beside training and the DPU's (1-s)*d, so
     s = d/(h+d); built in the training process (H = 0) the host's step grows by s*h instead, so
-    s = (d - step)/(h + d). h: seconds for the host's workers to build one batch; d: for the DPU rank
+    s = (d - step)/(h + d), where on a GPU host `step` is the host's own CPU work per step (the GPU's
+    step runs beside it). h: seconds for the host's workers to build one batch; d: for the DPU rank
     to build and send one (its K workers, shared by the F host ranks it feeds)."""
     n_da = n_da if n_da is not None else split(p, Mode.DA)[0]
     d = feeding_terms(p, n_da, 0.0)["DPU augmentation"]
     h = p.batch * p.host_aug / max(p.host_workers, 1)
     if d <= 0:
         return 0.0
-    share = (d - _host_step(p, with_aug=False)) / (h + d) if p.host_workers == 0 else d / (h + d)
+    share = (d - _host_serial(p)) / (h + d) if p.host_workers == 0 else d / (h + d)
     return round(min(max(share, 0.0), 1.0), 3)
 
 

@@ -27,6 +27,8 @@ class Tag(IntEnum):
     CLONE = 35         # keeper DPU rank -> clone rank: CKPT_HEADER then the same two payloads, forwarded as received;
                        # before it PREPARE and HEARTBEAT headers alone
     CKPT_SUMMARY = 36  # keeper 0 -> host rank 0 after the last hand-off: checkpoints taken/failed, newest intact
+    RESTORE = 37       # keeper DPU rank -> host rank, once at start-up when restarting from DPU memory: CKPT_HEADER
+                       # (kind RESTORE) then the two payloads of that host rank's hand-off, as kept
     LOADER = 40        # public API loaders, host -> its feeder DPU rank: pickled `common.data.streams` messages
     VALIDATOR = 41     # public API `job.validate`, host rank 0 -> every DPU validation rank, once: a pickled
                        # `common.data.streams.ValidatorSetup` (the model and the validation set)
@@ -80,6 +82,7 @@ class StateKind(IntEnum):
                        # (and, forwarded, the clone rank) can fault in its receive buffer off the critical path
     HEARTBEAT = 5      # keeper -> clone rank (Tag.CLONE, header only, sender -1): "alive, the clone state is not
                        # due yet", every peer_timeout/4 s until the clone is served (`host.clone`'s stand-by deadline)
+    RESTORE = 6        # keeper -> host rank (Tag.RESTORE): its hand-off kept in DPU memory, to restart from
 
 
 # The CKPT / CLONE message: this header, then `small_nbytes` bytes = `meta_nbytes` of UTF-8 JSON (run-level:

@@ -4,6 +4,8 @@
     configure           parse flags, per-side threads                        (collective_call)
     check_peers         same version, protocol, config hash everywhere       (collective_call)
     run id              world rank 0's id for this run, stamped on log lines  (bcast)
+    [restart]           --resume latest --ckpt-mem-keep: does every keeper    (allgather + bcast)
+                        hold a newer state in DPU memory than the disk?
     [auto]              --mode auto: profile, predict, resolve the mode      (collectives)
     prepare             the program's own set-up (data sets, model, ...)     (collective_call)
     profile             what each rank measured or has, for choices that     (allgather)
@@ -28,6 +30,7 @@ from dpuoffload.common.runtime.failure import collective_call, set_error_dir, se
 from dpuoffload.common.runtime.handshake import check_peers
 from dpuoffload.common.runtime.malloc import tune_malloc
 from dpuoffload.common.runtime.roles import Role, Topology, build_topology
+from dpuoffload.common.state.memstore import agree_restart
 
 T = TypeVar("T")
 
@@ -99,6 +102,7 @@ def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[
     set_error_dir(cfg.log_dir)
     metrics.set_run(topo.world.bcast(metrics.new_run_id() if topo.world.Get_rank() == 0 else None, root=0),
                     resuming=cfg.resume is not None)
+    collective_call(topo.world, lambda: agree_restart(cfg, topo), label)
     if role is Role.HOST or cfg.mode is Mode.AUTO:
         init_torch()
     auto = None

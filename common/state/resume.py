@@ -3,6 +3,11 @@
 Every rank calls `find_resume` while it prepares (DPU ranks too: an augmentation rank must start
 producing at the resumed batch, a validation rank at the resumed epoch), so all agree on the
 start position without a message. Host ranks then `load` the full state (`common.ckptfiles`).
+
+With `--resume latest --ckpt-mem-keep K` the start-up first asks the keepers what they hold in DPU
+memory (`agree_restart`, collective): when every keeper holds a step at least as new as the disk's
+newest, the run resumes from there, the keepers send each host rank its hand-off back
+(`dpu.keeper`, `host.checkpoint.resume_trainer`) and the disk is not read.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ from typing import Any, Optional
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.runtime import metrics
 from dpuoffload.common.state import ckptfiles
+from dpuoffload.common.state.memstore import MemoryPoint, memory_point
 from dpuoffload.common.state.trainstate import Position, position_of, reslice_position
 
 # Fields that may differ between the run that wrote a checkpoint and the run that resumes it.
-FREE = frozenset({"resume", "ckpt_dir", "ckpt_every", "ckpt_every_epoch", "ckpt_keep", "ckpt_copy", "stop_at_step",
+FREE = frozenset({"resume", "ckpt_dir", "ckpt_every", "ckpt_every_epoch", "ckpt_keep", "ckpt_mem_keep", "ckpt_copy",
+                  "stop_at_step",
                   "log_dir", "trace", "save_weights", "progress", "peer_timeout", "digest_batches", "clone_at",
                   "clone_override", "inject", "inject_simulate",
                   "simulate_recovery", "mode", "da_buffers", "dpu_workers", "da_host_share", "da_host_workers",
@@ -35,6 +42,7 @@ class ResumePoint:
     meta: dict[str, Any]
     changed: tuple[str, ...]  # config fields that differ from the checkpoint's run (besides FREE ones)
     skipped: tuple[str, ...] = ()  # `--resume latest`: newer checkpoints found damaged and passed over
+    memory: Optional[MemoryPoint] = None  # restarting from DPU memory (then `path` names that memory)
 
     @property
     def same_slicing(self) -> bool:
@@ -50,8 +58,12 @@ def find_resume(cfg: RunConfig, n_hosts: int, steps_per_epoch: int) -> Optional[
     if cfg.resume is None:
         return None
     skipped: list[str] = []
-    path = ckptfiles.resolve(cfg.resume, cfg.ckpt_dir, skipped)
-    meta = ckptfiles.read_manifest(path)
+    memory = memory_point() if cfg.resume == "latest" else None
+    if memory is not None:
+        path, meta = memory.root / f"step-{memory.step:09d}", memory.meta
+    else:
+        path = ckptfiles.resolve(cfg.resume, cfg.ckpt_dir, skipped)
+        meta = ckptfiles.read_manifest(path)
     changed = tuple(ckptfiles.check_compatible(meta, config_dict(cfg), FREE))
     fatal = [k for k in FATAL if k in changed]
     if fatal:
@@ -64,7 +76,7 @@ def find_resume(cfg: RunConfig, n_hosts: int, steps_per_epoch: int) -> Optional[
     old_per_step = int(meta["host_ranks"]) * int(meta["config"]["batch_size"])
     position = reslice_position(position_of(meta), old_per_step, n_hosts * cfg.batch_size, steps_per_epoch)
     metrics.set_resumed_from(position.global_step)  # stamped on this run's log lines (they append)
-    return ResumePoint(path, position, meta, changed, tuple(skipped))
+    return ResumePoint(path, position, meta, changed, tuple(skipped), memory)
 
 
 def start_position(point: Optional[ResumePoint]) -> Position:

@@ -6,11 +6,15 @@ data and model at the same time, so ranks that share cores measure the shared sp
 train at, and host rank 0's and DPU rank 0's numbers stand for their sides; the host ranks time an
 allreduce of the gradient size, all ranks one of the whole job (naive), and host rank 0 / DPU rank
 0 one batch transfer. Everyone gathers the numbers, builds the same `Profile`, and so resolves
-`auto` to the same mode.
+`auto` to the same mode. A host rank that will train on a GPU (`--device auto` finding one) times
+its GPU step, the copy of a batch to the GPU and its own CPU work per batch instead of a CPU
+training step (`gpu_costs`); on CPUs the profile is what it always was.
 """
 
 from __future__ import annotations
 
+import copy
+import statistics
 import time
 from typing import Any, Optional
 
@@ -36,23 +40,122 @@ from dpuoffload.common.runtime.messages import Tag
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import init_torch
 from dpuoffload.common.runtime.waits import wait
+from dpuoffload.common.train.device import Compute, resolve_device
 from dpuoffload.common.train.evaluation import eval_seconds_per_sample
-from dpuoffload.common.train.loop import optimizer_seconds_per_step
+from dpuoffload.common.train.loop import build_optimizer, optimizer_seconds_per_step
 from dpuoffload.common.train.naive import train_seconds_per_sample
 
 
 def local_costs(cfg: RunConfig, topo: Topology) -> dict[str, Any]:
-    """Per-sample costs on this rank, measured while every other rank measures too."""
+    """Per-sample costs on this rank, measured while every other rank measures too. A host rank
+    that will train on a GPU measures its GPU step instead of a CPU training step (`gpu_costs`)."""
     data = build_datasets(cfg)
     train = PerSampleSeeded(data.train, cfg.seed)
     model = build_model(cfg, data.num_classes)
     aug, sample = aug_seconds_per_sample(train, min(2 * cfg.batch_size, len(train)))
-    return {"aug": aug, "train": train_seconds_per_sample(model, train, cfg.batch_size),
+    common = {"aug": aug, "n_train": len(train), "n_val": len(data.val),
+              "grad_elems": sum(p.numel() for p in model.parameters()),
+              "batch_bytes": cfg.batch_size * sample.numel() * sample.element_size()}
+    compute = gpu_compute(cfg, topo)
+    if compute is not None:
+        return {**common, **gpu_costs(cfg, model, compute, sample, data.val)}
+    return {**common, "train": train_seconds_per_sample(model, train, cfg.batch_size),
             "eval": eval_seconds_per_sample(model, data.val, cfg.val_batch_size),
-            "opt": optimizer_seconds_per_step(cfg, model),
-            "n_train": len(train), "n_val": len(data.val),
-            "grad_elems": sum(p.numel() for p in model.parameters()),
-            "batch_bytes": cfg.batch_size * sample.numel() * sample.element_size()}
+            "opt": optimizer_seconds_per_step(cfg, model)}
+
+
+def gpu_compute(cfg: RunConfig, topo: Topology) -> Optional[Compute]:
+    """Where this rank will train if it is a host rank on a GPU (as `host.main.prepare` resolves
+    it for the chosen mode); None on DPU ranks and CPU host ranks, whose profile is unchanged."""
+    if topo.role is not Role.HOST:
+        return None
+    device = resolve_device(cfg.device, topo.local_rank)
+    return Compute.of(device, cfg.amp, cfg.channels_last) if device.type == "cuda" else None
+
+
+def gpu_costs(cfg: RunConfig, model: Any, compute: Compute, sample: Any, val: Any = None) -> dict[str, float]:
+    """A GPU host rank's profile (`perfmodel.Profile`'s GPU fields), clocks read after a synchronize:
+
+    - gpu_step: one training step on a batch already on the GPU (autocast, layout, optimizer, and
+      the loss read the trainer does every step), the mean over a few steps after two warm-ups
+      (cuDNN picks its algorithms, the caching allocator fills);
+    - h2d: the copy of one batch from pinned memory to the GPU;
+    - host_cpu: the host process's CPU work per batch, one copy of a batch into pinned memory (what
+      receiving it costs; launches are asynchronous and overlap the GPU);
+    - eval: validation seconds per sample on the GPU (with `val`).
+
+    The batch repeats one real augmented sample: the timings depend on its shape, not its values.
+    """
+    import torch
+
+    x = sample.unsqueeze(0).expand(cfg.batch_size, *sample.shape).contiguous()
+    y = torch.zeros(cfg.batch_size, dtype=torch.int64)
+    probe = compute.place(copy.deepcopy(model))
+    costs = {"gpu_step": _gpu_step_seconds(cfg, probe, compute, x, y), "h2d": _h2d_seconds(compute, x, y),
+             "host_cpu": _pinned_copy_seconds(x, y)}
+    if val is not None:
+        costs["eval"] = eval_seconds_per_sample(probe, val, cfg.val_batch_size)  # (reads sums: synchronizes)
+    return costs
+
+
+def _gpu_step_seconds(cfg: RunConfig, model: Any, compute: Compute, x: Any, y: Any, steps: int = 5) -> float:
+    import torch
+    from torch import nn
+
+    model.train()
+    opt, criterion = build_optimizer(cfg, model), nn.CrossEntropyLoss()
+    scaler = torch.amp.GradScaler("cuda") if compute.scales_loss else None
+    xd, yd = compute.inputs(x, y)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=False)
+        with compute.autocast():
+            loss = criterion(model(xd), yd)
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        float(loss.detach())  # the trainer reads every step's loss: a synchronize per step, as there
+        if scaler is None:
+            opt.step()
+        else:
+            scaler.step(opt)
+            scaler.update()
+
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize(compute.device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize(compute.device)
+    return (time.perf_counter() - t0) / steps
+
+
+def _h2d_seconds(compute: Compute, x: Any, y: Any, reps: int = 3) -> float:
+    import torch
+
+    xp, yp = x.pin_memory(), y.pin_memory()
+
+    def one() -> float:
+        torch.cuda.synchronize(compute.device)
+        t0 = time.perf_counter()
+        compute.inputs(xp, yp)
+        torch.cuda.synchronize(compute.device)
+        return time.perf_counter() - t0
+
+    one()  # warm-up
+    return statistics.median(one() for _ in range(reps))
+
+
+def _pinned_copy_seconds(x: Any, y: Any, reps: int = 3) -> float:
+    dst_x, dst_y = x.new_empty(x.shape).pin_memory(), y.new_empty(y.shape).pin_memory()
+
+    def one() -> float:
+        t0 = time.perf_counter()
+        dst_x.copy_(x)
+        dst_y.copy_(y)
+        return time.perf_counter() - t0
+
+    one()  # warm-up: the first touch faults the pages in
+    return statistics.median(one() for _ in range(reps))
 
 
 def aug_seconds_per_sample(train: PerSampleSeeded, k: int) -> tuple[float, Any]:
@@ -99,12 +202,17 @@ def gather_profile(cfg: RunConfig, topo: Topology, label: str) -> Profile:
     timing = topo.world.bcast((ar_host, ar_all, xfer), root=topo.host_ranks[0])
     return Profile(n_train=host["n_train"], n_val=host["n_val"], host_ranks=len(topo.host_ranks),
                    dpu_ranks=len(topo.dpu_ranks), batch=cfg.batch_size, host_aug=host["aug"],
-                   host_train=host["train"], host_eval=host["eval"], dpu_aug=dpu.get("aug", 0.0),
+                   host_train=host.get("train", 0.0), host_eval=host["eval"], dpu_aug=dpu.get("aug", 0.0),
                    dpu_train=dpu.get("train", 0.0), dpu_eval=dpu.get("eval", 0.0), allreduce=timing[0],
-                   allreduce_all=timing[1], optimizer=host["opt"], transfer=timing[2], grad_bytes=4 * elems,
+                   allreduce_all=timing[1], optimizer=host.get("opt", 0.0), transfer=timing[2], grad_bytes=4 * elems,
                    dpu_batch=cfg.dpu_batch_size if isinstance(cfg.dpu_batch_size, int) else None,
                    mv_fraction=cfg.mv_dpu_fraction if isinstance(cfg.mv_dpu_fraction, float) else None,
-                   **feeding_flags(cfg))
+                   **feeding_flags(cfg), **gpu_fields(host))
+
+
+def gpu_fields(costs: dict[str, Any]) -> dict[str, float]:
+    """The `Profile` fields of a GPU host rank's measured costs (none on CPUs: the defaults, 0)."""
+    return {k: costs[k] for k in ("gpu_step", "h2d", "host_cpu") if k in costs}
 
 
 def feeding_flags(cfg: RunConfig) -> dict[str, Any]:
@@ -163,7 +271,7 @@ def resolve_host_share(cfg: RunConfig, topo: Topology, label: str) -> RunConfig:
         # the busiest augmentation rank, feeding fan_out host ranks (the share is one for the job)
         profile = Profile(n_train=1, n_val=0, host_ranks=fan_out, dpu_ranks=1, batch=cfg.batch_size,
                           host_aug=host["aug"], host_train=host.get("train", 0.0), host_eval=0.0, dpu_aug=dpu,
-                          dpu_train=0.0, dpu_eval=0.0, allreduce=0.0, **feeding_flags(cfg))
+                          dpu_train=0.0, dpu_eval=0.0, allreduce=0.0, **feeding_flags(cfg), **gpu_fields(host))
         share = balanced_host_share(profile, n_da=1)
         where = (f"{cfg.da_host_workers} worker process(es)" if cfg.da_host_workers else "the training process")
         print(f"[dpuoffload] --da-host-share auto: {share:g} of every epoch's steps built on the host ranks "
@@ -180,9 +288,14 @@ def _feeding_costs(cfg: RunConfig, topo: Topology, feeds: bool) -> dict[str, flo
     in_process = topo.role is Role.HOST and cfg.da_host_workers == 0
     data = build_datasets(cfg) if in_process else None
     train = PerSampleSeeded(data.train if data is not None else build_train_set(cfg), cfg.seed)
-    costs = {"aug": aug_seconds_per_sample(train, min(2 * cfg.batch_size, len(train)))[0]}
-    if data is not None:
-        costs["train"] = train_seconds_per_sample(build_model(cfg, data.num_classes), train, cfg.batch_size)
+    aug, sample = aug_seconds_per_sample(train, min(2 * cfg.batch_size, len(train)))
+    costs = {"aug": aug}
+    if data is not None:  # what the in-process share adds to: the CPU step, or on a GPU the host's CPU work
+        model, compute = build_model(cfg, data.num_classes), gpu_compute(cfg, topo)
+        if compute is not None:
+            costs.update(gpu_costs(cfg, model, compute, sample))
+        else:
+            costs["train"] = train_seconds_per_sample(model, train, cfg.batch_size)
     return costs
 
 
