@@ -1,6 +1,7 @@
 """The performance model (pure): each mode's epoch from a profile, the choice, the projection."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -121,3 +122,99 @@ def test_auto_share_balances_host_and_dpu_so_neither_waits():
     p4 = profile(host_ranks=4, dpu_ranks=4, dpu_aug=0.01, host_aug=0.02, host_workers=2, transfer=0.0,
                  host_share=None)
     assert predict("hybrid", p4).detail["host_share"] > predict("da", p4).detail["host_share"]
+
+
+# ----------------------------------------------------------------------- GPU host ranks (issue 12)
+# The issue's measurements on one H100 + 16 x86 cores, resnet50 at 224 px, batch 256: the GPU trains
+# 3,983 img/s on batches already there; one core decodes + augments 202 img/s.
+GPU_RATE, CORE_RATE, B = 3983.0, 202.0, 256
+N = 100 * B  # whole steps: img/s = N / train_s exactly
+
+
+def gpu_profile(**over):
+    base = dict(n_train=N, n_val=0, host_ranks=1, dpu_ranks=1, batch=B, host_aug=1 / CORE_RATE,
+                host_train=0.3, host_eval=0.0, dpu_aug=1 / CORE_RATE, dpu_train=1.0, dpu_eval=0.0,
+                allreduce=0.0, optimizer=0.01, transfer=0.0, gpu_step=B / GPU_RATE, h2d=0.006, host_cpu=0.006)
+    base.update(over)
+    return Profile(**base)
+
+
+def rate(mode, p):
+    return N / predict(mode, p).train_s
+
+
+def test_a_gpu_host_is_bound_by_the_slowest_of_gpu_step_copy_and_host_cpu_never_their_sum():
+    """Launches are asynchronous and the copy runs on a side stream: the three overlap. The CPU
+    training cost (host_train, optimizer) no longer enters: the GPU's step replaces it."""
+    fed = gpu_profile(none_workers=20)  # 20 x 202 = 4,040 img/s of augmentation: the GPU bounds
+    assert rate("none", fed) == pytest.approx(GPU_RATE)
+    copy_bound = gpu_profile(none_workers=20, h2d=0.1)  # a pageable copy slower than the step
+    assert rate("none", copy_bound) == pytest.approx(B / 0.1)
+    cpu_bound = gpu_profile(none_workers=20, host_cpu=0.08)
+    assert rate("none", cpu_bound) == pytest.approx(B / 0.08)
+    assert predict("none", gpu_profile(none_workers=20, allreduce=0.01)).train_s == pytest.approx(
+        100 * (B / GPU_RATE + 0.01))  # the gradient allreduce waits for the backward pass: it adds
+
+
+def test_the_peer_on_a_gpu_host_is_its_workers_or_the_gpu():
+    """none with W DataLoader workers: min(GPU-bound, W x per-core rate); 14 workers: 2,828 img/s."""
+    assert rate("none", gpu_profile(none_workers=14)) == pytest.approx(min(GPU_RATE, 14 * CORE_RATE))
+    assert rate("none", gpu_profile(none_workers=14)) == pytest.approx(2828)
+    assert rate("none", gpu_profile(none_workers=4)) == pytest.approx(808)
+    # the built-in trainer's none builds in its training process: one core, plus its own CPU work
+    assert rate("none", gpu_profile()) == pytest.approx(B / (B / CORE_RATE + 0.006))
+
+
+def test_da_with_d_dpu_cores_at_speed_s_feeds_s_d_cores_worth():
+    """8 DPU worker processes at half a core each: 8 x 0.5 x 202 = 808 img/s, the GPU idles 80 %."""
+    p = gpu_profile(dpu_aug=1 / (0.5 * CORE_RATE), dpu_workers=8)
+    pred = predict("da", p)
+    assert rate("da", p) == pytest.approx(808) and pred.bottleneck == "DPU augmentation"
+    with_transfer = gpu_profile(dpu_aug=1 / (0.5 * CORE_RATE), dpu_workers=8, transfer=0.01)
+    assert predict("da", with_transfer).train_s == pytest.approx(100 * (B / 808 + 0.01))
+    many = gpu_profile(dpu_aug=1 / CORE_RATE, dpu_workers=32)  # 32 x 202 > 3,983: the GPU bounds
+    assert rate("da", many) == pytest.approx(GPU_RATE) and predict("da", many).bottleneck == "host compute"
+
+
+def test_host_and_dpu_shares_add_their_cores_up_to_the_gpu_and_auto_balances_them():
+    """h = 8 host workers + d = 8 DPU workers at s = 0.5: 8 x 202 + 8 x 101 = 2,424 img/s at the
+    balanced share 2/3, which is what --da-host-share auto (host_share None) picks."""
+    from dpuoffload.common.plan.perfmodel import balanced_host_share, feeding_terms
+
+    p = gpu_profile(dpu_aug=1 / (0.5 * CORE_RATE), dpu_workers=8, host_workers=8, host_share=None)
+    share = balanced_host_share(p)
+    assert share == round(2 / 3, 3)
+    terms = feeding_terms(p, 1, 2 / 3)
+    assert terms["host augmentation"] == pytest.approx(terms["DPU augmentation"]) == pytest.approx(B / 2424)
+    assert predict("da", p).detail["host_share"] == share
+    assert rate("da", p) == pytest.approx(2424, rel=1e-3)
+    for fixed in (0.5, 0.8):  # any other share leaves one side waiting: slower
+        assert rate("da", replace(p, host_share=fixed)) < rate("da", p)
+    # 14 host workers + 16 DPU workers at half speed: 2,828 + 1,616 > 3,983, the GPU bounds
+    enough = gpu_profile(dpu_aug=1 / (0.5 * CORE_RATE), dpu_workers=16, host_workers=14, host_share=None)
+    assert rate("da", enough) == pytest.approx(GPU_RATE)
+    # share 1.0: the host's workers alone, as the peer with as many workers
+    assert rate("da", gpu_profile(host_workers=14, host_share=1.0)) == pytest.approx(
+        rate("none", gpu_profile(none_workers=14)))
+
+
+def test_in_process_share_on_a_gpu_host_balances_against_its_cpu_not_its_gpu_step():
+    """H = 0: the host builds its share in the training process, beside the GPU's step: the share
+    is (d - host_cpu) / (h + d), whatever the GPU takes."""
+    from dpuoffload.common.plan.perfmodel import balanced_host_share
+
+    p = gpu_profile(dpu_aug=1 / (0.5 * CORE_RATE), dpu_workers=8, host_workers=0, host_share=None)
+    d, h = B / 808, B / CORE_RATE
+    assert balanced_host_share(p) == round((d - 0.006) / (h + d), 3)
+    assert balanced_host_share(replace(p, gpu_step=1.0)) == balanced_host_share(p)
+
+
+def test_auto_on_a_gpu_host_picks_da_at_the_balanced_share_and_cpu_profiles_are_unchanged():
+    p = gpu_profile(dpu_aug=1 / (0.5 * CORE_RATE), dpu_workers=8, host_workers=8, host_share=None)
+    assert choose(p) == "da"
+    assert predict_all(p)["da"].detail["host_share"] == round(2 / 3, 3)
+    assert "naive" not in predict_all(p)  # CPU replicas: nothing in a GPU profile predicts them
+    cpu = profile()  # no GPU fields: the CPU formulas, to the bit
+    assert predict("none", cpu).train_s == 32 * (16 * (0.004 + 0.0005) + 0.002 + 0.001)
+    with pytest.raises(ValueError, match="gpu_step must be >= 0"):
+        gpu_profile(gpu_step=-1.0)

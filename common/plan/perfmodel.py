@@ -5,8 +5,8 @@ evaluation), the allreduce time per step, and the transfer time of one batch are
 predict the host's critical path per epoch:
 
     none    S * (B*(aug_h + train_h) + allreduce + opt)                    + val_h
-            (with W --none-workers processes building batches beside training, as a DataLoader's
-            workers do: S * max(B*train_h + allreduce + opt, B*aug_h/W))
+            (with W processes building the batches beside training, `none_workers`, as the
+            workers of a DataLoader do: S * max(B*train_h + allreduce + opt, B*aug_h/W))
     da      S * max(B*train_h + allreduce + opt, F*(B*aug_d + transfer))   + val_h
             (with --da-host-share s, --dpu-workers K, --da-host-workers H: the DPU term is
             (1-s)*F*(B*aug_d/K + transfer), and the host's own share s*B*aug_h/H runs beside training
