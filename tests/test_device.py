@@ -156,3 +156,48 @@ def test_gpu_state_crosses_to_host_memory_and_back():
     back = [torch.zeros_like(x) for x in tensors]
     unpack_pieces(buf, plan.rank_pieces(0), back)
     assert all(torch.equal(a, b) and b.is_cuda for a, b in zip(tensors, back))
+
+
+@pytest.fixture
+def deterministic_state():
+    """Restore torch's process-wide deterministic setting after a test that changes it."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def test_deterministic_mode_fixes_the_cublas_workspace_and_only_warns_where_a_gpu_is(monkeypatch,
+                                                                                      deterministic_state):
+    """Every computing rank's start-up: on a GPU box a resnet50 backward (AdaptiveAvgPool2d has no
+    deterministic CUDA kernel) and any matmul (cuBLAS without a fixed workspace) would raise."""
+    import os
+
+    from dpuoffload.common.runtime.startup import use_deterministic_algorithms
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    use_deterministic_algorithms()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the user's own setting is kept
+    use_deterministic_algorithms()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    assert torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_gpu_resnet50_trains_under_the_ranks_deterministic_mode(deterministic_state):
+    from torchvision.models import resnet50
+
+    from dpuoffload.common.runtime.startup import use_deterministic_algorithms
+
+    use_deterministic_algorithms()
+    compute = Compute.of(torch.device("cuda", 0), "bf16", True)
+    model = compute.place(resnet50(num_classes=10))
+    x, y = compute.inputs(torch.randn(4, 3, 64, 64), torch.tensor([0, 1, 2, 3]))
+    with compute.autocast():
+        loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()  # AdaptiveAvgPool2d's CUDA backward: a warning, not an error
+    assert all(p.grad is not None and bool(p.grad.isfinite().all()) for p in model.parameters())

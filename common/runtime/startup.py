@@ -18,6 +18,7 @@ ends every rank with one message instead of leaving the other program waiting fo
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
@@ -42,13 +43,23 @@ def use_deterministic_algorithms() -> None:
     pulls in torch._dynamo and sympy, 1.4 s of CPU per rank here before anything runs. The inductor
     flag only affects compiled graphs, which nothing here compiles. Once inductor is loaded anyway
     (torchvision imports it), or without the private setter, the public call is used.
+
+    Where torch sees a GPU, two things would otherwise stop a GPU host rank's training: cuBLAS is
+    deterministic only with a fixed workspace (`CUBLAS_WORKSPACE_CONFIG`, read when its first handle
+    is made; without it torch raises at the first matmul), and some CUDA backward kernels have no
+    deterministic version (AdaptiveAvgPool2d's, in resnet50, raises). So the workspace is fixed
+    (unless the user set it) and there the mode only warns for such kernels: batches stay
+    bit-identical (they are built on CPUs), a GPU's gradients are what its kernels make. On CPUs
+    nothing changes (a GPU-less box sees no GPU: errors, as before).
     """
     import torch
 
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    warn_only = torch.cuda.is_available()
     if "torch._inductor.config" in sys.modules or not hasattr(torch._C, "_set_deterministic_algorithms"):
-        torch.use_deterministic_algorithms(True)
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
     else:
-        torch._C._set_deterministic_algorithms(True, warn_only=False)
+        torch._C._set_deterministic_algorithms(True, warn_only=warn_only)
 
 
 def configure(argv: Optional[Sequence[str]], prog: str) -> RunConfig:
