@@ -265,6 +265,8 @@ def check_resume(cfg: RunConfig, facts: LaunchFacts) -> Optional[Problem]:
     where = cfg.ckpt_dir if cfg.resume == "latest" else cfg.resume
     if facts.cluster and not (where and Path(where).is_absolute() and Path(where).exists()):
         return None
+    if cfg.resume == "latest" and cfg.ckpt_mem_keep:  # (DPU memory may hold a newer state: the ranks decide)
+        return None
     from dpuoffload.common.state.ckptdirs import resolve
 
     skipped: list[str] = []

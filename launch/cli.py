@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 from dpuoffload.common.config import build_parser
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.launch import checks, placement, supervise, throttle
+from dpuoffload.launch import checks, placement, restart, supervise, throttle
 from dpuoffload.launch.command import FLAVORS, LaunchSpec, build_command
 
 PROG = "dpurun"
@@ -106,6 +106,10 @@ def _add_rank_flags(g: argparse._ArgumentGroup) -> None:
                         "nodes clones run on in a cluster (default: the host ranks' cores)")
     g.add_argument("--oversubscribe", action="store_true",
                    help="allow more ranks than cores (local) or slots (cluster)")
+    g.add_argument("--restarts", type=int, default=0, metavar="N",
+                   help="relaunch the job up to N times when a rank dies, resuming from the newest state the "
+                        "DPU ranks hold in memory (--ckpt-mem-keep, set to 2 unless given), or from --ckpt-dir "
+                        "when DPU memory lost it; needs --ckpt-dir with --ckpt-every or --ckpt-every-epoch")
     g.add_argument("--share-cores", action="store_true",
                    help="local: run host and DPU ranks on all of this machine's cores instead of separate "
                         "ones; a functional run on a small machine (CI, a laptop) that emulates no DPU "
@@ -371,6 +375,8 @@ def check_and_resolve(args: argparse.Namespace,
                                cluster=_cluster_mode(args), python=args.python or sys.executable,
                                skip_slow=args.skip_checks, create_dirs=not args.dry_run)
     problems = checks.check_before_launch(cfg, facts, training_args)
+    if args.restarts:
+        problems += restart_problems(args.restarts, cfg)
     spec = cgroup = None
     try:
         spec, cgroup = resolve_spec(args, training_args)
@@ -381,29 +387,63 @@ def check_and_resolve(args: argparse.Namespace,
     return spec, cgroup
 
 
+def restart_problems(restarts: int, cfg: Any) -> list[checks.Problem]:
+    """`--restarts N` needs checkpoints to restart from, and the built-in trainer (a script resumes itself)."""
+    if restarts < 0:
+        return [checks.Problem(f"--restarts must be >= 0, got {restarts}")]
+    if cfg.script is not None:
+        return [checks.Problem("--restarts relaunches the built-in trainer; a training script resumes itself "
+                               "(job.resume): run it again with --resume latest")]
+    if not cfg.ckpt_dir or not (cfg.ckpt_every or cfg.ckpt_every_epoch):
+        return [checks.Problem("--restarts N resumes from checkpoints: add --ckpt-dir DIR and --ckpt-every N "
+                               "(or --ckpt-every-epoch) to the training flags")]
+    return []
+
+
 class PrelaunchFailed(Exception):
     """The pre-launch checks found problems and printed them."""
 
 
 # ----------------------------------------------------------------------------------- running
-def launch(spec: LaunchSpec, cgroup: Optional[throttle.CgroupPlan]) -> int:
-    """Create the throttling cgroup (if any), run the job supervised, remove the cgroup."""
+def launch(spec: LaunchSpec, cgroup: Optional[throttle.CgroupPlan], restarts: int = 0) -> int:
+    """Create the throttling cgroup (if any), run the job supervised (relaunched up to `restarts`
+    times after a rank died, `launch.restart`), remove the cgroup."""
     if cgroup is not None:
         try:
             throttle.create(cgroup)
         except throttle.ThrottleUnavailable as e:
             _warn_unthrottled(str(e))
             spec, cgroup = dataclasses.replace(spec, cgroup=None), None
-    cmd = build_command(spec)
-    print(f"{PROG}: running: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    cfg = checks.parse_training(spec.training_args)  # checked before: only for the paths below
-    raw_log = Path(cfg.log_dir) / "mpirun.log" if cfg.log_dir else None
     try:
-        return supervise.run(cmd, spec.host_ranks, spec.dpu_ranks, raw_log=raw_log, ckpt_dir=cfg.ckpt_dir)
+        return supervised(spec, restarts)
     finally:
         problem = throttle.remove(cgroup) if cgroup is not None else None
         if problem:
             _note(problem, kind="warning")
+
+
+def supervised(spec: LaunchSpec, restarts: int) -> int:
+    """Run the job; relaunch it with `--resume latest` while a rank died and restarts are left."""
+    cfg = checks.parse_training(spec.training_args)  # checked before: only for the paths below
+    raw_log = Path(cfg.log_dir) / "mpirun.log" if cfg.log_dir else None
+    attempt, failed = 0, None
+    while True:
+        cmd = build_command(spec)
+        print(f"{PROG}: running: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+        outcome = supervise.run_job(cmd, spec.host_ranks, spec.dpu_ranks, raw_log=raw_log, ckpt_dir=cfg.ckpt_dir)
+        if failed is not None:
+            restart.record(cfg.log_dir, restart.report(attempt, failed, outcome))
+        if outcome.code == 0 or not restarts:
+            return outcome.code
+        why_not = restart.refusal(outcome) or (f"no restarts left (--restarts {restarts})"
+                                               if attempt >= restarts else None)
+        if why_not is not None:
+            print(f"{PROG}: not restarting: {why_not}", file=sys.stderr, flush=True)
+            return outcome.code
+        attempt, failed = attempt + 1, outcome
+        spec = dataclasses.replace(spec, training_args=tuple(restart.relaunch_args(spec.training_args)))
+        print(f"{PROG}: restart {attempt} of {restarts}: relaunching with --resume latest (the newest state in "
+              f"DPU memory, else in {cfg.ckpt_dir})", file=sys.stderr, flush=True)
 
 
 def _make_data(argv: Sequence[str]) -> int:
@@ -435,11 +475,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         training_args, args.script, args.script_args = split_script(training_args)
         if args.script is not None:
             training_args += ["--script", args.script]
+        if args.restarts > 0:
+            training_args = restart.first_launch_args(training_args)
         spec, cgroup = check_and_resolve(args, training_args)
         if args.dry_run:
             print(shlex.join(build_command(spec)))
             return 0
-        return launch(spec, cgroup)
+        return launch(spec, cgroup, args.restarts)
     except ConfigError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

@@ -65,6 +65,14 @@ _LABEL = r"\w+ rank \d+ \(world rank (\d+)\b[^)]*\)"   # topo.describe(): 'host 
 _OWN_FAILURE = (re.compile(r"^\[dpuoffload\] " + _LABEL + r" failed: (.*)$"),  # run_program
                 re.compile(r"^\[dpuoffload\] error on (?:\d+ ranks \()?" + _LABEL + r".*?\)?: (.*)$"))  # collective
 _OWN_SUMMARY = re.compile(r"^\[dpuoffload\] (checkpoints: .*)$")
+# Lines whose arrival time a restart report needs (`launch.restart`): the moment an injected failure
+# fired, and where a relaunched job resumed (from DPU memory: how long its state took to come back).
+_EVENTS = {
+    "injected": re.compile(r"^\[dpuoffload\] .*: injected failure \S+ at global step (\d+)"),
+    "from_memory": re.compile(r"^\[dpuoffload\] restarting from DPU memory: the state of step (\d+) "
+                              r"\(([\d.]+) MB\) came back from \d+ keeper\(s\) in (\d+) ms"),
+    "resumed": re.compile(r"^\[dpuoffload\] resuming from .*\(global step (\d+)\)$"),
+}
 # Open MPI banners that dpurun's own line replaces (MPI_Abort's has a NUL byte: `grep` calls the log
 # binary). Kept in <log-dir>/mpirun.log; other banners (a killed rank) pass through.
 _NOISE = ("MPI_ABORT was invoked", 'calling\n"abort"', 'calling "abort"')
@@ -110,6 +118,8 @@ class FailureScanner:
         self._seen: dict[int, RankFailure] = {}
         self.reported: Optional[RankFailure] = None   # the first rank that said itself why it failed
         self.summary: Optional[str] = None             # the ranks' last word on lost checkpoints
+        self.events: dict[str, tuple[float, tuple[str, ...]]] = {}  # first arrival (monotonic s) of _EVENTS,
+        #                                                             and "noticed": mpirun's first death report
 
     @property
     def failures(self) -> list[RankFailure]:
@@ -138,6 +148,10 @@ class FailureScanner:
         m = _OWN_SUMMARY.match(line)
         if m:
             self.summary = m[1]
+        for name, pattern in _EVENTS.items():
+            m = pattern.match(line)
+            if m and name not in self.events:
+                self.events[name] = (time.monotonic(), m.groups())
 
     def _match(self, text: str) -> None:
         for kind, pattern in _PATTERNS:
@@ -146,6 +160,7 @@ class FailureScanner:
 
     def _record(self, new: RankFailure) -> None:
         old = self._seen.get(new.world_rank)
+        self.events.setdefault("noticed", (time.monotonic(), ()))
         if old is None:
             self._seen[new.world_rank] = new
         elif old.node is None and new.node is not None:  # a later message adds the node name
@@ -225,17 +240,34 @@ class BannerFilter:
 
 
 # ----------------------------------------------------------------------------------- running
+@dataclass(frozen=True)
+class JobOutcome:
+    """How one mpirun ended: what `dpurun --restarts` decides on and reports from."""
+
+    code: int                           # mpirun's exit code (128 + N: it died of signal N)
+    failures: tuple[RankFailure, ...]   # the first failed rank first (as reported in one line)
+    interrupted: bool                   # a Ctrl-C / SIGTERM reached dpurun and was forwarded
+    events: dict[str, tuple[float, tuple[str, ...]]]  # `FailureScanner.events` of both streams, earliest
+    ended: float                        # time.monotonic() when mpirun exited
+
+
 def run(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None, grace: float = 30.0,
         raw_log: Optional[Path] = None, ckpt_dir: Optional[str] = None) -> int:
+    """`run_job`, for its exit code."""
+    return run_job(cmd, host_ranks, dpu_ranks, grace, raw_log, ckpt_dir).code
+
+
+def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None, grace: float = 30.0,
+            raw_log: Optional[Path] = None, ckpt_dir: Optional[str] = None) -> JobOutcome:
     """Run `cmd`, stream its output (less Open MPI's abort banners), report the first failed rank,
-    return mpirun's exit code. `raw_log`: where mpirun's unfiltered output is kept; `ckpt_dir`: the
+    return how it ended. `raw_log`: where mpirun's unfiltered output is kept; `ckpt_dir`: the
     run's --ckpt-dir, whose last committed checkpoint a failed job names (where to continue from).
 
     mpirun gets its own session so that a terminal Ctrl-C reaches it exactly once, forwarded by
     us (Open MPI treats a second SIGINT as "force"); SIGTERM and SIGHUP are forwarded as well.
 
     Returns:
-        mpirun's exit code (128 + N if mpirun itself died of signal N).
+        The outcome, with mpirun's exit code (128 + N if mpirun itself died of signal N).
     """
     scanners = (FailureScanner(), FailureScanner())
     seen = threading.Event()
@@ -246,6 +278,7 @@ def run(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None, gr
         with _open_raw(raw_log) as raw:
             pumps = _start_pumps(proc, scanners, seen, raw)
             rc = _wait(proc, seen, grace)
+            ended = time.monotonic()
             for t in pumps:
                 t.join(timeout=5)
     code = 128 - rc if rc < 0 else rc
@@ -253,11 +286,14 @@ def run(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None, gr
         print(file=sys.stderr)
     reported = scanners[1].reported or scanners[0].reported
     summary = scanners[1].summary or scanners[0].summary
-    _report(([reported] if reported else []) + scanners[1].failures + scanners[0].failures, host_ranks, dpu_ranks,
-            code, bool(forwarder.received), summary)
+    failures = ([reported] if reported else []) + scanners[1].failures + scanners[0].failures
+    _report(failures, host_ranks, dpu_ranks, code, bool(forwarder.received), summary)
     if code != 0 and ckpt_dir and not summary:
         print(last_checkpoint_line(ckpt_dir), file=sys.stderr, flush=True)
-    return code
+    events = {**scanners[0].events}
+    for name, event in scanners[1].events.items():
+        events[name] = min(event, events.get(name, event))
+    return JobOutcome(code, tuple(failures), bool(forwarder.received), events, ended)
 
 
 def last_checkpoint_line(ckpt_dir: str) -> str:

@@ -1,0 +1,137 @@
+"""`dpurun --restarts N`: relaunch a job that lost a rank, resuming from DPU memory.
+
+The design's checkpoint-restart answer to a lost process (the recovery study's C/R), made cheap:
+the keepers already hold the newest checkpoints in DPU memory (`--ckpt-mem-keep`, which `--restarts`
+turns on), so the relaunched job's host ranks get their state back from the DPU ranks instead of
+the checkpoint disk (`common.state.memstore`). What decides and what is reported:
+
+- a job is relaunched when a rank *died* (a signal, a lost machine or connection) and restarts are
+  left; a rank that raised an exception is not (the same bug would fail again), nor a job that was
+  interrupted or rejected its flags;
+- the relaunch has the same launcher flags and training flags, with `--resume latest` and without
+  `--inject` (an injected failure stands for a real one, which does not come back at the same step);
+- one report per restart (printed, and in `<log-dir>/restarts.jsonl`): detected after (the failure
+  until mpirun reported it; known for injected failures), job ended after, relaunch until training
+  resumed, state transfer time and size, where the state came from, steps replayed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from dpuoffload.launch.supervise import PREFIX, JobOutcome
+
+MEMORY_KEEP = "2"   # --ckpt-mem-keep that --restarts sets when the user did not
+
+
+def _flag_value(args: Sequence[str], flag: str) -> Optional[str]:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _without(args: Sequence[str], flag: str) -> list[str]:
+    """`args` less every `flag VALUE` / `flag=VALUE`."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == flag:
+            skip = True
+        elif not a.startswith(flag + "="):
+            out.append(a)
+    return out
+
+
+def first_launch_args(training_args: Sequence[str]) -> list[str]:
+    """The first launch keeps its checkpoints in DPU memory too (unless the user chose K)."""
+    if _flag_value(training_args, "--ckpt-mem-keep") is not None:
+        return list(training_args)
+    return [*training_args, "--ckpt-mem-keep", MEMORY_KEEP]
+
+
+def relaunch_args(training_args: Sequence[str]) -> list[str]:
+    """The training flags of a relaunch: `--resume latest`, no `--inject` (see the module docstring)."""
+    return [*_without(_without(training_args, "--inject"), "--resume"), "--resume", "latest"]
+
+
+def refusal(outcome: JobOutcome) -> Optional[str]:
+    """Why this failed job is not restarted (None: restart it)."""
+    if outcome.interrupted:
+        return "the job was interrupted"
+    if outcome.code == 2 and not outcome.failures:
+        return "the job stopped on its flags or data (exit 2), which a restart would repeat"
+    if not outcome.failures:
+        return f"mpirun exited with code {outcome.code} without naming a dead rank"
+    first = outcome.failures[0]
+    if first.verb == "failed first" and "injected failure" not in first.cause:
+        return f"a rank raised an exception ({first.cause.split(' (at ')[0]}), which a restart would repeat"
+    return None
+
+
+@dataclass(frozen=True)
+class RestartReport:
+    """One restart, in seconds; None where the output did not say (e.g. no injected failure line)."""
+
+    restart: int
+    failed_step: Optional[int]      # the global step the injected failure fired at
+    resumed_step: Optional[int]
+    source: str                     # "dpu-memory" or "disk"
+    detected_s: Optional[float]     # failure -> mpirun's report of it
+    ended_s: Optional[float]        # mpirun's report -> mpirun exited (the job torn down)
+    resumed_s: Optional[float]      # mpirun exited -> the relaunched job resumed training
+    transfer_s: Optional[float]     # the state back from DPU memory, rebuilt (part of resumed_s)
+    transfer_mb: Optional[float]
+
+    @property
+    def replayed_steps(self) -> Optional[int]:
+        if self.failed_step is None or self.resumed_step is None:
+            return None
+        return self.failed_step - self.resumed_step
+
+    def line(self) -> str:
+        def s(v: Optional[float]) -> str:
+            return "?" if v is None else f"{v:.2f} s"
+
+        state = f"state from {'DPU memory' if self.source == 'dpu-memory' else 'the checkpoint disk'}"
+        if self.transfer_s is not None:
+            state += f" ({self.transfer_mb:.1f} MB in {self.transfer_s * 1e3:.0f} ms)"
+        replayed = "?" if self.replayed_steps is None else str(self.replayed_steps)
+        return (f"{PREFIX} restart {self.restart}: failure detected after {s(self.detected_s)}, job ended "
+                f"{s(self.ended_s)} later, training resumed {s(self.resumed_s)} after that at global step "
+                f"{self.resumed_step if self.resumed_step is not None else '?'}; {state}; {replayed} step(s) "
+                f"replayed")
+
+
+def report(restart: int, failed: JobOutcome, relaunched: JobOutcome) -> RestartReport:
+    """The restart report from the failed job's and the relaunched job's outcomes."""
+    ev, rev = failed.events, relaunched.events
+    injected, noticed = ev.get("injected"), ev.get("noticed")
+    resumed, memory = rev.get("resumed"), rev.get("from_memory")
+    return RestartReport(
+        restart=restart,
+        failed_step=int(injected[1][0]) if injected else None,
+        resumed_step=int(resumed[1][0]) if resumed else None,
+        source="dpu-memory" if memory else "disk",
+        detected_s=noticed[0] - injected[0] if injected and noticed else None,
+        ended_s=failed.ended - noticed[0] if noticed else None,
+        resumed_s=resumed[0] - failed.ended if resumed else None,
+        transfer_s=int(memory[1][2]) / 1e3 if memory else None,
+        transfer_mb=float(memory[1][1]) if memory else None)
+
+
+def record(log_dir: Optional[str], rep: RestartReport) -> None:
+    """Print the report and append it to `<log-dir>/restarts.jsonl`."""
+    print(rep.line(), file=sys.stderr, flush=True)
+    if log_dir:
+        path = Path(log_dir) / "restarts.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(json.dumps({**asdict(rep), "replayed_steps": rep.replayed_steps}) + "\n")

@@ -1,0 +1,153 @@
+"""Restart from DPU memory (`--ckpt-mem-keep`, `dpurun --restarts N`), issue 13 item 2.
+
+Pure: the memory store (complete steps only, pruning, layout filter), the restart choice (the newest
+step every keeper holds, unless the disk is newer), the relaunch flags, what is (not) restarted, the
+report from the supervisor's event times.
+
+Real jobs (2 host + 2 DPU ranks, da, checkpoints every 2 steps, host rank 0 killed after step 7):
+- `dpurun --restarts 1` relaunches, resumes from DPU memory at step 6, replays 1 step, and ends with
+  the uninterrupted run's weights and epoch records, to the bit;
+- with the disk checkpoints deleted after the failure, `--resume latest` still resumes from DPU
+  memory (the disk is not read) to the same weights.
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind
+from dpuoffload.common.state.memstore import MemoryStore, restart_step
+from dpuoffload.launch import restart
+from dpuoffload.launch.supervise import JobOutcome, RankFailure
+from tests.mpijobs import dpurun, read_jsonl
+
+DEBUG = ["--preset", "debug", "--no-progress", "--train-subset", "256", "--mode", "da", "--epochs", "2"]
+TWO = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe"]
+
+
+def handoff(sender: int, step: int, nbytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    meta = json.dumps({"step": step, "host_ranks": 2}).encode()
+    small = np.frombuffer(meta + bytes([sender]) * 5, dtype=np.uint8)
+    head = CKPT_HEADER.pack(kind=StateKind.CHECKPOINT, global_step=step, sender=sender, senders=2,
+                            meta_nbytes=len(meta), small_nbytes=small.nbytes, shared_nbytes=nbytes)
+    return head, small, np.arange(nbytes, dtype=np.uint8)
+
+
+def test_memory_store_keeps_the_newest_complete_steps(tmp_path):
+    store = MemoryStore(tmp_path, keeper=1, keep=2)
+    for step in (2, 4, 6):
+        assert store.put(step, [handoff(0, step, 100), handoff(1, step, 50)]) > 150
+    assert store.steps() == [4, 6] and store.steps([0, 1]) == [4, 6] and store.steps([2]) == []
+    head, small, shared = store.get(6, 1)
+    assert CKPT_HEADER.unpack(head)["sender"] == 1 and (shared == np.arange(50, dtype=np.uint8)).all()
+    assert bytes(small[-5:]) == b"\x01" * 5 and store.meta(6) == {"step": 6, "host_ranks": 2}
+    (tmp_path / "keeper-001" / ".step-000000008.partial-1").mkdir()  # a write cut short: not a step
+    assert store.steps() == [4, 6]
+    store.clear()
+    assert store.steps() == []
+
+
+@pytest.mark.parametrize("held, disk, expected", [
+    ([[4, 6], [4, 6]], 6, 6),
+    ([[4, 6], [4]], 6, None),          # a keeper lost step 6 and the disk has it: the disk
+    ([[4, 6], [4]], 4, 4),             # ... the newest step both keepers hold
+    ([[4, 6], [4, 6]], 8, None),       # the disk is newer (DPU memory lost the last one)
+    ([[4, 6], [4, 6]], None, 6),       # no disk checkpoint (deleted): memory alone
+    ([[6], []], None, None),
+    ([], 6, None),
+])
+def test_restart_step_is_the_newest_step_every_keeper_holds(held, disk, expected):
+    assert restart_step(held, disk) == expected
+
+
+def test_relaunch_flags():
+    args = ["--ckpt-dir", "d", "--inject", "host:0@7", "--inject=dpu:0@3", "--resume", "x", "--epochs", "2"]
+    assert restart.relaunch_args(args) == ["--ckpt-dir", "d", "--epochs", "2", "--resume", "latest"]
+    assert restart.first_launch_args(["--epochs", "2"]) == ["--epochs", "2", "--ckpt-mem-keep", "2"]
+    assert restart.first_launch_args(["--ckpt-mem-keep=1"]) == ["--ckpt-mem-keep=1"]
+
+
+def outcome(code: int, *failures: RankFailure, interrupted: bool = False, **events) -> JobOutcome:
+    return JobOutcome(code, failures, interrupted, events, ended=10.0)
+
+
+def test_what_is_restarted():
+    died = RankFailure(0, "died", "killed by signal 9 (SIGKILL)", "vm")
+    assert restart.refusal(outcome(137, died)) is None
+    assert restart.refusal(outcome(1, RankFailure(0, "failed first", "InjectedFailure: injected failure x"))) is None
+    bug = RankFailure(1, "failed first", "ValueError: sample 3 is corrupt (at a.py:3 in f)")
+    assert restart.refusal(outcome(1, bug)) == \
+        "a rank raised an exception (ValueError: sample 3 is corrupt), which a restart would repeat"
+    assert "interrupted" in restart.refusal(outcome(130, died, interrupted=True))
+    assert "exit 2" in restart.refusal(outcome(2))
+
+
+def test_the_report_from_the_supervisors_event_times():
+    failed = outcome(137, injected=(9.0, ("7",)), noticed=(9.4, ()))
+    relaunched = JobOutcome(0, (), False, {"from_memory": (14.0, ("6", "2.2", "8")), "resumed": (14.5, ("6",))}, 20.0)
+    rep = restart.report(1, failed, relaunched)
+    assert (rep.failed_step, rep.resumed_step, rep.replayed_steps, rep.source) == (7, 6, 1, "dpu-memory")
+    assert rep.detected_s == pytest.approx(0.4) and rep.ended_s == pytest.approx(0.6)
+    assert rep.resumed_s == pytest.approx(4.5) and rep.transfer_s == 0.008
+    assert rep.line() == ("dpurun: restart 1: failure detected after 0.40 s, job ended 0.60 s later, training resumed "
+                          "4.50 s after that at global step 6; state from DPU memory (2.2 MB in 8 ms); 1 step(s) "
+                          "replayed")
+
+
+# ----------------------------------------------------------------------------------- real jobs
+@pytest.fixture(scope="module")
+def straight(bundled_data, tmp_path_factory):
+    log = tmp_path_factory.mktemp("straight")
+    res = dpurun(TWO, [*DEBUG, "--data", str(bundled_data / "cifar10"), "--log-dir", str(log)], timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return read_jsonl(log / "metrics.jsonl")
+
+
+def epochs_and_end(metrics: list[dict]) -> tuple[dict, dict]:
+    epochs = {m["epoch"]: m for m in metrics if m["event"] == "epoch"}
+    return epochs, next(m for m in metrics if m["event"] == "end")
+
+
+def assert_same_training(metrics: list[dict], straight: list[dict]) -> None:
+    (epochs, end), (ref, ref_end) = epochs_and_end(metrics), epochs_and_end(straight)
+    assert end["weights_sha256"] == ref_end["weights_sha256"] and end["global_step"] == 16
+    for e in ref:
+        for key in ("step_losses", "train_loss", "val_loss_sum", "val_correct", "weights_sha256"):
+            assert epochs[e][key] == ref[e][key], (e, key)
+
+
+@pytest.mark.mpi
+def test_restarts_resume_from_dpu_memory_to_the_bit(bundled_data, tmp_path, straight, monkeypatch):
+    monkeypatch.setenv("DPUOFFLOAD_MEM_DIR", str(tmp_path / "shm"))
+    log, ck = tmp_path / "log", tmp_path / "ck"
+    res = dpurun([*TWO, "--restarts", "1"], [*DEBUG, "--data", str(bundled_data / "cifar10"), "--log-dir", str(log),
+                                            "--ckpt-dir", str(ck), "--ckpt-every", "2", "--inject", "host:0@7"],
+                 timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "dpurun: restart 1 of 1: relaunching with --resume latest" in res.stderr
+    assert "restarting from DPU memory: the state of step 6" in res.stdout
+    [rep] = read_jsonl(log / "restarts.jsonl")
+    assert (rep["source"], rep["failed_step"], rep["resumed_step"], rep["replayed_steps"]) == ("dpu-memory", 7, 6, 1)
+    assert rep["detected_s"] > 0 and rep["resumed_s"] > rep["transfer_s"] > 0
+    metrics = read_jsonl(log / "metrics.jsonl")
+    assert [m["global_step"] for m in metrics if m["event"] == "restart"] == [6]
+    assert_same_training(metrics, straight)
+    assert not any((tmp_path / "shm").rglob("step-*")), "a run that ended normally leaves no DPU memory behind"
+
+
+@pytest.mark.mpi
+def test_resume_latest_reads_dpu_memory_not_the_disk(bundled_data, tmp_path, straight, monkeypatch):
+    monkeypatch.setenv("DPUOFFLOAD_MEM_DIR", str(tmp_path / "shm"))
+    ck = tmp_path / "ck"
+    flags = [*DEBUG, "--data", str(bundled_data / "cifar10"), "--ckpt-dir", str(ck), "--ckpt-every", "2",
+             "--ckpt-mem-keep", "2"]
+    failed = dpurun(TWO, [*flags, "--log-dir", str(tmp_path / "l1"), "--inject", "host:1@7"], timeout=300)
+    assert failed.returncode != 0 and "host rank 1 (host program) on node" in failed.stderr
+    shutil.rmtree(ck)  # the disk copy is gone: only DPU memory can give the state back
+    res = dpurun(TWO, [*flags, "--log-dir", str(tmp_path / "l2"), "--resume", "latest"], timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "restarting from DPU memory: the state of step 6" in res.stdout
+    assert "(exactly): epoch 1, step 6 done (global step 6)" in res.stdout
+    assert_same_training(read_jsonl(tmp_path / "l2" / "metrics.jsonl"), straight)
