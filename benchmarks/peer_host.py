@@ -1,7 +1,7 @@
 """The peer a user with spare cores picks: the host program with a multi-worker PyTorch DataLoader.
 
     mpirun -np 1 taskset -c 0 python benchmarks/peer_host.py --workers 1 --cores 1 \
-        [--cgroup /sys/fs/cgroup/cpu/X] [--prefetch 4] -- <training flags of --mode none>
+        [--cgroup /sys/fs/cgroup/cpu/X] [--prefetch 4] [--pin-memory] -- <training flags of --mode none>
 
 It is the project's own host program (`dpuoffload.host.main`: same start-up, model, Trainer,
 allreduce, validation and logs) with one change, made through its `feed_factory` extension point
@@ -71,7 +71,7 @@ class PeerFeed:
                                      seed=cfg.seed)
         self.batches = TaggedBatches(sampler, cfg.batch_size, cfg.drop_last)
         self.loader = DataLoader(EpochTagged(train), batch_sampler=self.batches, num_workers=opts.workers,
-                                 persistent_workers=True, prefetch_factor=opts.prefetch,
+                                 persistent_workers=True, prefetch_factor=opts.prefetch, pin_memory=opts.pin_memory,
                                  worker_init_fn=WorkerPlacement(opts.cores, opts.cgroup))
 
     def steps(self) -> int:
@@ -94,6 +94,8 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--cores", required=True, help="cores the workers pin themselves to, e.g. 1 or 1,2")
     p.add_argument("--cgroup", help="throttling cgroup directory the workers enter (default: none)")
     p.add_argument("--prefetch", type=int, default=4, help="batches prefetched per worker (default: 4)")
+    p.add_argument("--pin-memory", action="store_true",
+                   help="pin_memory=True: batches in page-locked memory (a GPU host rank's asynchronous copy)")
     opts = p.parse_args(argv[:split])
     opts.cores = {int(c) for c in opts.cores.split(",")}
     return opts, argv[split + 1:]

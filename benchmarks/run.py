@@ -8,8 +8,8 @@ throttled with `--dpu-speed`. Every comparison is measured side by side inside o
 Each benchmark NAME writes `<results>/<NAME>.json` and its PNG plots into `<results>/`; the run
 appends one section with the machine description and every table to the markdown file.
 
-Benchmarks (default: all but `modes`, `baseline` (15+ min each on 2 cores), `own_loop` (12 min) and
-`multinode` (root)):
+Benchmarks (default: all but `modes`, `baseline` (15+ min each on 2 cores), `own_loop` (12 min),
+`multinode` (root) and `gpu` (a GPU node)):
   workloads  phase shares, the DataLoader peer, the ideal bounds of da and mv, prediction error
   augweight  light -> heavy augmentation: none / da / mv / peer at each weight
   sweep      samples/s vs threads per rank and batch size, host and (throttled) DPU
@@ -20,6 +20,8 @@ Benchmarks (default: all but `modes`, `baseline` (15+ min each on 2 cores), `own
   startup    wall time of a tiny dpurun job vs a plain torchvision + DataLoader script, and where it goes
   own_loop   a user's own script: torch's DataLoader on the spare core vs job.loader with a DPU rank there
   multinode  none / da / mv / hybrid across 2 emulated nodes and their DPUs (TCP between machines; root)
+  gpu        a GPU host rank fed by DPU and host cores: GPU-bound, the DataLoader peer, da, host + DPU shares,
+             short epochs, the model's predictions (16 cores + a GPU; --quick: a CPU smoke run)
 
 `--quick` shrinks every benchmark to seconds (1 repetition, tiny subsets, ours and the reference
 variant only where a benchmark has several) and writes to
@@ -41,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import RESULTS, ROOT, Section, machine, machine_line, table  # noqa: E402
 
 BENCHMARKS = ("workloads", "augweight", "sweep", "transport", "interference", "startup", "fanin", "modes", "baseline",
-              "own_loop", "multinode")
+              "own_loop", "multinode", "gpu")
 DEFAULT = ("workloads", "augweight", "sweep", "transport", "interference", "startup", "fanin")
 TITLES = {"workloads": "Phases, the DataLoader peer, ideal bounds and prediction error",
           "augweight": "Augmentation weight sweep", "sweep": "Thread and batch sweeps",
@@ -52,7 +54,8 @@ TITLES = {"workloads": "Phases, the DataLoader peer, ideal bounds and prediction
           "startup": "Start-up: a tiny dpurun job vs a plain torchvision script",
           "own_loop": "Own loop: a user's script, DataLoader worker vs job.loader",
           "fanin": "Fan-in: K worker processes building one host rank's batches (--dpu-workers)",
-          "multinode": "Offload modes on 2 emulated nodes (TCP between machines)"}
+          "multinode": "Offload modes on 2 emulated nodes (TCP between machines)",
+          "gpu": "GPU host ranks fed by DPU cores and host cores"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,6 +115,11 @@ def targets(sections: dict[str, Section]) -> str:
                            ("ratio_send_only", "transport / raw MPI (send only)")):
             for r in sections["transport"].payload["results"]:
                 rows.append([label, r["size"], "≥ 0.80", f"{r[key]:.2f}", "met" if r[key] >= 0.8 else "missed"])
+    if "gpu" in sections:
+        for w, r in sections["gpu"].payload["report"].items():
+            for t in r["targets"]:
+                value = f"{t['value']:+.1%}" if "error" in t["target"] else f"{t['value']:.3f}"
+                rows.append([t["target"], w, t["limit"], value, "met" if t["met"] else "missed"])
     if "own_loop" in sections:
         for w, r in sections["own_loop"].payload["report"].items():
             value = r["ratio_api_vs_peer"]["median"]

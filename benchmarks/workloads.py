@@ -94,19 +94,21 @@ def throttle_cgroup(speed: float, ncores: int) -> Iterator[Optional[str]]:
         throttle.remove(plan)
 
 
-def peer_cmd(training: list[str], workers: int, cores: str, cgroup: Optional[str]) -> list[str]:
-    """dpurun's own mpirun command for 1 host rank on core 0 (`launch.command.build_command`), with
-    the host program swapped for `peer_host.py`."""
+def peer_cmd(training: list[str], workers: int, cores: str, cgroup: Optional[str], host_cores: tuple[int, ...] = (0,),
+             prefetch: int = DA_BUFFERS, pin_memory: bool = False) -> list[str]:
+    """dpurun's own mpirun command for 1 host rank on `host_cores` (`launch.command.build_command`),
+    with the host program swapped for `peer_host.py` (its workers on `cores`)."""
     from dpuoffload.launch.command import HOST_MODULE, LaunchSpec, build_command
 
     args = [*training, "--log-dir", "{log}", "--no-progress"]
     spec = LaunchSpec(mpirun=str(BIN / "mpirun"), host_ranks=1, dpu_ranks=0, host_python=sys.executable,
-                      dpu_python=sys.executable, training_args=tuple(args), host_threads=1, host_cores=(0,),
+                      dpu_python=sys.executable, training_args=tuple(args), host_threads=1, host_cores=host_cores,
                       run_as_root=os.geteuid() == 0)
     cmd = build_command(spec)
     i = cmd.index(HOST_MODULE)
     peer = [str(Path(__file__).with_name("peer_host.py")), "--workers", str(workers), "--cores", cores,
-            "--prefetch", str(DA_BUFFERS), *(["--cgroup", cgroup] if cgroup else []), "--"]
+            "--prefetch", str(prefetch), *(["--cgroup", cgroup] if cgroup else []),
+            *(["--pin-memory"] if pin_memory else []), "--"]
     return cmd[:i - 1] + peer + cmd[i + 1:]
 
 

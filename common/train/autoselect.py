@@ -91,14 +91,19 @@ def gpu_costs(cfg: RunConfig, model: Any, compute: Compute, sample: Any, val: An
     x = sample.unsqueeze(0).expand(cfg.batch_size, *sample.shape).contiguous()
     y = torch.zeros(cfg.batch_size, dtype=torch.int64)
     probe = compute.place(copy.deepcopy(model))
-    costs = {"gpu_step": _gpu_step_seconds(cfg, probe, compute, x, y), "h2d": _h2d_seconds(compute, x, y),
-             "host_cpu": _pinned_copy_seconds(x, y)}
+    costs = {"gpu_step": train_step_seconds(cfg, probe, compute, x, y), "h2d": h2d_seconds(compute, x, y),
+             "host_cpu": pinned_copy_seconds(x, y)}
     if val is not None:
         costs["eval"] = eval_seconds_per_sample(probe, val, cfg.val_batch_size)  # (reads sums: synchronizes)
     return costs
 
 
-def _gpu_step_seconds(cfg: RunConfig, model: Any, compute: Compute, x: Any, y: Any, steps: int = 5) -> float:
+def train_step_seconds(cfg: RunConfig, model: Any, compute: Compute, x: Any, y: Any, steps: int = 5) -> float:
+    """Seconds of one training step of `model` (already placed) on the batch (x, y) on its device.
+
+    Autocast, layout, optimizer and the loss read of the trainer; the mean of `steps` steps after
+    two warm-ups, with the device synchronized before each clock read (on a GPU the launches
+    return before the work is done). Also the GPU-bound ceiling of `benchmarks/gpu.py`."""
     import torch
     from torch import nn
 
@@ -119,17 +124,22 @@ def _gpu_step_seconds(cfg: RunConfig, model: Any, compute: Compute, x: Any, y: A
             scaler.step(opt)
             scaler.update()
 
+    def synchronize() -> None:
+        if compute.device.type == "cuda":
+            torch.cuda.synchronize(compute.device)
+
     for _ in range(2):
         step()
-    torch.cuda.synchronize(compute.device)
+    synchronize()
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
-    torch.cuda.synchronize(compute.device)
+    synchronize()
     return (time.perf_counter() - t0) / steps
 
 
-def _h2d_seconds(compute: Compute, x: Any, y: Any, reps: int = 3) -> float:
+def h2d_seconds(compute: Compute, x: Any, y: Any, reps: int = 3) -> float:
+    """Seconds to copy the batch (x, y) from pinned memory to the GPU (median of `reps`)."""
     import torch
 
     xp, yp = x.pin_memory(), y.pin_memory()
@@ -145,7 +155,8 @@ def _h2d_seconds(compute: Compute, x: Any, y: Any, reps: int = 3) -> float:
     return statistics.median(one() for _ in range(reps))
 
 
-def _pinned_copy_seconds(x: Any, y: Any, reps: int = 3) -> float:
+def pinned_copy_seconds(x: Any, y: Any, reps: int = 3) -> float:
+    """Seconds to copy the batch (x, y) into pinned memory (what receiving it costs the host)."""
     dst_x, dst_y = x.new_empty(x.shape).pin_memory(), y.new_empty(y.shape).pin_memory()
 
     def one() -> float:
