@@ -313,15 +313,17 @@ def variants(w: Workload, root: Path, lay: Layout, quick: bool) -> dict[str, Any
         "ours short": lambda: run_ours(w, root, lay, "ours short", [*share, "--da-host-share", "auto"], S, E,
                                        lay.digests),
     }
-    if not quick:  # a share set by counting cores, against the measured one (--quick: one job less)
-        out["share fixed"] = lambda: run_ours(w, root, lay, "share fixed", [
-            *share, "--da-host-share", str(lay.fixed_share)], L, 1, lay.digests)
-    if not quick:  # --mode auto on the same cores: its GPU profile, its choice and its share (--device
-        # auto: the config refuses --device cuda with --mode auto, which may pick CPU replicas)
-        auto = replace(lay, device="auto" if lay.device == "cuda" else lay.device)
-        out["auto"] = lambda: run_ours(w, root, auto, "auto", [  # 2 epochs: the second is the measured one
-            "--mode", "auto", "--da-host-workers", str(h), "--dpu-workers", str(d), "--da-host-share", "auto"],
-            max(L // 2, 2), 2, False)
+    if quick:  # (a minute on 2 cores: the fixed share and --mode auto are two jobs more)
+        return out
+    # a share set by counting cores, against the measured one
+    out["share fixed"] = lambda: run_ours(w, root, lay, "share fixed", [
+        *share, "--da-host-share", str(lay.fixed_share)], L, 1, lay.digests)
+    # --mode auto on the same cores: its GPU profile, its choice and its share (--device auto: the
+    # config refuses --device cuda with --mode auto, which may pick CPU replicas)
+    auto = replace(lay, device="auto" if lay.device == "cuda" else lay.device)
+    out["auto"] = lambda: run_ours(w, root, auto, "auto", [  # 2 epochs: the second is the measured one
+        "--mode", "auto", "--da-host-workers", str(h), "--dpu-workers", str(d), "--da-host-share", "auto"],
+        max(L // 2, 2), 2, False)
     return out
 
 
