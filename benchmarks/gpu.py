@@ -455,17 +455,17 @@ def targets(r: dict[str, Any], lay: Layout) -> list[dict[str, Any]]:
     """The issue's targets for one workload, each with its limit, value and verdict."""
     rates, s, d = {v: x["median"] for v, x in r["img_s"].items()}, lay.speed, len(lay.dpu)
     bound = min(r["ceiling_img_s"], rates["peer"] + s * d * r["per_core_img_s"])
-    rows = [(f"{v} / min(GPU-bound, peer + s·d·core)", rates[v] / bound, ">=", TARGETS["share_vs_bound"])
+    rows = [(f"{v} / min(GPU-bound, peer + s·d·core)", rates[v] / bound, "≥", TARGETS["share_vs_bound"])
             for v in ("share auto", "share fixed") if v in rates]
     rows += [
-             ("share 1.0 / peer (same cores)", rates["share 1.0"] / rates["peer"], ">=", TARGETS["share1_vs_peer"]),
+             ("share 1.0 / peer (same cores)", rates["share 1.0"] / rates["peer"], "≥", TARGETS["share1_vs_peer"]),
              ("ours short / ours long (share auto)", r["short_img_s"]["ours short"]["median"] / rates["share auto"],
-              ">=", TARGETS["short_vs_long"])]
+              "≥", TARGETS["short_vs_long"])]
     for v in [v for v in ("da", "share auto", "share fixed") if v in rates]:
         err = r["predicted"]["img_s"][v] / rates[v] - 1
-        rows.append((f"model prediction error, {v}", err, "|x| <=", TARGETS["prediction_error"]))
-    return [{"target": t, "value": x, "limit": f"{op} {lim:g}",
-             "met": abs(x) <= lim if op.startswith("|") else x >= lim} for t, x, op, lim in rows]
+        rows.append((f"model prediction error, {v}", err, "within ±", TARGETS["prediction_error"]))
+    return [{"target": t, "value": x, "limit": f"{op}{lim:g}" if op == "within ±" else f"{op} {lim:g}",
+             "met": abs(x) <= lim if op == "within ±" else x >= lim} for t, x, op, lim in rows]
 
 
 # ------------------------------------------------------------------------------------------- main
