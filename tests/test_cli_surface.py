@@ -27,8 +27,8 @@ TRAINING_FLAGS = {
     "--no-progress", "--peer-timeout", "--digest-batches", "--da-buffers", "--dpu-workers",
     "--da-host-share", "--da-host-workers", "--mv-dpu-fraction",
     "--dpu-da-ranks", "--dpu-mv-ranks", "--da-fanout", "--dpu-batch-size", "--auto-allow", "--save-weights", "--trace",
-    "--ckpt-dir", "--ckpt-every", "--ckpt-every-epoch", "--ckpt-keep", "--ckpt-mem-keep", "--ckpt-copy", "--ckpt-errors", "--resume",
-    "--stop-at-step",
+    "--ckpt-dir", "--ckpt-every", "--ckpt-every-epoch", "--ckpt-keep", "--ckpt-mem-keep", "--ckpt-copy",
+    "--ckpt-errors", "--resume", "--stop-at-step",
     "--clone-at", "--clone-override", "--inject", "--inject-simulate", "--simulate-recovery",
     "--config", "--tensorboard", "--plots", "--script",
 }
