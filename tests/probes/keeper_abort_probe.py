@@ -16,6 +16,11 @@ from dpuoffload.dpu.keeper import Keeper
 class BrokenKeeper:
     """Just what `Keeper._main` touches: a loop that fails like a real one could (disk, peer)."""
 
+    hands_off = True
+
+    def restore_or_forget(self) -> None:  # (not restarting from DPU memory)
+        pass
+
     def loop(self) -> None:
         raise OSError(28, "No space left on device")
 
