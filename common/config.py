@@ -28,6 +28,7 @@ AMPS = ("off", "bf16", "fp16")
 LR_SCHEDULES = ("cosine", "step", "constant")
 CKPT_COPIES = ("staged", "zero")
 CKPT_ERRORS = ("continue", "fail")
+DPU_FAILURES = ("stop", "fallback")
 AUTO_ALLOWS = ("naive",)  # modes that change the math, which --mode auto considers only on request
 # With a user's training script (`dpurun -- [flags] train.py`) the script owns the model, data, optimizer
 # and loop; these are the flags that still mean something, and the modes the public API serves so far.
@@ -92,6 +93,7 @@ class RunConfig:
     ckpt_mem_keep: int = 0
     ckpt_copy: str = "staged"
     ckpt_errors: str = "continue"
+    dpu_failure: str = "stop"
     resume: Optional[str] = None
     stop_at_step: Optional[int] = None
     clone_at: Optional[int] = None
@@ -200,6 +202,13 @@ class RunConfig:
     def _check_checkpointing(self) -> None:
         _check_choice("ckpt_copy", self.ckpt_copy, CKPT_COPIES)
         _check_choice("ckpt_errors", self.ckpt_errors, CKPT_ERRORS)
+        _check_choice("dpu_failure", self.dpu_failure, DPU_FAILURES)
+        if self.dpu_failure == "fallback" and self.trace:
+            raise ConfigError("--trace gathers every rank's events at the end, which a dead rank would break: "
+                              "leave out --trace or --dpu-failure fallback")
+        if self.dpu_failure == "fallback" and self.mode.dpu_trains:
+            raise ConfigError(f"--dpu-failure fallback: in --mode {self.mode} DPU ranks train, so a lost one is a "
+                              "lost replica; use --mode da, mv, hybrid or none")
         for name in ("ckpt_every", "stop_at_step", "clone_at"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -449,6 +458,11 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
                    help="fail a rank on purpose (repeatable, or comma-separated): WHO host:R, dpu:R or node:N; "
                         "WHEN a global step or a fraction of the run's steps; HOW kill (default), term, stop "
                         "(a hang) or raise, e.g. host:1@12 or dpu:0@0.5:stop")
+    g.add_argument("--dpu-failure", choices=DPU_FAILURES, default=S,
+                   help="a DPU rank that dies: stop = the job ends (Open MPI's way); fallback = training goes on "
+                        "under MPI fault tolerance (dpurun adds mpirun --with-ft ulfm): the host ranks a dead "
+                        "augmentation rank fed build their own batches from that step, the same ones. A dead "
+                        "validation or checkpoint DPU rank, or a host rank, still ends the job, naming it")
     g.add_argument("--inject-simulate", action="append", default=S, metavar="WHO@WHEN[:P]",
                    help="simulate a failure as the recovery study does, no process lost (repeatable, or "
                         "comma-separated): host rank R (host:R, node:N) loses the gradients after share P of the "

@@ -17,6 +17,11 @@ class PeerError(DpuOffloadError):
     """A peer rank did not answer in time or sent something unexpected."""
 
 
+class PeerLost(PeerError):
+    """MPI reported the peer rank dead (only under fault tolerance, `--dpu-failure fallback`:
+    otherwise Open MPI ends the job first)."""
+
+
 class WorkerError(Exception):
     """An exception raised by the user's data set in a data worker process (`--dpu-workers`),
     re-raised in the parent. Tracebacks do not cross processes, so it carries the worker's one-line

@@ -12,7 +12,8 @@ slow host never stalls another's batches. The loop sleeps with a back-off when n
 and ends when host rank 0 sends SHUTDOWN (`job.finish()`, after every host closed its loaders).
 
 There is no deadline on a full ring: the host decides when it wants its next batch (a user's own
-validation may take an hour). A dead host rank ends the job through mpirun.
+validation may take an hour). A dead host rank ends the job through mpirun (or, under
+`--dpu-failure fallback`, through `common.runtime.faults`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from dpuoffload.common.runtime import inject
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
-from dpuoffload.common.runtime.waits import REMOTE_MAX_SLEEP, wait
+from dpuoffload.common.runtime.waits import REMOTE_MAX_SLEEP, is_failure, wait
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -292,12 +293,26 @@ class LoaderService:
         from mpi4py import MPI
 
         status, got = MPI.Status(), False
-        while self.topo.world.Iprobe(source=MPI.ANY_SOURCE, tag=Tag.LOADER, status=status):
+        while self._probe(status):
             host = status.Get_source()
             data = self.topo.world.recv(source=host, tag=Tag.LOADER)
             self.handle(host, decode(data, self.cfg.script))
             got = True
         return got
+
+    def _probe(self, status: "MPI.Status") -> bool:
+        """Whether a loader message from any host rank is there. Under `--dpu-failure fallback`, MPI
+        fails a probe from any source once some rank died, until the death is acknowledged: the
+        dead rank is a DPU rank (a dead host rank ends the job), so acknowledge it and go on."""
+        from mpi4py import MPI
+
+        try:
+            return self.topo.world.Iprobe(source=MPI.ANY_SOURCE, tag=Tag.LOADER, status=status)
+        except MPI.Exception as e:
+            if not is_failure(e):
+                raise
+            self.topo.world.Ack_failed()
+            return False
 
     def handle(self, host: int, message: Any) -> None:
         if host not in self.hosts:

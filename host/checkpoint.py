@@ -202,9 +202,8 @@ class StateHandoff:
     def _receive_summary(self) -> dict[str, Any]:
         """Keeper 0's account of the run's checkpoints (it sends it after the END hand-off). No
         deadline: the last checkpoint may still be being written; a dead keeper ends the job."""
-        from mpi4py import MPI
-
-        req = self.topo.world.irecv(source=MPI.ANY_SOURCE, tag=Tag.CKPT_SUMMARY)
+        keeper0 = min(StateAssignment.of(self.topo).keepers.values())  # (rank 0 of the keepers' communicator)
+        req = self.topo.world.irecv(source=keeper0, tag=Tag.CKPT_SUMMARY)
         return wait_object(req, None, "keeper 0's summary of the checkpoints")
 
     def exit_code(self) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dpuoffload.common.errors import PeerLost
+from dpuoffload.common.runtime.faults import dead_ranks
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import wait
@@ -12,6 +14,10 @@ def shutdown_dpus(topo: Topology, timeout: float) -> None:
     if topo.side_rank != 0:
         return
     header = CONTROL.pack(kind=ControlKind.SHUTDOWN)
-    reqs = [topo.world.Isend(header, dest=d, tag=CONTROL.tag) for d in topo.dpu_ranks]
-    for d, req in zip(topo.dpu_ranks, reqs):
-        wait(req, timeout, f"the shutdown message to {topo.describe(d)}")
+    alive = [d for d in topo.dpu_ranks if d not in dead_ranks()]  # (--dpu-failure fallback: some may be gone)
+    reqs = [topo.world.Isend(header, dest=d, tag=CONTROL.tag) for d in alive]
+    for d, req in zip(alive, reqs):
+        try:
+            wait(req, timeout, f"the shutdown message to {topo.describe(d)}")
+        except PeerLost:  # died at the very end: it needs no shutdown message any more
+            pass

@@ -46,7 +46,16 @@ from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.trainstate import EpochProgress, Position, position_of, restore, set_rng
 from dpuoffload.host.checkpoint import StateHandoff
 from dpuoffload.host.control import shutdown_dpus
-from dpuoffload.host.loader import DpuLoader, HostPart, RemoteSource, SharedSource, check_dataset, local_loader
+from dpuoffload.host.loader import (
+    DpuLoader,
+    FallbackSource,
+    HostPart,
+    RemoteSource,
+    SharedSource,
+    Source,
+    check_dataset,
+    local_loader,
+)
 from dpuoffload.host.validation import JobValidation
 
 if TYPE_CHECKING:
@@ -164,11 +173,14 @@ class Job:
                               cfg.peer_timeout, copy, epochs, split, pinned=self.device.type == "cuda",
                               remote=topo.on_other_machine(feeder))
         remote.prepare(dataset if build_on_dpu is None else Recipe(build_on_dpu), sampling)
-        if not cfg.da_host_share:
-            return DpuLoader(remote, sampling, steps, dataset, topo.describe(feeder), epochs)
-        shared = SharedSource(remote, HostPart(dataset, sampling, split, cfg.da_host_workers, epochs))
-        where = f"{topo.describe(feeder)} and this host rank ({split.owned(host=True)} of {steps} steps)"
-        return DpuLoader(shared, sampling, steps, dataset, where, epochs)
+        source: Source = remote
+        where = topo.describe(feeder)
+        if cfg.da_host_share:
+            source = SharedSource(remote, HostPart(dataset, sampling, split, cfg.da_host_workers, epochs))
+            where = f"{topo.describe(feeder)} and this host rank ({split.owned(host=True)} of {steps} steps)"
+        if cfg.dpu_failure == "fallback":  # (a dead feeder: this rank loads from the step that did not come)
+            source = FallbackSource(source, dataset, sampling, steps, cfg.da_host_workers, epochs, topo.describe())
+        return DpuLoader(source, sampling, steps, dataset, where, epochs)
 
     def validate(self, model: Any, val_set: Any, epoch: int, *, batch_size: int = 128) -> dict[int, dict[str, float]]:
         """Validate `model` as it is now, the end of epoch `epoch`: cross-entropy loss and accuracy.

@@ -14,7 +14,9 @@ for (one copy less; what the built-in trainer does).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import time
 from typing import TYPE_CHECKING, Iterator, Optional, Protocol
 
 import torch
@@ -24,9 +26,9 @@ from dpuoffload.common.data.loaders import RankLoader, Sampling, probe_layout, u
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, StepSplit, encode, stream_tag
 from dpuoffload.common.data.workers import WorkerPool
-from dpuoffload.common.errors import ConfigError, PeerError
+from dpuoffload.common.errors import ConfigError, PeerError, PeerLost
 from dpuoffload.common.runtime.messages import Tag
-from dpuoffload.common.runtime.waits import REMOTE_MAX_SLEEP, wait
+from dpuoffload.common.runtime.waits import REMOTE_MAX_SLEEP, lost_peer, wait
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -147,6 +149,17 @@ class RemoteSource:
                 req.Wait()
                 self.reqs[slot] = None
 
+    def abandon(self) -> None:
+        """The feeder is dead: drop this stream without a word to it (its posted receives are
+        cancelled; MPI may also have failed them already)."""
+        self.closed = True
+        for slot, req in enumerate(self.reqs):
+            if req is not None:
+                with contextlib.suppress(Exception):  # (a receive ULFM already failed)
+                    req.Cancel()
+                    req.Wait()
+                self.reqs[slot] = None
+
     def _replan(self, epoch: int, start: int) -> None:
         """Send the plan, then discard messages until its marker (batches of the old plan)."""
         self.seq += 1
@@ -174,7 +187,9 @@ class RemoteSource:
         req = self.reqs[self.head]
         if req is None:
             raise PeerError(f"loader {self.loader_id}: no receive posted for {what} (a bug: please report it)")
-        if not req.Test():
+        with lost_peer(f"{what} from {self.feeder_label}"):
+            done = req.Test()  # (a batch already there skips building the wait's message)
+        if not done:
             wait(req, self.timeout, f"{what} from {self.feeder_label}", max_sleep=self.max_sleep,
                  spin=BATCH_POLL_SPIN)
         self.reqs[self.head] = None
@@ -243,6 +258,49 @@ class SharedSource:
     def close(self) -> None:
         self.remote.close()
         self.host.close()
+
+
+class FallbackSource:
+    """`--dpu-failure fallback`: the DPU rank's batches until MPI reports it dead, then this host
+    rank's own from the very step that did not arrive (`HostPart` with every step: the same batches,
+    since each sample's augmentation is seeded by its index). Nothing more is sent to the dead rank."""
+
+    def __init__(self, primary: RemoteSource | SharedSource, dataset: object, sampling: Sampling, steps: int,
+                 workers: int, epochs: Optional[int], where: str) -> None:
+        self.primary, self.dataset, self.sampling, self.steps = primary, dataset, sampling, steps
+        self.workers, self.epochs, self.where = workers, epochs, where
+        self.local: Optional[HostPart] = None
+
+    def batches(self, epoch: int, start: int, stop: int) -> Iterator[Batch]:
+        step = start
+        if self.local is None:
+            try:
+                for batch in self.primary.batches(epoch, start, stop):
+                    yield batch
+                    step += 1
+                return
+            except PeerLost as e:
+                self._fall_back(e, epoch, step)
+        assert self.local is not None
+        yield from self.local.batches(epoch, step, stop)
+
+    def _fall_back(self, e: PeerLost, epoch: int, step: int) -> None:
+        """`e` says what did not arrive (logged); the line printed says what happens now."""
+        from dpuoffload.common.runtime import faults
+
+        remote = self.primary.remote if isinstance(self.primary, SharedSource) else self.primary
+        remote.abandon()
+        if isinstance(self.primary, SharedSource):
+            self.primary.host.close()
+        self.local = HostPart(self.dataset, self.sampling, StepSplit(1.0, self.steps), self.workers, self.epochs)
+        workers = f" ({self.workers} worker process(es), --da-host-workers)" if self.workers else ""
+        print(f"[dpuoffload] {self.where}: {remote.feeder_label} is gone; building this rank's batches here from "
+              f"step {step} of epoch {epoch} on{workers}, the same ones", flush=True)
+        faults.note({"event": "fallback", "feeder": remote.feeder, "epoch": epoch, "step": step,
+                     "error": str(e), "time": time.time()})
+
+    def close(self) -> None:
+        (self.primary if self.local is None else self.local).close()
 
 
 class DpuLoader:

@@ -226,9 +226,10 @@ def _note(message: str, kind: str = "note") -> None:
     print(f"{PROG}: {kind}: {message}", file=sys.stderr, flush=True)
 
 
-def resolve_spec(args: argparse.Namespace,
-                 training_args: Sequence[str]) -> tuple[LaunchSpec, Optional[throttle.CgroupPlan]]:
-    """Turn checked flags into a `LaunchSpec` (plus the throttling cgroup to create, if any)."""
+def resolve_spec(args: argparse.Namespace, training_args: Sequence[str],
+                 fault_tolerant: bool = False) -> tuple[LaunchSpec, Optional[throttle.CgroupPlan]]:
+    """Turn checked flags into a `LaunchSpec` (plus the throttling cgroup to create, if any).
+    `fault_tolerant`: the ranks must survive a dead DPU rank (`--dpu-failure fallback`)."""
     mpirun = resolve_mpirun(args.mpirun)
     python = args.python or sys.executable
     base = dict(mpirun=mpirun, flavor=args.mpi_flavor or detect_flavor(mpirun),
@@ -237,7 +238,7 @@ def resolve_spec(args: argparse.Namespace,
                 host_python=python,
                 dpu_python=args.dpu_python or python, training_args=tuple(training_args),
                 oversubscribe=args.oversubscribe, run_as_root=os.geteuid() == 0,
-                progress_tty=sys.stdout.isatty(),
+                progress_tty=sys.stdout.isatty(), fault_tolerant=fault_tolerant,
                 extra_args=tuple(a for value in args.mpirun_arg for a in shlex.split(value)))
     if _cluster_mode(args):
         return _cluster_spec(args, base), None
@@ -379,7 +380,7 @@ def check_and_resolve(args: argparse.Namespace,
         problems += restart_problems(args.restarts, cfg)
     spec = cgroup = None
     try:
-        spec, cgroup = resolve_spec(args, training_args)
+        spec, cgroup = resolve_spec(args, training_args, fault_tolerant=cfg.dpu_failure == "fallback")
     except ConfigError as e:
         problems.append(checks.Problem(str(e)))
     if checks.report(problems, PROG) or spec is None:

@@ -62,8 +62,11 @@ _PATTERNS = (
 # The ranks' own one-line reports (common/runtime/failure.py, dpu/keeper.py): they come before Open
 # MPI's, name the rank that failed first and why, and so beat the ranks Open MPI reports dying after.
 _LABEL = r"\w+ rank \d+ \(world rank (\d+)\b[^)]*\)"   # topo.describe(): 'host rank 1 (world rank 1, node vm)'
-_OWN_FAILURE = (re.compile(r"^\[dpuoffload\] " + _LABEL + r" failed: (.*)$"),  # run_program
-                re.compile(r"^\[dpuoffload\] error on (?:\d+ ranks \()?" + _LABEL + r".*?\)?: (.*)$"))  # collective
+_OWN_FAILURE = ((re.compile(r"^\[dpuoffload\] " + _LABEL + r" failed: (.*)$"), "failed first"),  # run_program
+                (re.compile(r"^\[dpuoffload\] error on (?:\d+ ranks \()?" + _LABEL + r".*?\)?: (.*)$"),
+                 "failed first"),  # collective
+                # --dpu-failure fallback (common/runtime/faults.py): a death the run does not survive
+                (re.compile(r"^\[dpuoffload\] " + _LABEL + r" died; (.*: ending the job)$"), "died"))
 _OWN_SUMMARY = re.compile(r"^\[dpuoffload\] (checkpoints: .*)$")
 # Lines whose arrival time a restart report needs (`launch.restart`): the moment an injected failure
 # fired, and where a relaunched job resumed (from DPU memory: how long its state took to come back).
@@ -141,10 +144,10 @@ class FailureScanner:
                 self._match(" ".join(" ".join(self._lines).split()))
 
     def _own(self, line: str) -> None:
-        for pattern in _OWN_FAILURE:
+        for pattern, verb in _OWN_FAILURE:
             m = pattern.match(line)
             if m and self.reported is None:
-                self.reported = RankFailure(int(m[1]), "failed first", m[2])
+                self.reported = RankFailure(int(m[1]), verb, m[2])
         m = _OWN_SUMMARY.match(line)
         if m:
             self.summary = m[1]

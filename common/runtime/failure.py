@@ -180,8 +180,16 @@ def run_program(main: Callable[[], int], default_label: str) -> None:
     except BaseException as e:  # noqa: BLE001 - anything else must not leave peers hanging
         if isinstance(e, SystemExit) and (e.code in (0, None)):
             raise
-        abort_job(failure_line(e), 1)
+        from dpuoffload.common.runtime.faults import death_behind
+
+        death = death_behind()  # (--dpu-failure fallback: a dead rank may be what made this one fail)
+        if death is not None:
+            write_traceback(e)
+        abort_job(death or failure_line(e), 1)
     else:
+        from dpuoffload.common.runtime.faults import stop_watch
+
+        stop_watch()
         sys.exit(code)
 
 

@@ -22,6 +22,7 @@ import math
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -183,6 +184,9 @@ def fire(inj: Injection, label: str, global_step: int) -> None:
     if inj.how == "raise":
         raise InjectedFailure(what)
     print(f"[dpuoffload] {label}: {what}", file=sys.stderr, flush=True)
+    from dpuoffload.common.runtime import faults  # (--dpu-failure fallback: the moment, for detection times)
+
+    faults.note({"event": "injected", "spec": str(inj), "global_step": global_step, "time": time.time()})
     os.kill(os.getpid(), HOW[inj.how])
 
 

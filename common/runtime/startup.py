@@ -10,6 +10,8 @@
     prepare             the program's own set-up (data sets, model, ...)     (collective_call)
     profile             what each rank measured or has, for choices that     (allgather)
                         must agree everywhere (naive's DPU batch, backend)
+    [failure watch]     --dpu-failure fallback: a thread per rank learns of  (dup)
+                        dead ranks (`faults.FailureWatch`)
 
 Each step is collective over COMM_WORLD, so a bad flag or a missing data directory on any rank
 ends every rank with one message instead of leaving the other program waiting for a peer.
@@ -25,7 +27,7 @@ from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
 
 from dpuoffload.common.config import RunConfig, parse_run_config
 from dpuoffload.common.modes import Mode
-from dpuoffload.common.runtime import env, metrics, trace
+from dpuoffload.common.runtime import env, faults, metrics, trace
 from dpuoffload.common.runtime.env import horovod_available
 from dpuoffload.common.runtime.failure import collective_call, set_error_dir, set_rank_label
 from dpuoffload.common.runtime.handshake import check_peers
@@ -110,6 +112,7 @@ def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[
     prog = "python -m dpuoffload.host" if role is Role.HOST else "python -m dpuoffload.dpu"
     cfg = collective_call(topo.world, lambda: configure(argv, prog), label)
     collective_call(topo.world, lambda: check_peers(topo, cfg), label)
+    collective_call(topo.world, lambda: faults.require_ft(cfg), label)
     set_error_dir(cfg.log_dir)
     metrics.set_run(topo.world.bcast(metrics.new_run_id() if topo.world.Get_rank() == 0 else None, root=0),
                     resuming=cfg.resume is not None)
@@ -129,4 +132,5 @@ def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[
     mine = collective_call(topo.world, lambda: {"horovod": horovod_available(), **profile(cfg, topo, state)}, label)
     profiles = topo.world.allgather(mine)
     trace.start(topo, cfg.trace is not None)
+    faults.start_watch(topo, cfg)
     return Started(cfg, topo, state, profiles, auto)

@@ -7,10 +7,11 @@ at first, so hot paths lose little latency) and raises `PeerError` when the dead
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
-from dpuoffload.common.errors import PeerError
+from dpuoffload.common.errors import PeerError, PeerLost
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -38,36 +39,64 @@ def wait(req: "MPI.Request", timeout: Optional[float], what: str, max_sleep: flo
 
     Raises:
         PeerError: the deadline passed; the request is left pending (the caller aborts the job).
+        PeerLost: MPI reported the peer dead (under fault tolerance only).
     """
     t0 = time.perf_counter()
-    while time.perf_counter() - t0 < spin:
-        if req.Test():
-            return time.perf_counter() - t0
-    sleep = 0.0
-    while not req.Test():
-        waited = time.perf_counter() - t0
-        if timeout is not None and waited > timeout:
-            raise PeerError(f"timed out after {timeout:.0f} s waiting for {what}; the peer rank is "
-                            "dead, hung or far slower than expected (raise --peer-timeout if it is slow)")
-        if on_poll is not None:
-            on_poll()
-        time.sleep(sleep)
-        sleep = min(max(sleep * 2, 1e-4), max_sleep)
+    with lost_peer(what):
+        while time.perf_counter() - t0 < spin:
+            if req.Test():
+                return time.perf_counter() - t0
+        sleep = 0.0
+        while not req.Test():
+            waited = time.perf_counter() - t0
+            if timeout is not None and waited > timeout:
+                raise PeerError(f"timed out after {timeout:.0f} s waiting for {what}; the peer rank is "
+                                "dead, hung or far slower than expected (raise --peer-timeout if it is slow)")
+            if on_poll is not None:
+                on_poll()
+            time.sleep(sleep)
+            sleep = min(max(sleep * 2, 1e-4), max_sleep)
     return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def lost_peer(what: str) -> Iterator[None]:
+    """MPI's report of a dead peer (ULFM's error classes) as `PeerLost`; other errors unchanged."""
+    from mpi4py import MPI
+
+    try:
+        yield
+    except MPI.Exception as e:
+        if is_failure(e):
+            raise PeerLost(f"the peer rank died while waiting for {what} ({e.Get_error_string()})") from e
+        raise
+
+
+def is_failure(e: BaseException) -> bool:
+    """Whether `e` is MPI reporting a dead rank (or a communicator revoked because of one)."""
+    from mpi4py import MPI
+
+    return isinstance(e, MPI.Exception) and e.Get_error_class() in (
+        MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED)
 
 
 def wait_all(reqs: "list[MPI.Request]", timeout: Optional[float], what: str, max_sleep: float = _MAX_SLEEP) -> float:
     """`wait` for every request of `reqs` (one `Testall` per poll progresses them all)."""
-    from mpi4py import MPI
-
     t0, sleep = time.perf_counter(), 0.0
-    while not MPI.Request.Testall(reqs):
+    while not _testall(reqs, what):
         if timeout is not None and time.perf_counter() - t0 > timeout:
             raise PeerError(f"timed out after {timeout:.0f} s waiting for {what}; the peer rank is dead, hung "
                             "or far slower than expected (raise --peer-timeout if it is slow)")
         time.sleep(sleep)
         sleep = min(max(sleep * 2, 1e-4), max_sleep)
     return time.perf_counter() - t0
+
+
+def _testall(reqs: "list[MPI.Request]", what: str) -> bool:
+    from mpi4py import MPI
+
+    with lost_peer(what):
+        return MPI.Request.Testall(reqs)
 
 
 def wait_object(req: "MPI.Request", timeout: Optional[float], what: str) -> Any:

@@ -1,0 +1,228 @@
+"""Surviving a dead DPU rank (`--dpu-failure fallback`) with MPI's fault tolerance (ULFM).
+
+Without it, Open MPI ends the whole job when any rank dies: a lost DPU would cost the run although
+its host ranks can build their own batches (the same ones: augmentation is seeded per sample).
+With `mpirun --with-ft ulfm` (dpurun adds it) the job goes on and MPI reports the death:
+
+- to a rank that talks to the dead one, as an error of that very call (`ERR_PROC_FAILED`); `wait`
+  turns it into `PeerLost`, and a host rank's loader falls back to loading itself
+  (`host.loader.FallbackSource`);
+- to everyone else through `FailureWatch`: a thread per rank keeps one receive from any source
+  posted on its own duplicate of COMM_WORLD, which ULFM completes with `ERR_PROC_FAILED_PENDING`
+  when any rank dies (20-60 ms on this box). Deaths the run cannot survive (a host rank, a DPU rank
+  that validates, keeps checkpoints or trains) end the job in one line naming the rank, instead of
+  leaving survivors waiting on it.
+
+mpi4py quietly turns ULFM's calls into ordinary ones when the runtime does not detect failures, so
+the flag is refused unless the runtime was really started with fault tolerance (`require_ft`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.runtime.metrics import JsonlLog
+from dpuoffload.common.runtime.waits import is_failure
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from dpuoffload.common.config import RunConfig
+    from dpuoffload.common.plan.offload import OffloadPlan
+    from dpuoffload.common.runtime.roles import Topology
+
+PREFIX = "[dpuoffload]"
+FT_ENV = "OMPI_MCA_mpi_ft_enable"   # what `mpirun --with-ft ulfm` sets in every rank's environment
+WATCH_POLL_S = 0.02                 # how often the watch thread tests its receive
+WATCH_TAG = 1                       # on the watch's own communicator: nothing is ever sent on it
+ABORT_BACKUP_S = 5.0                # a rank other than the first survivor aborts this much later
+
+
+def ft_active() -> bool:
+    """Whether this process runs under an MPI that reports failed ranks instead of ending the job:
+    Open MPI 5 started with `--with-ft ulfm` (MPICH's ULFM support is partial: not used)."""
+    from mpi4py import MPI
+
+    return MPI.Get_library_version().startswith("Open MPI v5") and os.environ.get(FT_ENV, "").lower() in ("1", "true")
+
+
+def require_ft(cfg: "RunConfig") -> None:
+    """Refuse `--dpu-failure fallback` where a death would still end the job (or hang it)."""
+    if cfg.dpu_failure == "fallback" and not ft_active():
+        raise ConfigError("--dpu-failure fallback needs MPI fault tolerance: Open MPI 5 started with "
+                          "`mpirun --with-ft ulfm` (dpurun adds it); this run was started without it, so a dead "
+                          "DPU rank would end the job anyway")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a rank's death means for the run: survived (and what changes), or the end of the job."""
+
+    survivable: bool
+    what: str   # 'it augmented for host rank 1 (...)' / 'host ranks train: ...'
+
+
+def verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan") -> Verdict:
+    """Pure: whether the run survives the death of world rank `dead` under `--dpu-failure fallback`."""
+    from dpuoffload.common.plan.assign import StateAssignment
+    from dpuoffload.common.plan.offload import DA, IDLE
+
+    if dead not in topo.dpu_ranks:
+        return Verdict(False, "it trained (--dpu-failure fallback survives DPU ranks; dpurun --restarts N "
+                              "relaunches after a lost host rank)")
+    if cfg.mode.dpu_trains:
+        return Verdict(False, f"DPU ranks train in --mode {cfg.mode}: a replica is lost")
+    kept = StateAssignment.of(topo).hosts_kept_by(dead)
+    if kept and (cfg.checkpointing or cfg.clone_at is not None):
+        return Verdict(False, "it kept the checkpoint state of " + ", ".join(topo.describe(h) for h in kept)
+                       + " (a lost keeper is not survived yet)")
+    work = plan.work.get(dead, IDLE)
+    if work == DA:
+        fed = plan.fed_by(dead)
+        if not fed:
+            return Verdict(True, "it had no host rank to feed")
+        return Verdict(True, "it augmented for " + ", ".join(topo.describe(h) for h in fed)
+                       + (", which build" if len(fed) > 1 else ", which builds") + " its own batches from here on")
+    if work == IDLE:
+        return Verdict(True, "it was idle")
+    return Verdict(False, "it validated (--mode mv/hybrid; a lost validation rank is not survived yet)")
+
+
+class FailureWatch:
+    """A daemon thread that learns of any rank's death and either notes it or ends the job."""
+
+    def __init__(self, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan") -> None:
+        """Collective over COMM_WORLD (it duplicates it)."""
+        from mpi4py import MPI
+
+        self.topo, self.cfg, self.plan = topo, cfg, plan
+        self.comm: "MPI.Comm" = topo.world.Dup()
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.dead: dict[int, float] = {}     # world rank -> time.time() its death was learnt here
+        self.log = JsonlLog(cfg.log_dir, "failures.jsonl") if topo.world_rank == 0 else None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dpuoffload-failure-watch", daemon=True)
+
+    def start(self) -> "FailureWatch":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """End the watch (before MPI_Finalize): its receive is cancelled by the thread itself."""
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+
+    def _run(self) -> None:
+        from mpi4py import MPI
+
+        buf = np.zeros(1, dtype=np.int64)
+        req = self.comm.Irecv(buf, source=MPI.ANY_SOURCE, tag=WATCH_TAG)
+        while not self._stop.is_set():
+            try:
+                req.Test()
+            except MPI.Exception as e:
+                if not is_failure(e):
+                    raise
+                self._learn()
+                req = self.comm.Irecv(buf, source=MPI.ANY_SOURCE, tag=WATCH_TAG)
+            time.sleep(WATCH_POLL_S)
+        req.Cancel()
+        try:
+            req.Wait()
+        except MPI.Exception:  # (a death learnt at the very end: nothing to do about it now)
+            pass
+
+    def _learn(self) -> None:
+        """Acknowledge the failures MPI reports (so receives from any source work again) and judge
+        each new one."""
+        failed = self.comm.Get_failed()
+        self.comm.Ack_failed()
+        ranks = failed.Translate_ranks(list(range(failed.Get_size())), self.comm.Get_group())
+        for rank in ranks:
+            if rank not in self.dead:
+                self.dead[rank] = time.time()
+                self._judge(rank)
+
+    def _judge(self, rank: int) -> None:
+        v = verdict(rank, self.topo, self.cfg, self.plan)
+        if v.survivable:
+            if self.topo.world_rank == 0:  # one line per death, from one rank
+                print(f"{PREFIX} {self.topo.describe(rank)} died; {v.what} (--dpu-failure fallback)", flush=True)
+                self._record(rank, v, True)
+            return
+        from dpuoffload.common.runtime.failure import abort_job
+
+        if self.topo.world_rank != min(r for r in range(self.topo.world.Get_size()) if r not in self.dead):
+            time.sleep(ABORT_BACKUP_S)  # the first survivor ends the job; the others only if it could not
+        self._record(rank, v, False)
+        abort_job(death_line(self.topo, rank, v), 1)
+
+    def _record(self, rank: int, v: Verdict, survived: bool) -> None:
+        if self.log is not None:
+            self.log.write({"event": "rank_died", "world_rank": rank, "rank": self.topo.describe(rank),
+                            "survived": survived, "what": v.what, "learnt_time": self.dead[rank]})
+
+
+_watch: Optional[FailureWatch] = None
+
+
+def start_watch(topo: "Topology", cfg: "RunConfig") -> None:
+    """Collective over COMM_WORLD; a no-op unless `--dpu-failure fallback`."""
+    global _watch
+    if cfg.dpu_failure != "fallback":
+        return
+    from dpuoffload.common.plan.offload import plan_offload
+
+    _watch = FailureWatch(topo, cfg, plan_offload(topo.ranks, cfg)).start()
+
+
+def stop_watch() -> None:
+    if _watch is not None:
+        _watch.stop()
+
+
+def death_behind(wait_s: float = 1.0) -> Optional[str]:
+    """For a rank about to end the job on an error: if a rank death the run does not survive is
+    (or, within `wait_s`, becomes) known here, the line naming it, which says more than this rank's
+    own error (a collective that failed because of it). None without a watch or such a death."""
+    if _watch is None:
+        return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        for rank in sorted(_watch.dead):
+            v = verdict(rank, _watch.topo, _watch.cfg, _watch.plan)
+            if not v.survivable:
+                return death_line(_watch.topo, rank, v)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(WATCH_POLL_S)
+
+
+def death_line(topo: "Topology", rank: int, v: Verdict) -> str:
+    """The one line that ends a job after a death it does not survive (`launch.supervise` reads it)."""
+    return f"{topo.describe(rank)} died; {v.what}: ending the job"
+
+
+def dead_ranks() -> frozenset[int]:
+    """World ranks known dead here (empty without `--dpu-failure fallback`)."""
+    return frozenset(_watch.dead) if _watch is not None else frozenset()
+
+
+def note(record: dict[str, Any]) -> None:
+    """A line of `failures-rank<N>.jsonl` from this rank (a host rank's fallback)."""
+    global _rank_log
+    if _watch is None:
+        return
+    if _rank_log is None:
+        _rank_log = JsonlLog(_watch.cfg.log_dir, f"failures-rank{_watch.topo.world_rank}.jsonl")
+    _rank_log.write(record)
+
+
+_rank_log: Optional[JsonlLog] = None

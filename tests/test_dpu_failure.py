@@ -1,0 +1,149 @@
+"""A dead DPU rank is not fatal (`--dpu-failure fallback`, issue 13 item 3), under Open MPI's ULFM.
+
+Pure: which deaths the run survives (`faults.verdict`), the flags refused, the mpirun line.
+Real jobs (2 host + 2 DPU ranks, `da`, 2 epochs of 256 samples; DPU rank 1 feeds host rank 1):
+- DPU rank 1 SIGKILLed: the job ends 0, host rank 1 builds its own batches from the step that did
+  not arrive, and every epoch's losses, validation sums and weights equal a `--mode none` run's, to the bit;
+- a host rank SIGKILLed, and a DPU rank that keeps checkpoints: the job ends non-zero within
+  seconds, dpurun naming the dead rank, and no committed checkpoint is damaged;
+- started without fault tolerance, the flag is refused in one line.
+"""
+
+import time
+
+import pytest
+
+from dpuoffload.common.config import parse_run_config
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.plan.offload import plan_offload
+from dpuoffload.common.runtime.faults import verdict
+from dpuoffload.common.runtime.roles import RankInfo, Role, Topology, pair_ranks
+from dpuoffload.common.state import ckptfiles
+from dpuoffload.launch.command import LaunchSpec, build_command
+from tests.mpijobs import PY, dpurun, mpmd, read_jsonl
+
+H, D = Role.HOST, Role.DPU
+TWO = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe"]
+RUN = ["--preset", "debug", "--no-progress", "--train-subset", "256", "--epochs", "2"]
+
+
+def topo_of(layout) -> Topology:
+    ranks = tuple(RankInfo(i, role, node, node) for i, (role, node) in enumerate(layout))
+    return Topology(world=None, side_comm=None, role=H, ranks=ranks, pairing=pair_ranks(ranks))
+
+
+def judge(flags, layout, dead):
+    cfg = parse_run_config(["--dpu-failure", "fallback", *flags])
+    topo = topo_of(layout)
+    return verdict(dead, topo, cfg, plan_offload(topo.ranks, cfg))
+
+
+def test_which_deaths_the_run_survives():
+    two = [(H, "n0"), (H, "n0"), (D, "n0"), (D, "n0")]
+    feeder = judge(["--mode", "da"], two, 3)
+    assert feeder.survivable and feeder.what == "it augmented for host rank 1 (world rank 1, node n0), which " \
+                                                 "builds its own batches from here on"
+    assert judge(["--mode", "none"], two, 2).survivable  # idle
+    assert not judge(["--mode", "da"], two, 1).survivable  # a host rank
+    validator = judge(["--mode", "mv"], two, 2)
+    assert not validator.survivable and "it validated" in validator.what
+    keeper = judge(["--mode", "da", "--ckpt-dir", "/tmp/x", "--ckpt-every", "2"], two, 2)
+    assert not keeper.survivable and keeper.what.startswith("it kept the checkpoint state of host rank 0")
+    # a fan-out: one augmentation rank feeds both host ranks, the other one is left over
+    fan = judge(["--mode", "hybrid", "--dpu-da-ranks", "1", "--dpu-mv-ranks", "1"], two, 2)
+    assert fan.survivable and "host rank 0 (world rank 0, node n0), host rank 1" in fan.what
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--mode", "naive"], "DPU ranks train, so a lost one is a lost replica"),
+    (["--mode", "da", "--trace", "/tmp/t.json"], "leave out --trace or --dpu-failure fallback"),
+])
+def test_refused_combinations(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_run_config(["--dpu-failure", "fallback", *flags])
+
+
+def test_mpirun_gets_fault_tolerance_and_mpich_is_refused():
+    base = dict(mpirun="mpirun", host_python="py", dpu_python="py", host_cores=(0,), dpu_cores=(1,))
+    cmd = build_command(LaunchSpec(**base, fault_tolerant=True))
+    assert cmd[cmd.index("--with-ft") + 1] == "ulfm"
+    assert "--with-ft" not in build_command(LaunchSpec(**base))
+    with pytest.raises(ConfigError, match="needs Open MPI 5's fault tolerance"):
+        LaunchSpec(**base, flavor="mpich", fault_tolerant=True)
+
+
+@pytest.fixture(scope="module")
+def baseline(bundled_data, tmp_path_factory):
+    """The same training in --mode none: the batches every host rank must train on."""
+    log = tmp_path_factory.mktemp("none")
+    res = dpurun(TWO, [*RUN, "--mode", "none", "--data", str(bundled_data / "cifar10"), "--log-dir", str(log)],
+                 timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return read_jsonl(log / "metrics.jsonl")
+
+
+def epochs(metrics):
+    return {m["epoch"]: m for m in metrics if m["event"] == "epoch"}
+
+
+@pytest.mark.mpi
+def test_dead_augmentation_rank_falls_back_to_the_host_bit_exact(bundled_data, tmp_path, baseline):
+    log = tmp_path / "log"
+    res = dpurun(TWO, [*RUN, "--mode", "da", "--data", str(bundled_data / "cifar10"), "--log-dir", str(log),
+                       "--dpu-failure", "fallback", "--inject", "dpu:1@5"], timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "--with-ft ulfm" in res.stderr  # dpurun's 'running:' line
+    assert ("[dpuoffload] DPU rank 1 (world rank 3, node vm) died; it augmented for host rank 1 (world rank 1, "
+            "node vm), which builds its own batches from here on (--dpu-failure fallback)").replace(
+                "node vm", f"node {_node(res.stdout)}") in res.stdout
+    [fallback] = read_jsonl(log / "failures-rank1.jsonl")
+    assert fallback["event"] == "fallback" and fallback["feeder"] == 3
+    assert f"building this rank's batches here from step {fallback['step']} of epoch {fallback['epoch']} on" \
+        in res.stdout
+    [death] = read_jsonl(log / "failures.jsonl")
+    assert (death["world_rank"], death["survived"]) == (3, True)
+    got, ref = epochs(read_jsonl(log / "metrics.jsonl")), epochs(baseline)
+    assert sorted(got) == sorted(ref) == [0, 1]
+    for e in ref:
+        for key in ("step_losses", "train_loss", "val_loss_sum", "val_correct", "weights_sha256"):
+            assert got[e][key] == ref[e][key], (e, key)
+
+
+def _node(stdout: str) -> str:
+    """This box's node name as the ranks print it ('node vm' on the dev box)."""
+    line = next(x for x in stdout.splitlines() if "died;" in x)
+    return line.split("node ", 1)[1].split(")", 1)[0]
+
+
+@pytest.mark.mpi
+def test_dead_host_rank_ends_the_job_naming_it(bundled_data, tmp_path):
+    t0 = time.monotonic()
+    res = dpurun(TWO, [*RUN, "--mode", "da", "--data", str(bundled_data / "cifar10"), "--dpu-failure", "fallback",
+                       "--inject", "host:1@3"], timeout=300)
+    assert res.returncode == 1, res.stdout + res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("dpurun: world rank 1 = host rank 1 (host program) died: it trained "
+                           "(--dpu-failure fallback survives DPU ranks"), last
+    assert time.monotonic() - t0 < 120  # (start-up included; the death itself ends the job in about a second)
+
+
+@pytest.mark.mpi
+def test_dead_keeper_ends_the_job_and_no_checkpoint_is_damaged(bundled_data, tmp_path):
+    ck = tmp_path / "ck"
+    res = dpurun(TWO, [*RUN, "--mode", "da", "--data", str(bundled_data / "cifar10"), "--dpu-failure", "fallback",
+                       "--ckpt-dir", str(ck), "--ckpt-every", "2", "--inject", "dpu:1@7"], timeout=300)
+    assert res.returncode == 1, res.stdout + res.stderr
+    said = [x for x in res.stderr.splitlines() if x.startswith("dpurun: world rank")]
+    assert said and said[0].startswith("dpurun: world rank 3 = DPU rank 1 (DPU program) died: it kept the checkpoint "
+                                       "state of host rank 1"), res.stderr
+    for done in ckptfiles.committed(ck):  # every committed checkpoint still loads, whole
+        assert ckptfiles.load(done).meta["position"]["global_step"] % 2 == 0
+
+
+@pytest.mark.mpi
+def test_without_fault_tolerance_the_flag_is_refused(bundled_data):
+    argv = ["--preset", "debug", "--mode", "da", "--data", str(bundled_data / "cifar10"), "--dpu-failure", "fallback"]
+    res = mpmd(1, [PY, "-m", "dpuoffload.host", *argv], 1, [PY, "-m", "dpuoffload.dpu", *argv])
+    assert res.returncode != 0
+    assert "--dpu-failure fallback needs MPI fault tolerance: Open MPI 5 started with `mpirun --with-ft ulfm`" \
+        in res.stderr
