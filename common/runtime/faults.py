@@ -174,8 +174,9 @@ _watch: Optional[FailureWatch] = None
 
 
 def start_watch(topo: "Topology", cfg: "RunConfig") -> None:
-    """Collective over COMM_WORLD; a no-op unless `--dpu-failure fallback`."""
-    global _watch
+    """Collective over COMM_WORLD; no watch unless `--dpu-failure fallback` (`note` works anyway)."""
+    global _watch, _rank_log
+    _rank_log = JsonlLog(cfg.log_dir, f"failures-rank{topo.world_rank}.jsonl") if cfg.log_dir else None
     if cfg.dpu_failure != "fallback":
         return
     from dpuoffload.common.plan.offload import plan_offload
@@ -216,13 +217,9 @@ def dead_ranks() -> frozenset[int]:
 
 
 def note(record: dict[str, Any]) -> None:
-    """A line of `failures-rank<N>.jsonl` from this rank (a host rank's fallback)."""
-    global _rank_log
-    if _watch is None:
-        return
-    if _rank_log is None:
-        _rank_log = JsonlLog(_watch.cfg.log_dir, f"failures-rank{_watch.topo.world_rank}.jsonl")
-    _rank_log.write(record)
+    """A line of `<log-dir>/failures-rank<N>.jsonl` from this rank (an injected failure, a fallback)."""
+    if _rank_log is not None:
+        _rank_log.write(record)
 
 
 _rank_log: Optional[JsonlLog] = None

@@ -1,0 +1,138 @@
+"""Fault stress: each kind of failure N times at random steps, and what the job did about it.
+
+    python benchmarks/faults.py [--tries 20] [--kinds dpu-fallback host-fallback dpu-stop host-stop] [--seed 0]
+
+Every try is a real dpurun job (2 host + 2 DPU ranks, `--mode da`, resnet20 on 256 bundled CIFAR-10
+samples, 2 epochs = 16 steps) with one `--inject` SIGKILL at a random global step in [2, 15]:
+
+- `dpu-fallback`: DPU rank 1 (host rank 1's feeder) killed under `--dpu-failure fallback`. Passes if
+  the job ends 0 with the weights of the failure-free run (sha256, measured once first, the same for
+  `--mode none`), after host rank 1 fell back. Also: the failure watch's detection time (the kill to
+  world rank 0 learning it; one box, one clock).
+- `host-fallback`: host rank 1 killed under `--dpu-failure fallback`. Passes if the job ends 1 with
+  dpurun naming host rank 1 as dead. Also: the kill to the end of the job.
+- `dpu-stop`, `host-stop`: the same ranks killed without it (Open MPI ends the job). Passes if dpurun
+  names the killed rank. Also: the kill to the end of the job.
+
+Prints one table (passed out of tries; median and max times) and writes `results/faults.json`. The
+test suite runs one try of each (tests/test_dpu_failure.py, tests/test_faults.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import BIN, RESULTS, ROOT, job_env, machine, machine_line, make_data, table, write_json  # noqa: E402
+
+KINDS = ("dpu-fallback", "host-fallback", "dpu-stop", "host-stop")
+LAUNCH = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe", "--share-cores"]
+STEPS = 16   # 2 epochs of 256 samples, 2 host ranks, batch 16
+
+
+def training(data: Path, log: str) -> list[str]:
+    return ["--preset", "debug", "--no-progress", "--train-subset", "256", "--epochs", "2", "--mode", "da",
+            "--data", str(data / "cifar10"), "--log-dir", log]
+
+
+def run(args: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    """One dpurun job; (result, wall time.time() at its end)."""
+    res = subprocess.run([str(BIN / "dpurun"), *LAUNCH, "--", *args], capture_output=True, text=True,
+                         env=job_env(), cwd=ROOT, timeout=600)
+    return res, time.time()
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def final_sha(log: Path) -> str:
+    return next(r for r in read(log / "metrics.jsonl") if r["event"] == "end")["weights_sha256"]
+
+
+def named(stderr: str, rank_words: str) -> bool:
+    """Whether dpurun's verdict line names `rank_words` ('host rank 1') as dead."""
+    return any(x.startswith("dpurun: world rank") and f"= {rank_words} (" in x and "died" in x
+               for x in stderr.splitlines())
+
+
+def one_try(kind: str, step: int, data: Path, reference: str) -> dict[str, Any]:
+    who = "dpu:1" if kind.startswith("dpu") else "host:1"
+    with tempfile.TemporaryDirectory(prefix="dpufaults-") as tmp:
+        log = Path(tmp)
+        flags = [*training(data, str(log)), "--inject", f"{who}@{step}"]
+        if kind.endswith("fallback"):
+            flags += ["--dpu-failure", "fallback"]
+        res, ended = run(flags)
+        record: dict[str, Any] = {"kind": kind, "step": step, "code": res.returncode}
+        injected = next((r["time"] for p in log.glob("failures-rank*.jsonl") for r in read(p)
+                         if r["event"] == "injected"), None)
+        if kind == "dpu-fallback":
+            deaths = read(log / "failures.jsonl")
+            record["passed"] = res.returncode == 0 and final_sha(log) == reference and bool(deaths)
+            if injected and deaths:
+                record["detected_s"] = deaths[0]["learnt_time"] - injected
+        else:
+            record["passed"] = res.returncode != 0 and named(res.stderr, "DPU rank 1" if who == "dpu:1"
+                                                                 else "host rank 1")
+            if injected:
+                record["ended_s"] = ended - injected
+        if not record["passed"]:
+            record["tail"] = (res.stdout[-800:] + res.stderr[-1500:])
+        return record
+
+
+def summarize(records: list[dict[str, Any]], kinds: tuple[str, ...]) -> list[list[Any]]:
+    rows = []
+    for kind in kinds:
+        mine = [r for r in records if r["kind"] == kind]
+        passed = sum(r["passed"] for r in mine)
+        times = [r.get("detected_s", r.get("ended_s")) for r in mine if r.get("detected_s", r.get("ended_s"))]
+        what = "detected after" if kind == "dpu-fallback" else "job ended after"
+        timing = f"{what}: median {statistics.median(times):.2f} s, max {max(times):.2f} s" if times else "-"
+        rows.append([kind, f"{passed} / {len(mine)}", sorted(r["step"] for r in mine), timing])
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tries", type=int, default=20, help="tries of each kind (default: 20)")
+    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    p.add_argument("--seed", type=int, default=0, help="seed of the random steps (default: 0)")
+    p.add_argument("--out", type=Path, default=RESULTS / "faults.json")
+    args = p.parse_args()
+    data = make_data(("cifar10",))
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory(prefix="dpufaults-ref-") as ref:
+        res, _ = run(training(data, ref))
+        if res.returncode != 0:
+            sys.exit(f"the failure-free run failed:\n{res.stderr[-2000:]}")
+        reference = final_sha(Path(ref))
+    records = []
+    for i in range(args.tries):
+        for kind in args.kinds:
+            records.append(one_try(kind, rng.randint(2, STEPS - 1), data, reference))
+            r = records[-1]
+            print(f"try {i + 1}/{args.tries} {kind} at step {r['step']}: {'passed' if r['passed'] else 'FAILED'}",
+                  flush=True)
+    rows = summarize(records, tuple(args.kinds))
+    m = machine()
+    print(machine_line(m))
+    print(table(["kind", "passed", "steps killed at", "time"], rows))
+    write_json(args.out, {"machine": m, "settings": vars(args) | {"out": str(args.out)}, "records": records})
+    if any(not r["passed"] for r in records):
+        sys.exit("some tries did not pass: see the records' 'tail' in " + str(args.out))
+
+
+if __name__ == "__main__":
+    main()
