@@ -272,19 +272,18 @@ class FallbackSource:
         self.local: Optional[HostPart] = None
 
     def batches(self, epoch: int, start: int, stop: int) -> Iterator[Batch]:
-        step = start
-        if self.local is None:
+        step, local = start, self.local
+        if local is None:
             try:
                 for batch in self.primary.batches(epoch, start, stop):
                     yield batch
                     step += 1
                 return
             except PeerLost as e:
-                self._fall_back(e, epoch, step)
-        assert self.local is not None
-        yield from self.local.batches(epoch, step, stop)
+                local = self.local = self._fall_back(e, epoch, step)
+        yield from local.batches(epoch, step, stop)
 
-    def _fall_back(self, e: PeerLost, epoch: int, step: int) -> None:
+    def _fall_back(self, e: PeerLost, epoch: int, step: int) -> HostPart:
         """`e` says what did not arrive (logged); the line printed says what happens now."""
         from dpuoffload.common.runtime import faults
 
@@ -292,12 +291,13 @@ class FallbackSource:
         remote.abandon()
         if isinstance(self.primary, SharedSource):
             self.primary.host.close()
-        self.local = HostPart(self.dataset, self.sampling, StepSplit(1.0, self.steps), self.workers, self.epochs)
+        local = HostPart(self.dataset, self.sampling, StepSplit(1.0, self.steps), self.workers, self.epochs)
         workers = f" ({self.workers} worker process(es), --da-host-workers)" if self.workers else ""
         print(f"[dpuoffload] {self.where}: {remote.feeder_label} is gone; building this rank's batches here from "
               f"step {step} of epoch {epoch} on{workers}, the same ones", flush=True)
         faults.note({"event": "fallback", "feeder": remote.feeder, "epoch": epoch, "step": step,
                      "error": str(e), "time": time.time()})
+        return local
 
     def close(self) -> None:
         (self.primary if self.local is None else self.local).close()

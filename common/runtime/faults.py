@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.runtime.failure import PREFIX, abort_job
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.waits import is_failure
 
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from dpuoffload.common.plan.offload import OffloadPlan
     from dpuoffload.common.runtime.roles import Topology
 
-PREFIX = "[dpuoffload]"
 FT_ENV = "OMPI_MCA_mpi_ft_enable"   # what `mpirun --with-ft ulfm` sets in every rank's environment
 WATCH_POLL_S = 0.02                 # how often the watch thread tests its receive
 WATCH_TAG = 1                       # on the watch's own communicator: nothing is ever sent on it
@@ -66,7 +66,7 @@ class Verdict:
     """What a rank's death means for the run: survived (and what changes), or the end of the job."""
 
     survivable: bool
-    what: str   # 'it augmented for host rank 1 (...)' / 'host ranks train: ...'
+    what: str   # 'it augmented for host rank 1 (...), which builds ...' / 'it validated (...)'
 
 
 def verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan") -> Verdict:
@@ -157,8 +157,6 @@ class FailureWatch:
                 print(f"{PREFIX} {self.topo.describe(rank)} died; {v.what} (--dpu-failure fallback)", flush=True)
                 self._record(rank, v, True)
             return
-        from dpuoffload.common.runtime.failure import abort_job
-
         if self.topo.world_rank != min(r for r in range(self.topo.world.Get_size()) if r not in self.dead):
             time.sleep(ABORT_BACKUP_S)  # the first survivor ends the job; the others only if it could not
         self._record(rank, v, False)
