@@ -22,13 +22,14 @@ from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.modes import Mode
 
 MODES = tuple(m.value for m in Mode)
-ALLREDUCE_BACKENDS = ("auto", "horovod", "torch")
+ALLREDUCE_BACKENDS = ("auto", "horovod", "torch", "mpi")
 DEVICES = ("auto", "cpu", "cuda")
 AMPS = ("off", "bf16", "fp16")
 LR_SCHEDULES = ("cosine", "step", "constant")
 CKPT_COPIES = ("staged", "zero")
 CKPT_ERRORS = ("continue", "fail")
 DPU_FAILURES = ("stop", "fallback")
+RECOVERY = ("stop", "lossy-forward")  # what a dead host rank does to the run
 AUTO_ALLOWS = ("naive",)  # modes that change the math, which --mode auto considers only on request
 # With a user's training script (`dpurun -- [flags] train.py`) the script owns the model, data, optimizer
 # and loop; these are the flags that still mean something, and the modes the public API serves so far.
@@ -94,6 +95,8 @@ class RunConfig:
     ckpt_copy: str = "staged"
     ckpt_errors: str = "continue"
     dpu_failure: str = "stop"
+    recovery: str = "stop"
+    reassign: bool = False
     resume: Optional[str] = None
     stop_at_step: Optional[int] = None
     clone_at: Optional[int] = None
@@ -209,6 +212,7 @@ class RunConfig:
         if self.dpu_failure == "fallback" and self.mode.dpu_trains:
             raise ConfigError(f"--dpu-failure fallback: in --mode {self.mode} DPU ranks train, so a lost one is a "
                               "lost replica; use --mode da, mv, hybrid or none")
+        self._check_recovery()
         for name in ("ckpt_every", "stop_at_step", "clone_at"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -241,6 +245,33 @@ class RunConfig:
         if self.inject_simulate and self.mode in (Mode.NAIVE, Mode.AUTO):
             raise ConfigError(f"--inject-simulate fails host ranks' gradients in a run whose replicas are the host "
                               f"ranks: use --mode none, da, mv or hybrid, not {self.mode}")
+
+    def _check_recovery(self) -> None:
+        """`--recovery lossy-forward`: what it can survive so far, and the flags it cannot go with."""
+        _check_choice("recovery", self.recovery, RECOVERY)
+        if self.reassign and self.recovery != "lossy-forward":
+            raise ConfigError("--reassign hands a dead host rank's samples to the survivors: add --recovery "
+                              "lossy-forward")
+        if self.recovery == "stop":
+            return
+        refused = [(self.mode not in (Mode.NONE, Mode.DA), f"--mode {self.mode} (use none or da: validation DPU "
+                    "ranks and naive replicas are not survived yet)"),
+                   (self.allreduce in ("horovod", "torch"), f"--allreduce {self.allreduce} (Horovod and "
+                    "torch.distributed cannot shrink their group: leave --allreduce out, or use mpi)"),
+                   (self.ckpt_every is not None or self.ckpt_every_epoch or self.clone_at is not None,
+                    "checkpoints or clones (a dead host rank's state shards would be missing)"),
+                   (self.trace, "--trace (its end-of-run gather needs every rank)"),
+                   (bool(self.inject_simulate), "--inject-simulate (simulated and real failures: one at a time)"),
+                   (self.script is not None, "a training script (the built-in trainer only, so far)")]
+        for bad, what in refused:
+            if bad:
+                raise ConfigError(f"--recovery lossy-forward cannot go with {what}")
+        object.__setattr__(self, "allreduce", "mpi")
+
+    @property
+    def fault_tolerant(self) -> bool:
+        """Whether the run must survive a dead rank: MPI started with fault tolerance (ULFM)."""
+        return self.dpu_failure == "fallback" or self.recovery != "stop"
 
     @property
     def checkpointing(self) -> bool:
@@ -332,8 +363,8 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
                    help="per-step learning-rate schedule")
     p.add_argument("--seed", type=int, default=S, help="seed for weights, sampler and augmentation")
     p.add_argument("--allreduce", choices=ALLREDUCE_BACKENDS, default=S,
-                   help="gradient allreduce: horovod, torch (torch.distributed gloo) or auto = "
-                        "horovod when it imports")
+                   help="gradient allreduce: horovod, torch (torch.distributed gloo), mpi (one MPI allreduce "
+                        "through host memory) or auto = horovod when it imports (mpi under --recovery)")
     p.add_argument("--device", choices=DEVICES, default=S,
                    help="where host ranks train: cuda (one GPU per host rank, by its rank on its node), cpu, or "
                         "auto (cuda when torch sees a GPU) (default: auto); with a script, job.device says which")
@@ -463,6 +494,15 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
                         "under MPI fault tolerance (dpurun adds mpirun --with-ft ulfm): the host ranks a dead "
                         "augmentation rank fed build their own batches from that step, the same ones. A dead "
                         "validation or checkpoint DPU rank, or a host rank, still ends the job, naming it")
+    g.add_argument("--recovery", choices=RECOVERY, default=S,
+                   help="a host rank that dies: stop = the job ends, naming it (dpurun --restarts N relaunches "
+                        "it); lossy-forward = the survivors finish the failed step with their own gradients and "
+                        "go on under MPI fault tolerance (dpurun adds mpirun --with-ft ulfm; --allreduce mpi), "
+                        "its samples of that step and of the rest of its epoch lost, then taken over by the "
+                        "survivors; --mode none or da")
+    g.add_argument("--reassign", action="store_true", default=S,
+                   help="with --recovery lossy-forward: the survivors take a dead host rank's batches over from "
+                        "the very next step, so only the failed step's samples are lost")
     g.add_argument("--inject-simulate", action="append", default=S, metavar="WHO@WHEN[:P]",
                    help="simulate a failure as the recovery study does, no process lost (repeatable, or "
                         "comma-separated): host rank R (host:R, node:N) loses the gradients after share P of the "

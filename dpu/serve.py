@@ -13,11 +13,13 @@ and ends when host rank 0 sends SHUTDOWN (`job.finish()`, after every host close
 
 There is no deadline on a full ring: the host decides when it wants its next batch (a user's own
 validation may take an hour). A dead host rank ends the job through mpirun (or, under
-`--dpu-failure fallback`, through `common.runtime.faults`).
+`--dpu-failure fallback`, through `common.runtime.faults`); under `--recovery lossy-forward` its
+stream is dropped and the survivors take its batches over.
 """
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
@@ -30,7 +32,7 @@ from dpuoffload.common.data.loaders import RankLoader, probe_layout, unfit_sampl
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, Recipe, StepSplit, decode, stream_tag
 from dpuoffload.common.data.workers import WorkerPool, cores_note
-from dpuoffload.common.errors import PeerError
+from dpuoffload.common.errors import PeerError, PeerLost
 from dpuoffload.common.runtime import inject
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
@@ -195,9 +197,14 @@ class Stream:
 
     def close(self) -> None:
         self.ring.drain()
+        self.abandon()
+
+    def abandon(self) -> None:
+        """Stop producing (its host rank died: the sends in flight to it are never completed)."""
         if self.pool is not None:
             self.batches = None
             self.pool.close()
+            self.pool = None
 
 
 def _prebuilt_or_none(opened: OpenLoader, prebuilt: dict[bytes, Any]) -> Any:
@@ -265,14 +272,14 @@ class LoaderService:
     def run(self) -> list[dict[str, Any]]:
         """Serve until SHUTDOWN; a record per epoch all streams produced (phases, batches sent)."""
         shutdown = CONTROL.empty()
-        ctl = self.topo.world.Irecv(shutdown, source=self.topo.host_ranks[0], tag=CONTROL.tag)
+        ctl = self._post_control(shutdown)
         sleep = 0.0
         while True:
             moved = self.poll_messages()
-            if ctl.Test():
+            if self._test_control(ctl):
                 if CONTROL.unpack(shutdown)["kind"] == ControlKind.SHUTDOWN:
                     break
-                ctl = self.topo.world.Irecv(shutdown, source=self.topo.host_ranks[0], tag=CONTROL.tag)
+                ctl = self._post_control(shutdown)
             moved = self.produce_round() or moved
             if moved:
                 sleep = 0.0
@@ -281,6 +288,27 @@ class LoaderService:
                 time.sleep(sleep)
             sleep = min(max(sleep * 2, 1e-4), self.max_idle)
         return self.epochs.records
+
+    def _post_control(self, buf: np.ndarray) -> "MPI.Request":
+        """The receive of the shutdown message: from host rank 0, or under --recovery from whichever
+        host rank is the lowest alive at the end (`host.control.shutdown_dpus`)."""
+        from mpi4py import MPI
+
+        source = MPI.ANY_SOURCE if self.cfg.recovery != "stop" else self.topo.host_ranks[0]
+        return self.topo.world.Irecv(buf, source=source, tag=CONTROL.tag)
+
+    def _test_control(self, req: "MPI.Request") -> bool:
+        """Whether the control message came. A death elsewhere leaves a receive from any source
+        pending with an error until acknowledged (ULFM): acknowledge it, and the receive goes on."""
+        from mpi4py import MPI
+
+        try:
+            return bool(req.Test())
+        except MPI.Exception as e:
+            if e.Get_error_class() != MPI.ERR_PROC_FAILED_PENDING:
+                raise
+            self.topo.world.Ack_failed()
+            return False
 
     def epoch_done(self, epoch: int) -> None:
         self.epochs.done(epoch, self.streams.values())
@@ -338,12 +366,28 @@ class LoaderService:
         moved = False
         for i in range(len(streams)):
             stream = streams[(self.turn + i) % len(streams)]
-            if stream.ring.ready():
-                stream.produce()
-                moved = True
+            with self.host_may_die(stream):
+                if stream.ring.ready():
+                    stream.produce()
+                    moved = True
         self.turn += 1
         return moved
 
+    @contextlib.contextmanager
+    def host_may_die(self, stream: Stream) -> Iterator[None]:
+        """Under --recovery, a send to a dead host rank fails: its stream is dropped (its batches are
+        the survivors' to take over) and the other streams go on."""
+        from mpi4py import MPI
+
+        try:
+            yield
+        except (PeerLost, MPI.Exception) as e:
+            if self.cfg.recovery == "stop" or not (isinstance(e, PeerLost) or is_failure(e)):
+                raise
+            self.streams = {k: s for k, s in self.streams.items() if s is not stream}
+            stream.abandon()
+
     def close(self) -> None:
-        for stream in self.streams.values():
-            stream.close()
+        for stream in list(self.streams.values()):
+            with self.host_may_die(stream):
+                stream.close()

@@ -10,11 +10,13 @@ from dpuoffload.common.runtime.waits import wait
 
 
 def shutdown_dpus(topo: Topology, timeout: float) -> None:
-    """Host rank 0 tells every DPU rank that training is over; returns once all sends completed."""
-    if topo.side_rank != 0:
+    """The lowest living host rank (host rank 0 but under --recovery) tells every living DPU rank
+    that training is over; returns once all sends completed."""
+    gone = dead_ranks()  # (--dpu-failure fallback, --recovery: some ranks may be gone)
+    if topo.world_rank != min(h for h in topo.host_ranks if h not in gone):
         return
     header = CONTROL.pack(kind=ControlKind.SHUTDOWN)
-    alive = [d for d in topo.dpu_ranks if d not in dead_ranks()]  # (--dpu-failure fallback: some may be gone)
+    alive = [d for d in topo.dpu_ranks if d not in gone]
     reqs = [topo.world.Isend(header, dest=d, tag=CONTROL.tag) for d in alive]
     for d, req in zip(alive, reqs):
         try:

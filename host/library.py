@@ -109,6 +109,7 @@ class Job:
         self.warned: set[str] = set()
         self.exit_code = 0
         self.finished = False
+        self.survivors: Any = None  # --recovery lossy-forward: the host ranks' SurvivorGroup (the built-in trainer's)
 
     @property
     def device(self) -> "torch.device":
@@ -381,7 +382,7 @@ class Job:
         if self.handoff is not None:  # END to the keeper; host rank 0 gets keeper 0's summary
             self.handoff.finish()
         if self.topo is not None and self.cfg is not None:
-            self.topo.side_comm.Barrier()
+            (self.topo.side_comm if self.survivors is None else self.survivors).Barrier()
             if not self.is_clone:  # (the clone group needs the DPU ranks no more once it has the state)
                 shutdown_dpus(self.topo, self.cfg.peer_timeout)
         if self.handoff is not None:

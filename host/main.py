@@ -11,6 +11,7 @@ from typing import Any, Optional, Sequence
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import build_datasets
+from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.models.zoo import build_model
@@ -30,6 +31,7 @@ from dpuoffload.common.train.device import Compute, resolve_device
 from dpuoffload.common.train.evaluation import LocalValidation, SharePolicy, Validation
 from dpuoffload.common.train.loop import Trainer, TrainJob
 from dpuoffload.common.train.naive import build_naive_feed, measure_profile, naive_backend
+from dpuoffload.common.train.survivors import LossyForward, SurvivorGroup
 from dpuoffload.host.checkpoint import StateHandoff, resume_trainer
 from dpuoffload.host.clone import check_clone_flags, clone_config, describe_overrides
 from dpuoffload.host.extensions import CloneAdopter, HostExtensions
@@ -70,11 +72,13 @@ def check_state_flags(cfg: RunConfig, topo: Topology, job: TrainJob) -> None:
         StateAssignment.of(topo).keeper_of(topo.world_rank)
 
 
-def build_validation(cfg: RunConfig, topo: Topology, job: TrainJob) -> tuple[Validation, Optional[SharePolicy]]:
-    """Validation on the host ranks, or handed to the DPU validation ranks (mv, hybrid)."""
+def build_validation(cfg: RunConfig, topo: Topology, job: TrainJob,
+                     group: Any = None) -> tuple[Validation, Optional[SharePolicy]]:
+    """Validation on the host ranks (over `group`, default their communicator), or handed to the
+    DPU validation ranks (mv, hybrid)."""
     val, bs = job.data.val, cfg.val_batch_size
     if not job.plan.mv_ranks:
-        return LocalValidation(job.model, val, bs, topo.side_comm), None
+        return LocalValidation(job.model, val, bs, topo.side_comm if group is None else group), None
     leader = job.plan.mv_ranks[0]
     validation = OffloadedValidation(job.model, val, bs, topo, job.plan.mv_target[topo.world_rank], leader,
                                      cfg.peer_timeout)
@@ -99,7 +103,9 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
     cfg, topo, job, profiles = started.cfg, started.topo, started.state, started.profiles
     if topo.role is Role.CLONE:
         return run_clone(cfg, topo, job, ext.adopt)
-    group = topo.side_comm
+    group: Any = topo.side_comm
+    if cfg.recovery != "stop":  # the host ranks' group shrinks to the survivors of a dead one
+        group = current().survivors = SurvivorGroup(topo)
     if cfg.mode.dpu_trains:  # DPU ranks are replicas too: one gradient group over the whole job
         source = "balanced by --mode auto's profile" if started.auto is not None else "from --dpu-batch-size"
         job.feed = build_naive_feed(cfg, topo, job.train, profiles, source)
@@ -111,9 +117,12 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
               f"{len(topo.dpu_ranks)} DPU rank(s), model {cfg.model}, dataset {cfg.dataset} "
               f"({len(job.data.train)} train / {len(job.data.val)} val), allreduce {sync.name}"
               f"{'' if job.compute == Compute() else ', on ' + job.compute.describe()}", flush=True)
-    validation, share = build_validation(cfg, topo, job)
+    validation, share = build_validation(cfg, topo, job, group)
     trainer = Trainer(cfg, topo, job, sync, validation, share, group=group,
                       hooks=lambda t: ext.hooks_factory(cfg, topo, t))
+    if isinstance(group, SurvivorGroup):
+        sampling = Sampling.of(cfg, len(topo.host_ranks), topo.side_rank)
+        trainer.recovery = LossyForward(group, job.train.dataset, sampling, job.feed.steps(), cfg.reassign)
     if job.resume is not None:
         resume_trainer(trainer, job.resume, topo)
     records = trainer.fit()

@@ -380,7 +380,7 @@ def check_and_resolve(args: argparse.Namespace,
         problems += restart_problems(args.restarts, cfg)
     spec = cgroup = None
     try:
-        spec, cgroup = resolve_spec(args, training_args, fault_tolerant=cfg.dpu_failure == "fallback")
+        spec, cgroup = resolve_spec(args, training_args, fault_tolerant=cfg.fault_tolerant)
     except ConfigError as e:
         problems.append(checks.Problem(str(e)))
     if checks.report(problems, PROG) or spec is None:

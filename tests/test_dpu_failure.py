@@ -68,7 +68,7 @@ def test_mpirun_gets_fault_tolerance_and_mpich_is_refused():
     cmd = build_command(LaunchSpec(**base, fault_tolerant=True))
     assert cmd[cmd.index("--with-ft") + 1] == "ulfm"
     assert "--with-ft" not in build_command(LaunchSpec(**base))
-    with pytest.raises(ConfigError, match="needs Open MPI 5's fault tolerance"):
+    with pytest.raises(ConfigError, match="need Open MPI 5's fault tolerance"):
         LaunchSpec(**base, flavor="mpich", fault_tolerant=True)
 
 
@@ -123,7 +123,7 @@ def test_dead_host_rank_ends_the_job_naming_it(bundled_data, tmp_path):
     assert res.returncode == 1, res.stdout + res.stderr
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("dpurun: world rank 1 = host rank 1 (host program) died: it trained "
-                           "(--dpu-failure fallback survives DPU ranks"), last
+                           "(--recovery lossy-forward survives host ranks"), last
     assert time.monotonic() - t0 < 120  # (start-up included; the death itself ends the job in about a second)
 
 

@@ -1,4 +1,5 @@
-"""Surviving a dead DPU rank (`--dpu-failure fallback`) with MPI's fault tolerance (ULFM).
+"""Surviving a dead rank (`--dpu-failure fallback`, `--recovery lossy-forward`) with MPI's fault
+tolerance (ULFM).
 
 Without it, Open MPI ends the whole job when any rank dies: a lost DPU would cost the run although
 its host ranks can build their own batches (the same ones: augmentation is seeded per sample).
@@ -23,7 +24,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 import numpy as np
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from dpuoffload.common.runtime.roles import Topology
 
 FT_ENV = "OMPI_MCA_mpi_ft_enable"   # what `mpirun --with-ft ulfm` sets in every rank's environment
+FALLBACK = "--dpu-failure fallback"
 WATCH_POLL_S = 0.02                 # how often the watch thread tests its receive
 WATCH_TAG = 1                       # on the watch's own communicator: nothing is ever sent on it
 ABORT_BACKUP_S = 5.0                # a rank other than the first survivor aborts this much later
@@ -54,11 +56,12 @@ def ft_active() -> bool:
 
 
 def require_ft(cfg: "RunConfig") -> None:
-    """Refuse `--dpu-failure fallback` where a death would still end the job (or hang it)."""
-    if cfg.dpu_failure == "fallback" and not ft_active():
-        raise ConfigError("--dpu-failure fallback needs MPI fault tolerance: Open MPI 5 started with "
-                          "`mpirun --with-ft ulfm` (dpurun adds it); this run was started without it, so a dead "
-                          "DPU rank would end the job anyway")
+    """Refuse `--dpu-failure fallback` and `--recovery` where a death would still end the job (or hang it)."""
+    if cfg.fault_tolerant and not ft_active():
+        flag = "--dpu-failure fallback" if cfg.dpu_failure == "fallback" else f"--recovery {cfg.recovery}"
+        raise ConfigError(f"{flag} needs MPI fault tolerance: Open MPI 5 started with `mpirun --with-ft ulfm` "
+                          "(dpurun adds it); this run was started without it, so a dead rank would end the job "
+                          "anyway")
 
 
 @dataclass(frozen=True)
@@ -66,17 +69,24 @@ class Verdict:
     """What a rank's death means for the run: survived (and what changes), or the end of the job."""
 
     survivable: bool
-    what: str   # 'it augmented for host rank 1 (...), which builds ...' / 'it validated (...)'
+    what: str     # 'it augmented for host rank 1 (...), which builds ...' / 'it validated (...)'
+    by: str = ""  # the flag that makes it survivable, for the line that reports it
 
 
-def verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan") -> Verdict:
-    """Pure: whether the run survives the death of world rank `dead` under `--dpu-failure fallback`."""
+def verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan",
+            gone: frozenset[int] = frozenset()) -> Verdict:
+    """Pure: whether the run survives the death of world rank `dead` (`gone`: every rank known
+    dead, `dead` included) under `--dpu-failure fallback` and `--recovery`."""
     from dpuoffload.common.plan.assign import StateAssignment
     from dpuoffload.common.plan.offload import DA, IDLE
 
     if dead not in topo.dpu_ranks:
-        return Verdict(False, "it trained (--dpu-failure fallback survives DPU ranks; dpurun --restarts N "
-                              "relaunches after a lost host rank)")
+        return _host_verdict(dead, topo, cfg, gone)
+    fed = plan.fed_by(dead)
+    if cfg.recovery != "stop" and fed and all(h in gone for h in fed):
+        return Verdict(True, "it fed only host ranks that died with it")
+    if cfg.dpu_failure != "fallback":
+        return Verdict(False, "a lost DPU rank ends the job without --dpu-failure fallback")
     if cfg.mode.dpu_trains:
         return Verdict(False, f"DPU ranks train in --mode {cfg.mode}: a replica is lost")
     kept = StateAssignment.of(topo).hosts_kept_by(dead)
@@ -85,14 +95,25 @@ def verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan") 
                        + " (a lost keeper is not survived yet)")
     work = plan.work.get(dead, IDLE)
     if work == DA:
-        fed = plan.fed_by(dead)
         if not fed:
-            return Verdict(True, "it had no host rank to feed")
+            return Verdict(True, "it had no host rank to feed", FALLBACK)
         return Verdict(True, "it augmented for " + ", ".join(topo.describe(h) for h in fed)
-                       + (", which build" if len(fed) > 1 else ", which builds") + " its own batches from here on")
+                       + (", which build" if len(fed) > 1 else ", which builds") + " its own batches from here on",
+                       FALLBACK)
     if work == IDLE:
-        return Verdict(True, "it was idle")
+        return Verdict(True, "it was idle", FALLBACK)
     return Verdict(False, "it validated (--mode mv/hybrid; a lost validation rank is not survived yet)")
+
+
+def _host_verdict(dead: int, topo: "Topology", cfg: "RunConfig", gone: frozenset[int]) -> Verdict:
+    if cfg.recovery == "stop" or dead not in topo.host_ranks:
+        return Verdict(False, "it trained (--recovery lossy-forward survives host ranks; dpurun --restarts N "
+                              "relaunches after a lost host rank)")
+    left = [h for h in topo.host_ranks if h not in gone]
+    if not left:
+        return Verdict(False, "it was the last host rank")
+    return Verdict(True, f"it trained; the {len(left)} surviving host rank(s) go on without it",
+                   f"--recovery {cfg.recovery}")
 
 
 class FailureWatch:
@@ -145,24 +166,32 @@ class FailureWatch:
         failed = self.comm.Get_failed()
         self.comm.Ack_failed()
         ranks = failed.Translate_ranks(list(range(failed.Get_size())), self.comm.Get_group())
-        for rank in ranks:
-            if rank not in self.dead:
-                self.dead[rank] = time.time()
-                self._judge(rank)
+        new = [r for r in ranks if r not in self.dead]
+        for rank in new:
+            self.dead[rank] = time.time()
+        for rank in new:
+            self._judge(rank)
+
+    def _first_survivor(self) -> bool:
+        gone = dead_ranks()
+        return self.topo.world_rank == min(r for r in range(self.topo.world.Get_size()) if r not in gone)
 
     def _judge(self, rank: int) -> None:
-        v = verdict(rank, self.topo, self.cfg, self.plan)
+        v = verdict(rank, self.topo, self.cfg, self.plan, frozenset(self.dead))
         if v.survivable:
-            if self.topo.world_rank == 0:  # one line per death, from one rank
-                print(f"{PREFIX} {self.topo.describe(rank)} died; {v.what} (--dpu-failure fallback)", flush=True)
+            if self._first_survivor():  # one line per death, from one rank
+                by = f" ({v.by})" if v.by else ""
+                print(f"{PREFIX} {self.topo.describe(rank)} died; {v.what}{by}", flush=True)
                 self._record(rank, v, True)
             return
-        if self.topo.world_rank != min(r for r in range(self.topo.world.Get_size()) if r not in self.dead):
+        if not self._first_survivor():
             time.sleep(ABORT_BACKUP_S)  # the first survivor ends the job; the others only if it could not
         self._record(rank, v, False)
         abort_job(death_line(self.topo, rank, v), 1)
 
     def _record(self, rank: int, v: Verdict, survived: bool) -> None:
+        if self.log is None and self.cfg.log_dir:  # world rank 0 died: the first survivor writes on
+            self.log = JsonlLog(self.cfg.log_dir, "failures.jsonl", replace=False)
         if self.log is not None:
             self.log.write({"event": "rank_died", "world_rank": rank, "rank": self.topo.describe(rank),
                             "survived": survived, "what": v.what, "learnt_time": self.dead[rank]})
@@ -172,10 +201,11 @@ _watch: Optional[FailureWatch] = None
 
 
 def start_watch(topo: "Topology", cfg: "RunConfig") -> None:
-    """Collective over COMM_WORLD; no watch unless `--dpu-failure fallback` (`note` works anyway)."""
+    """Collective over COMM_WORLD; no watch unless `--dpu-failure fallback` or `--recovery` (`note`
+    works anyway)."""
     global _watch, _rank_log
     _rank_log = JsonlLog(cfg.log_dir, f"failures-rank{topo.world_rank}.jsonl") if cfg.log_dir else None
-    if cfg.dpu_failure != "fallback":
+    if not cfg.fault_tolerant:
         return
     from dpuoffload.common.plan.offload import plan_offload
 
@@ -195,8 +225,9 @@ def death_behind(wait_s: float = 1.0) -> Optional[str]:
         return None
     deadline = time.monotonic() + wait_s
     while True:
-        for rank in sorted(_watch.dead):
-            v = verdict(rank, _watch.topo, _watch.cfg, _watch.plan)
+        gone = frozenset(_watch.dead)
+        for rank in sorted(gone):
+            v = verdict(rank, _watch.topo, _watch.cfg, _watch.plan, gone)
             if not v.survivable:
                 return death_line(_watch.topo, rank, v)
         if time.monotonic() > deadline:
@@ -210,8 +241,17 @@ def death_line(topo: "Topology", rank: int, v: Verdict) -> str:
 
 
 def dead_ranks() -> frozenset[int]:
-    """World ranks known dead here (empty without `--dpu-failure fallback`)."""
-    return frozenset(_watch.dead) if _watch is not None else frozenset()
+    """World ranks known dead here (empty without `--dpu-failure fallback` or `--recovery`)."""
+    return frozenset(_watch.dead).union(_marked) if _watch is not None else frozenset()
+
+
+def mark_dead(ranks: Iterable[int]) -> None:
+    """World ranks a collective found dead (`common.train.survivors`), maybe before the watch did:
+    whoever asks `dead_ranks` next (who sends the DPU ranks their shutdown) must know."""
+    _marked.update(ranks)
+
+
+_marked: set[int] = set()
 
 
 def note(record: dict[str, Any]) -> None:

@@ -78,12 +78,13 @@ class JsonlLog:
     `run_id` and `resumed_from` (see `set_run`), so the writer of every line is known.
     """
 
-    def __init__(self, log_dir: Optional[str], name: str) -> None:
+    def __init__(self, log_dir: Optional[str], name: str, replace: bool = True) -> None:
+        """`replace` False: append even in a fresh run (a rank that takes over another's file)."""
         self.path: Optional[Path] = None
         if log_dir:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             self.path = Path(log_dir) / name
-            if not _appending:
+            if replace and not _appending:
                 self.path.unlink(missing_ok=True)
 
     def write(self, record: Mapping[str, Any]) -> None:

@@ -25,7 +25,7 @@ from dpuoffload.common.state.trainstate import Position, position_of, reslice_po
 
 # Fields that may differ between the run that wrote a checkpoint and the run that resumes it.
 FREE = frozenset({"resume", "ckpt_dir", "ckpt_every", "ckpt_every_epoch", "ckpt_keep", "ckpt_mem_keep", "ckpt_copy",
-                  "stop_at_step", "dpu_failure",
+                  "stop_at_step", "dpu_failure", "recovery", "reassign",
                   "log_dir", "trace", "save_weights", "progress", "peer_timeout", "digest_batches", "clone_at",
                   "clone_override", "inject", "inject_simulate",
                   "simulate_recovery", "mode", "da_buffers", "dpu_workers", "da_host_share", "da_host_workers",

@@ -1,5 +1,7 @@
-"""Gradient averaging among training replicas: Horovod (on the replicas' communicator only) or
-torch.distributed. The replicas are the host ranks, or host and DPU ranks in `--mode naive`.
+"""Gradient averaging among training replicas: Horovod (on the replicas' communicator only),
+torch.distributed, or a plain MPI allreduce (`--allreduce mpi`, and what `--recovery lossy-forward`
+uses: the only one of the three whose group can shrink to the survivors of a dead rank). The
+replicas are the host ranks, or host and DPU ranks in `--mode naive`.
 
 Both backends sum every gradient across the replicas and scale by 1/N, over one flat view of all
 gradients, so with the same inputs they give the same averaged gradient up to float summation
@@ -10,8 +12,9 @@ they talk to hosts over mpi4py point-to-point on COMM_WORLD.
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -39,8 +42,10 @@ class GradientSync(Protocol):
         must be one well-defined state, so it is host rank 0's (DDP's broadcast_buffers, once per epoch).
         """
 
-    def allreduce_gradients_(self, grads: Sequence[torch.Tensor], average: bool = True) -> None:
-        """Sum `grads` over the group in place; divide by the group size when `average`."""
+    def allreduce_gradients_(self, grads: Sequence[torch.Tensor], average: bool = True, weight: float = 1.0) -> None:
+        """Sum `grads` over the group in place; divide by the group size when `average`. `weight`:
+        this replica's share of the step's samples when not averaging; only `MpiSync` uses it, to
+        renormalise over the survivors of a step that lost a replica."""
 
     def shutdown(self) -> None: ...
 
@@ -49,6 +54,8 @@ def resolve_backend(requested: str) -> str:
     """'auto' means Horovod when it imports, torch.distributed otherwise."""
     if requested == "auto":
         return "horovod" if horovod_available() else "torch"
+    if requested == "mpi":
+        return requested
     if requested == "horovod" and not horovod_available():
         raise ConfigError("--allreduce horovod: Horovod is not installed; run scripts/setup.sh (it builds "
                           "Horovod for this platform) or use --allreduce torch")
@@ -84,7 +91,7 @@ class HorovodSync:
             if staged[k] is not t:
                 t.copy_(staged[k])
 
-    def allreduce_gradients_(self, grads: Sequence[torch.Tensor], average: bool = True) -> None:
+    def allreduce_gradients_(self, grads: Sequence[torch.Tensor], average: bool = True, weight: float = 1.0) -> None:
         if grads:
             op = self._hvd.Average if average else self._hvd.Sum
             staged = [g if g.is_contiguous() else g.contiguous() for g in grads]  # channels-last: row-major copies
@@ -117,7 +124,7 @@ class TorchSync:
         for tensor in model.buffers():
             self._dist.broadcast(tensor, src=0)
 
-    def allreduce_gradients_(self, grads: Sequence[torch.Tensor], average: bool = True) -> None:
+    def allreduce_gradients_(self, grads: Sequence[torch.Tensor], average: bool = True, weight: float = 1.0) -> None:
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
@@ -163,8 +170,61 @@ def _rendezvous_address(group: "MPI.Comm") -> str:
     return "127.0.0.1" if len(set(names)) == 1 else names[0]
 
 
-def build_sync(requested: str, group: "MPI.Comm", timeout: float,
+class MpiSync:
+    """The replicas' sums as one MPI allreduce of every gradient (mpi4py, through host memory).
+
+    Over a `common.train.survivors.SurvivorGroup` it survives a dead replica: the group agrees the
+    allreduce failed, shrinks to the survivors and redoes it, and the step's gradient becomes the
+    survivors' mean (lossy forward). A weight per replica travels in the same message (1, or its
+    share of the step's samples) so that the mean is right for unequal batches too.
+    """
+
+    name = "mpi"
+
+    def __init__(self, group: Any) -> None:
+        """`group`: an `MPI.Comm` or a `SurvivorGroup` (anything with `Allreduce`, `Bcast`, `Get_size`)."""
+        self.group = group
+
+    def broadcast_parameters_(self, model: nn.Module) -> None:
+        self._broadcast(list(model.state_dict().values()))
+
+    def broadcast_buffers_(self, model: nn.Module) -> None:
+        self._broadcast(list(model.buffers()))
+
+    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
+        for t in tensors:
+            staged = t.detach().contiguous().cpu()  # (the tensor itself on a CPU, when contiguous)
+            self.group.Bcast(staged.numpy(), root=0)
+            if staged.data_ptr() != t.data_ptr():
+                t.copy_(staged)
+
+    def allreduce_gradients_(self, grads: Sequence[torch.Tensor], average: bool = True, weight: float = 1.0) -> None:
+        if not grads:
+            return
+        flat = torch.cat([g.detach().reshape(-1).cpu() for g in grads]
+                         + [torch.tensor([1.0 if average else weight], dtype=grads[0].dtype)])
+        out = np.empty_like(flat.numpy())
+        generation = getattr(self.group, "generation", 0)
+        self.group.Allreduce(flat.numpy(), out)
+        summed = torch.from_numpy(out)
+        if getattr(self.group, "generation", 0) != generation:  # replicas lost: the survivors' weighted mean
+            summed[:-1].div_(summed[-1])
+        elif average:
+            summed[:-1].div_(self.group.Get_size())
+        offset = 0
+        for g in grads:
+            g.copy_(summed[offset: offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def shutdown(self) -> None:
+        """Nothing to end: the group is the caller's (freed at MPI_Finalize)."""
+
+
+def build_sync(requested: str, group: Any, timeout: float,
                device: torch.device = torch.device("cpu")) -> GradientSync:
-    """The gradient allreduce of `group`; GPU host ranks (`device` cuda) reduce on their GPUs."""
+    """The gradient allreduce of `group`; GPU host ranks (`device` cuda) reduce on their GPUs
+    (`--allreduce mpi`: through host memory)."""
     backend = resolve_backend(requested)
+    if backend == "mpi":
+        return MpiSync(group)
     return HorovodSync(group, device) if backend == "horovod" else TorchSync(group, timeout, device)

@@ -76,6 +76,19 @@ def allreduce_sums(comm: "MPI.Comm", sums: Sums) -> Sums:
     return out
 
 
+def allreduce_shards(comm: "MPI.Comm", sums_of: Callable[[int, int], Sums]) -> Sums:
+    """Sum `sums_of(rank, size)` (sums over this rank's shard of a set) over `comm`.
+
+    On a `common.train.survivors.SurvivorGroup` that lost a rank during the sum (its `generation`
+    moved), the shards are recomputed for the new size: else the dead rank's shard would be missing.
+    """
+    while True:
+        generation = getattr(comm, "generation", 0)
+        out = allreduce_sums(comm, sums_of(comm.Get_rank(), comm.Get_size()))
+        if getattr(comm, "generation", 0) == generation:
+            return out
+
+
 class Validation(Protocol):
     """Per epoch: `epoch_end(epoch, share)` on every host rank, then `ready()`; `finish()` at the end.
     `ready`/`finish` return (epoch, summed validation metrics) on host rank 0, in epoch order."""
@@ -99,9 +112,9 @@ class LocalValidation:
             indices = range(len(self.val_set))  # type: ignore[arg-type]
             self.done.append((epoch, evaluate_sums(self.model, self.val_set, indices, self.batch_size)))
             return
-        indices = shard_range(len(self.val_set), self.comm.Get_rank(), self.comm.Get_size())
-        self.done.append((epoch, allreduce_sums(self.comm, evaluate_sums(self.model, self.val_set, indices,
-                                                                         self.batch_size))))
+        n = len(self.val_set)  # type: ignore[arg-type]
+        self.done.append((epoch, allreduce_shards(self.comm, lambda rank, size: evaluate_sums(
+            self.model, self.val_set, shard_range(n, rank, size), self.batch_size))))
 
     def ready(self) -> list[tuple[int, Sums]]:
         out, self.done = self.done, []

@@ -51,6 +51,7 @@ from dpuoffload.common.train.evaluation import (
     metrics_from_sums,
 )
 from dpuoffload.common.train.simulate import FailureSimulator, StepFailure, lose_gradients
+from dpuoffload.common.train.survivors import LossyForward
 
 
 class StateHooks(Protocol):
@@ -149,8 +150,8 @@ class Trainer:
         (they need its optimizer and schedule; `host.extensions.HooksFactory`); None or a build
         that returns None: no hand-offs, and no "handoff" phase in the timings."""
         self.cfg, self.topo, self.sync = cfg, topo, sync
-        self.comm = topo.side_comm if group is None else group  # all training replicas
-        self.size = self.comm.Get_size()
+        self.comm = topo.side_comm if group is None else group  # all training replicas (a SurvivorGroup
+        # under --recovery lossy-forward: fewer once a host rank died)
         self.model = job.model
         self.validation, self.share_policy = validation, share_policy
         self.partial: dict[int, dict[str, Any]] = {}
@@ -172,12 +173,18 @@ class Trainer:
         self.label = ""  # printed before each epoch line ("[clone] " in a clone group)
         self.reports = Reports([])  # --tensorboard / --plots, built in `fit` once the label is known
         self.step_times: list[float] = []  # seconds of each step of the epoch in flight
+        self._t_step = time.perf_counter()  # when the step in flight began
         self.injector = inject.for_rank(cfg.inject, topo)  # --inject: this rank fails on purpose at a step
         self.simulator = FailureSimulator(cfg.inject_simulate, cfg.simulate_recovery, self.total_steps, self.size) \
             if cfg.inject_simulate else None  # --inject-simulate: the study's failures, no process lost
         built = hooks(self) if hooks is not None else None
         self.hands_off = built is not None  # time the hooks as their own phase only when there are some
         self.hooks: StateHooks = built if built is not None else NoHooks()
+        self.recovery: Optional[LossyForward] = None  # --recovery lossy-forward (`common.train.survivors`)
+
+    @property
+    def size(self) -> int:
+        return self.comm.Get_size()
 
     @property
     def is_leader(self) -> bool:
@@ -224,6 +231,7 @@ class Trainer:
         with self.timer.phase("validation"):
             self.sync.broadcast_buffers_(self.model)
             self.validation.epoch_end(epoch, share)
+        self.recovered(epoch, -1)  # (a host rank lost in the epoch's end work)
         self.handoff(lambda: self.hooks.after_epoch(Position(epoch + 1, 0, self.global_step)))
         epoch_time = time.perf_counter() - t0
         self.phase_log.write({"epoch": epoch, "world_rank": self.topo.world_rank, "role": self.topo.role.name.lower(),
@@ -264,24 +272,29 @@ class Trainer:
         batches = self.feed.epoch(span.epoch, span.start, span.stop)
         self.staging = self.compute.staging(batches)  # a GPU: each batch's copy a step ahead
         batches = self.staging if self.staging is not None else batches
-        self.step_times, t_step = [], time.perf_counter()
+        self.step_times, self._t_step = [], time.perf_counter()
         rate = SampleRate(self.size) if not bar.disable else None
         trace.set_position(epoch=span.epoch, step=self.global_step + 1)
         for i, (x, y) in enumerate(self.timed(batches), start=span.start):
             if digest is not None:
                 digest.update(x.numpy().tobytes())
                 digest.update(y.numpy().tobytes())
-            loss, correct = self.step(x, y, self.feed.global_samples(i))
+            total = self.feed.global_samples(i)
+            own = y
+            if self.recovery is not None:  # this rank's share of dead host ranks' batches
+                (x, y), total = self.recovery.batch(span.epoch, i, (x, y), total)
+            loss, correct = self.step(x, y, total, staged=y is own)
             progress.losses.append(loss)
             progress.sums += (loss * len(y), correct, len(y))
             self.global_step += 1
+            self.recovered(span.epoch, i)
             if self.injector:
                 self.injector.check(self.global_step, self.total_steps)
             trace.set_position(epoch=span.epoch, step=self.global_step + 1)  # the data wait of the next step
             self.handoff(lambda: self.hooks.after_step(Position(span.epoch, i + 1, self.global_step), progress))
             now = time.perf_counter()
-            self.step_times.append(now - t_step)  # data + compute + hand-off: what a checkpoint costs a step
-            t_step = now
+            self.step_times.append(now - self._t_step)  # data + compute + hand-off: what a checkpoint costs a step
+            self._t_step = now
             if rate is not None:  # progress bar on: loss and the job's samples/s so far this epoch
                 bar.set_postfix_str(f"loss {loss:.3f}, {rate.add(len(y), self.feed.global_samples(i)):.0f} "
                                     "samples/s", refresh=False)
@@ -289,6 +302,20 @@ class Trainer:
         bar.close()
         return (allreduce_sums(self.comm, progress.sums), progress.losses,
                 digest.hexdigest() if digest is not None else None, int(progress.sums[2]))
+
+    def recovered(self, epoch: int, step: int) -> None:
+        """Under --recovery lossy-forward: report the host ranks the last collectives lost (the new
+        host rank 0 prints and logs, and takes the metrics log over if host rank 0 was lost)."""
+        if self.recovery is None:
+            return
+        for failure in self.recovery.check(epoch, step, self.global_step):
+            if not self.is_leader:
+                continue
+            if self.metrics_log.path is None:
+                self.metrics_log = JsonlLog(self.cfg.log_dir, "metrics.jsonl", replace=False)
+            report = self.recovery.report(failure, self.topo, self.step_times + [time.perf_counter() - self._t_step])
+            print(report["line"], flush=True)
+            self.metrics_log.write(report["record"])
 
     def handoff(self, hook: Any) -> None:
         """Run a state hand-off hook, timed as its own phase only when checkpoints or clones are on."""
@@ -306,9 +333,12 @@ class Trainer:
                 return
             yield batch
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, total: Optional[int], replay: bool = False) -> tuple[float, int]:
+    def step(self, x: torch.Tensor, y: torch.Tensor, total: Optional[int], replay: bool = False,
+             staged: bool = True) -> tuple[float, int]:
         """One SGD step. `total` None: every replica has an equal batch, gradients are averaged.
         Otherwise the loss is scaled by n_i / total and gradients summed: the sample-weighted mean.
+        `staged` False: the batch is not the feed's (a takeover added to it), so not the one staged
+        on the GPU.
         A step `--inject-simulate` fails loses gradients before the allreduce (`common.train.simulate`)
         and, with immediate rollback, is replayed (`replay`) on the state it left."""
         failure = None if replay or self.simulator is None else self.simulator.at(self.global_step + 1)
@@ -316,7 +346,8 @@ class Trainer:
         with self.timer.phase("forward_backward"):
             self.optimizer.zero_grad(set_to_none=False)
             if len(y):
-                x, y = self.staging.on_device() if self.staging and not replay else self.compute.inputs(x, y)
+                on_device = self.staging and staged and not replay
+                x, y = self.staging.on_device() if on_device else self.compute.inputs(x, y)
                 with self.compute.autocast():
                     out = self.model(x)
                     mean = self.criterion(out, y)
@@ -330,7 +361,7 @@ class Trainer:
             grads = self.gradients()
             if failure is not None:
                 self.announce(failure, lose_gradients(grads, failure, self.comm.Get_rank(), self.size), len(grads))
-            self.sync.allreduce_gradients_(grads, average=total is None)
+            self.sync.allreduce_gradients_(grads, average=total is None, weight=len(y) / total if total else 1.0)
         with self.timer.phase("optimizer"):
             self.hooks.before_optimizer_step()
             if self.scaler is None:

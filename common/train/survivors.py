@@ -1,0 +1,291 @@
+"""`--recovery lossy-forward`: the host ranks go on without a dead host rank, inside the job.
+
+The recovery study's lossy forward (`../shared/papers/low-overhead-resilience-rollback-lossy-forward.txt`)
+done with real lost processes, under MPI's fault tolerance (ULFM, `mpirun --with-ft ulfm`):
+
+- `SurvivorGroup` is the host ranks' communicator. Every collective on it is followed by
+  `MPI_Comm_agree` on whether it succeeded everywhere: ULFM may fail a collective on some ranks
+  and complete it on others (a rank that died after contributing), and ranks that disagree about a
+  step would update different weights. A rank whose call failed revokes the communicator (so no
+  survivor stays blocked in it); when the agreement says "failed", the survivors `Shrink` to a new
+  communicator of themselves and redo the call. Horovod and torch.distributed cannot shrink, so
+  the gradients go through a plain MPI allreduce (`common.train.allreduce.MpiSync`).
+- The step whose allreduce failed is finished by the survivors: the sum of their gradients over
+  the survivor count (their sample-weighted mean when batches differ). The dead ranks' samples of
+  that step are lost, and so are their remaining steps of the epoch, unless `--reassign`.
+- `Takeover`: from the next epoch (from the next step with `--reassign`) every survivor also
+  trains its slice of each dead rank's batch of the step, so each step still sees the failure-free
+  run's samples, the global batch and the LR schedule stay, and every sample is seen once per epoch.
+  The slices are built on the host (per-sample seeds: the same samples, augmented the same way).
+- One report per failure (`LossyForward.report`): who died, the failed step, when MPI told us,
+  shrink time, the failed step's time against a normal one, and the lost samples' ids, printed
+  by the new host rank 0 and written to `metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import DistributedSampler, default_collate
+
+from dpuoffload.common.data.feeds import Batch
+from dpuoffload.common.data.loaders import Sampling
+from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.runtime import faults
+from dpuoffload.common.runtime.failure import PREFIX
+from dpuoffload.common.runtime.waits import is_failure
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from dpuoffload.common.runtime.roles import Topology
+
+
+@dataclass(frozen=True)
+class Shrink:
+    """One shrink of the host group: the host ranks lost, and what it cost."""
+
+    lost: tuple[int, ...]        # host ranks (of the job's start) that died
+    before: tuple[int, ...]      # host ranks alive before it (in group rank order)
+    survivors: tuple[int, ...]   # host ranks alive after it
+    failed_call_s: float         # from the start of the collective that failed to the agreement on it
+    shrink_s: float              # MPI_Comm_shrink
+    learnt_time: float           # time.time() when the agreement said "failed"
+
+
+class SurvivorGroup:
+    """The host ranks' communicator, shrunk to the survivors when host ranks die.
+
+    It offers the few `MPI.Comm` calls the host side needs (`Get_rank`, `Get_size`, `Allreduce`,
+    `Bcast`, `Barrier`), each redone on the survivors after a death; `generation` counts the
+    shrinks, so a caller can tell that its collective lost a member (and recompute what depended
+    on the group's size).
+    """
+
+    def __init__(self, topo: "Topology") -> None:
+        """Collective over the host ranks (it duplicates their communicator)."""
+        from mpi4py import MPI
+
+        self.topo = topo
+        self.comm: "MPI.Comm" = topo.side_comm.Dup()
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self._start_group = self.comm.Get_group()
+        self.alive: tuple[int, ...] = tuple(range(self.comm.Get_size()))
+        self.shrinks: list[Shrink] = []
+
+    @property
+    def generation(self) -> int:
+        return len(self.shrinks)
+
+    @property
+    def start_size(self) -> int:
+        return self._start_group.Get_size()
+
+    def Get_rank(self) -> int:  # noqa: N802 - the mpi4py name, so this stands in for a communicator
+        return self.comm.Get_rank()
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self.comm.Get_size()
+
+    def Allreduce(self, send: np.ndarray, out: np.ndarray, op: Any = None) -> None:  # noqa: N802
+        """`out` = the reduction of every survivor's `send` (`send` is left untouched, so a retry
+        after a shrink reduces the same contributions)."""
+        from mpi4py import MPI
+
+        self.run(lambda c: c.Allreduce(send, out, op=MPI.SUM if op is None else op))
+
+    def Bcast(self, buf: np.ndarray, root: int = 0) -> None:  # noqa: N802
+        """From rank `root` of the group as it is when the call completes (rank 0: the lowest survivor)."""
+        self.run(lambda c: c.Bcast(buf, root=root))
+
+    def Barrier(self) -> None:  # noqa: N802
+        self.run(lambda c: c.Barrier())
+
+    def run(self, call: Callable[["MPI.Comm"], None]) -> None:
+        """Run the collective `call(comm)` until every survivor agrees it succeeded."""
+        from mpi4py import MPI
+
+        while True:
+            t0, ok = time.perf_counter(), 1
+            try:
+                call(self.comm)
+            except MPI.Exception as e:
+                if not is_failure(e):
+                    raise
+                ok = 0
+                self.comm.Revoke()  # the survivors still inside the call leave it now
+            if self._agree(ok):
+                return
+            self._shrink(time.perf_counter() - t0)
+
+    def _agree(self, ok: int) -> bool:
+        """ULFM's agreement (a fault-tolerant AND) on `ok`. A death not yet acknowledged makes it
+        raise on every rank alike (ULFM's uniform return), which means "failed" too."""
+        from mpi4py import MPI
+
+        while True:
+            try:
+                self.comm.Ack_failed()
+                return bool(self.comm.Agree(ok))
+            except MPI.Exception as e:
+                if not is_failure(e):
+                    raise
+                ok = 0
+
+    def _shrink(self, failed_call_s: float) -> None:
+        from mpi4py import MPI
+
+        learnt = time.time()
+        t0 = time.perf_counter()
+        new = self.comm.Shrink()
+        shrink_s = time.perf_counter() - t0
+        new.Set_errhandler(MPI.ERRORS_RETURN)
+        survivors = tuple(new.Get_group().Translate_ranks(list(range(new.Get_size())), self._start_group))
+        lost = tuple(sorted(set(self.alive) - set(survivors)))
+        self.shrinks.append(Shrink(lost, self.alive, survivors, failed_call_s, shrink_s, learnt))
+        self.comm, self.alive = new, survivors
+        faults.mark_dead(self.topo.host_ranks[h] for h in lost)
+
+    def lost_since(self, generation: int) -> tuple[int, ...]:
+        """Host ranks lost in the shrinks after `generation`."""
+        return tuple(h for s in self.shrinks[generation:] for h in s.lost)
+
+
+class Takeover:
+    """This survivor's slices of the dead host ranks' batches, step by step.
+
+    Dead rank d's batch of step i is the one its own loader would have built (`DistributedSampler`
+    of the start's host count, rank d); survivor j of s takes the j-th of s near-equal parts of it.
+    """
+
+    def __init__(self, dataset: Any, sampling: Sampling, dead: tuple[int, ...], rank: int, survivors: int) -> None:
+        self.sampling, self.dead, self.rank, self.survivors = sampling, dead, rank, survivors
+        self.train = PerSampleSeeded(dataset, sampling.seed)  # its own: the feed's may be mid-epoch
+        self._orders: dict[int, dict[int, list[int]]] = {}   # epoch -> dead rank -> its epoch's order
+
+    def indices(self, epoch: int, step: int, rank: int) -> list[int]:
+        """Sample ids of host rank `rank`'s batch at `step` of `epoch` (the failure-free run's)."""
+        orders = self._orders.setdefault(epoch, {})
+        if rank not in orders:
+            self._orders = {epoch: orders}  # (one epoch cached at a time)
+            s = self.sampling
+            sampler = DistributedSampler(range(len(self.train)), num_replicas=s.replicas, rank=rank,
+                                         shuffle=s.shuffle, seed=s.seed)
+            sampler.set_epoch(epoch)
+            orders[rank] = list(sampler)
+        b = self.sampling.batch_size
+        return orders[rank][step * b: (step + 1) * b]
+
+    def mine(self, epoch: int, step: int, rank: Optional[int] = None) -> list[int]:
+        """The ids survivor `rank` (default: this one) trains at (epoch, step) for the dead ranks."""
+        j = self.rank if rank is None else rank
+        out: list[int] = []
+        for d in self.dead:
+            out += [int(i) for i in np.array_split(np.asarray(self.indices(epoch, step, d)), self.survivors)[j]]
+        return out
+
+    def extend(self, epoch: int, step: int, batch: Batch) -> tuple[Batch, int]:
+        """`batch` (this rank's own) with its slices of the dead ranks' batches appended, and the
+        step's failure-free global sample count (each rank's batch of a step has the same size)."""
+        x, y = batch
+        total = len(y) * self.sampling.replicas
+        ids = self.mine(epoch, step)
+        if not ids:
+            return batch, total
+        self.train.set_epoch(epoch)
+        xs, ys = default_collate(self.train.__getitems__(ids))
+        return (torch.cat([x, xs.to(x.dtype)]), torch.cat([y, ys.to(y.dtype)])), total
+
+
+@dataclass
+class Failure:
+    """What one shrink cost, for its report."""
+
+    shrink: Shrink
+    epoch: int
+    step: int                     # step of the epoch whose collective failed (-1: at the epoch's end)
+    global_step: int
+    lost_ids: list[int] = field(default_factory=list)
+
+
+class LossyForward:
+    """The trainer's side of `--recovery lossy-forward`: notice shrinks, account for the lost
+    samples, take the dead ranks' batches over, report."""
+
+    def __init__(self, group: SurvivorGroup, dataset: Any, sampling: Sampling, steps: int, reassign: bool) -> None:
+        self.group, self.dataset, self.sampling, self.steps, self.reassign = group, dataset, sampling, steps, reassign
+        self.seen = 0                      # shrinks already handled
+        self.takeovers: list[tuple[tuple[int, int], Takeover]] = []  # ((epoch, step) it applies from, it)
+        self.failures: list[Failure] = []
+
+    def takeover_at(self, epoch: int, step: int) -> Optional[Takeover]:
+        """The takeover that applies at (epoch, step): the newest one begun by then (an older one
+        still applies until a newer failure's takeover begins)."""
+        begun = [t for start, t in self.takeovers if start <= (epoch, step)]
+        return begun[-1] if begun else None
+
+    def batch(self, epoch: int, step: int, batch: Batch, total: Optional[int]) -> tuple[Batch, Optional[int]]:
+        """The step's batch and sample total, with this rank's share of the dead ranks' batches."""
+        takeover = self.takeover_at(epoch, step)
+        return (batch, total) if takeover is None else takeover.extend(epoch, step, batch)
+
+    def check(self, epoch: int, step: int, global_step: int) -> list[Failure]:
+        """After a step (`step` of `epoch`, -1: after the epoch's end work): the failures its
+        collectives met, with their lost samples; the takeover is set up for what follows."""
+        new = self.group.shrinks[self.seen:]
+        self.seen = len(self.group.shrinks)
+        out = [self._account(s, epoch, step, global_step) for s in new]
+        if new:
+            dead = tuple(h for h in range(self.group.start_size) if h not in self.group.alive)
+            start = (epoch, step + 1) if self.reassign and 0 <= step < self.steps - 1 else (epoch + 1, 0)
+            takeover = Takeover(self.dataset, self.sampling, dead, self.group.Get_rank(), self.group.Get_size())
+            self.takeovers = [(s, t) for s, t in self.takeovers if s < start] + [(start, takeover)]
+        self.failures += out
+        return out
+
+    def _account(self, shrink: Shrink, epoch: int, step: int, global_step: int) -> Failure:
+        """The samples the dead ranks did not train: their batch of the failed step, and without
+        --reassign their steps left in the epoch (none when it failed at the epoch's end)."""
+        failure = Failure(shrink, epoch, step, global_step)
+        if step < 0:
+            return failure
+        last = step + 1 if self.reassign else self.steps
+        probe = Takeover(self.dataset, self.sampling, shrink.lost, 0, 1)
+        for d in shrink.lost:
+            for s in range(step, last):
+                failure.lost_ids += probe.indices(epoch, s, d)
+                earlier = self.takeover_at(epoch, s)
+                if earlier is not None:  # and its share of the batches of ranks that died before it
+                    failure.lost_ids += earlier.mine(epoch, s, shrink.before.index(d))
+        return failure
+
+    def report(self, failure: Failure, topo: "Topology", step_times: list[float]) -> dict[str, Any]:
+        """The failure's line (printed by the caller, the new host rank 0) and metrics record."""
+        s = failure.shrink
+        who = ", ".join(topo.describe(topo.host_ranks[h]) for h in s.lost)
+        normal = statistics.median(step_times[:-1]) if len(step_times) > 1 else None
+        where = (f"global step {failure.global_step} (epoch {failure.epoch + 1}, step {failure.step + 1})"
+                 if failure.step >= 0 else f"the end of epoch {failure.epoch + 1}")
+        took = f"; that step took {step_times[-1]:.3f} s (normal: {normal:.3f} s)" if normal and failure.step >= 0 \
+            else ""
+        left = "" if failure.step < 0 or self.reassign else " (the rest of its epoch; --reassign hands them on)"
+        line = (f"{PREFIX} {who} died at {where}: lossy forward, the {len(s.survivors)} surviving host rank(s) "
+                f"finished the step with their own gradients (agreed failed after {s.failed_call_s * 1e3:.0f} ms, "
+                f"group shrunk in {s.shrink_s * 1e3:.1f} ms){took}; {len(failure.lost_ids)} samples lost{left}; "
+                f"they take its batches over from {self._from()}")
+        record = {"event": "recovery", "strategy": "lossy-forward", "reassign": self.reassign,
+                  "lost_host_ranks": list(s.lost), "survivors": list(s.survivors), "epoch": failure.epoch,
+                  "step": failure.step, "global_step": failure.global_step, "failed_call_s": s.failed_call_s,
+                  "shrink_s": s.shrink_s, "learnt_time": s.learnt_time,
+                  "failed_step_s": step_times[-1] if step_times and failure.step >= 0 else None,
+                  "normal_step_s": normal, "samples_lost": len(failure.lost_ids), "lost_ids": failure.lost_ids}
+        return {"line": line, "record": record}
+
+    def _from(self) -> str:
+        epoch, step = self.takeovers[-1][0]
+        return f"epoch {epoch + 1}" if step == 0 else f"step {step + 1} of epoch {epoch + 1}"
