@@ -1,0 +1,175 @@
+"""`--recovery lossy-forward`: host ranks survive a dead host rank inside the job (ULFM).
+
+Pure parts: refused flag combinations, which deaths are survived, the takeover's slices and the
+lost-sample accounting. Real jobs (host ranks SIGKILLed by `--inject`): the failed step equals the
+recovery study's simulated lossy forward to the bit, the lost samples are exactly the dead rank's
+batches, and the survivors train every sample of the following epochs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from torch.utils.data import DistributedSampler
+
+from dpuoffload.common.config import parse_run_config
+from dpuoffload.common.data.loaders import Sampling
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.runtime.faults import require_ft
+from dpuoffload.common.train.survivors import LossyForward, Shrink, Takeover
+from tests.mpijobs import dpurun, read_jsonl
+from tests.test_dpu_failure import D, H, epochs, topo_of
+from tests.test_dpu_failure import judge as _judge
+
+RUN = ["--preset", "debug", "--no-progress", "--epochs", "2"]
+
+
+def order(n: int, replicas: int, rank: int, epoch: int) -> list[int]:
+    """The failure-free run's sample order of one host rank (DistributedSampler, seed 0)."""
+    s = DistributedSampler(range(n), num_replicas=replicas, rank=rank, shuffle=True, seed=0)
+    s.set_epoch(epoch)
+    return list(s)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--mode", "mv"], "cannot go with --mode mv"),
+    (["--mode", "naive"], "cannot go with --mode naive"),
+    (["--allreduce", "horovod"], "Horovod and torch.distributed cannot shrink their group"),
+    (["--ckpt-dir", "/tmp/x", "--ckpt-every", "2"], "checkpoints or clones"),
+    (["--inject-simulate", "host:1@3"], "simulated and real failures: one at a time"),
+])
+def test_refused_combinations(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_run_config(["--recovery", "lossy-forward", *flags])
+
+
+def test_flags_and_fault_tolerance():
+    with pytest.raises(ConfigError, match="--reassign hands a dead host rank's samples to the survivors: add "
+                                          "--recovery lossy-forward"):
+        parse_run_config(["--reassign"])
+    cfg = parse_run_config(["--recovery", "lossy-forward", "--mode", "da"])
+    assert cfg.allreduce == "mpi" and cfg.fault_tolerant
+    with pytest.raises(ConfigError, match="--recovery lossy-forward needs MPI fault tolerance"):
+        require_ft(cfg)  # (this process was not started by mpirun --with-ft ulfm)
+
+
+def judge(flags, layout, dead, gone=()):
+    from dpuoffload.common.plan.offload import plan_offload
+    from dpuoffload.common.runtime.faults import verdict
+
+    cfg = parse_run_config(flags)
+    topo = topo_of(layout)
+    return verdict(dead, topo, cfg, plan_offload(topo.ranks, cfg), frozenset({dead, *gone}))
+
+
+def test_which_host_deaths_are_survived():
+    two = [(H, "n0"), (H, "n0"), (D, "n0"), (D, "n0")]
+    lf = ["--recovery", "lossy-forward", "--mode", "da"]
+    host = judge(lf, two, 1)
+    assert host.survivable and host.what == "it trained; the 1 surviving host rank(s) go on without it"
+    assert host.by == "--recovery lossy-forward"
+    assert not judge(lf, two, 1, gone=[0]).survivable  # the last one
+    assert not _judge(["--mode", "da"], two, 1).survivable  # no --recovery
+    # host rank 1's feeder dying with it (node:1) is survived; without its host, it is a lost DPU rank
+    assert judge(lf, two, 3, gone=[1]).what == "it fed only host ranks that died with it"
+    alone = judge(lf, two, 3)
+    assert not alone.survivable and "without --dpu-failure fallback" in alone.what
+    assert judge([*lf, "--dpu-failure", "fallback"], two, 3).survivable
+
+
+def test_takeover_slices_cover_a_dead_ranks_batch_once():
+    sampling = Sampling(batch_size=10, replicas=4, rank=0, seed=0)
+    data = list(range(100))
+    slices = [Takeover(data, sampling, (1, 3), j, 3).mine(2, 1) for j in range(3)]
+    expected = order(100, 4, 1, 2)[10:20] + order(100, 4, 3, 2)[10:20]
+    assert sorted(i for s in slices for i in s) == sorted(expected)
+    assert [len(s) for s in slices] == [8, 6, 6]  # 10 = 4 + 3 + 3 of each dead rank's batch
+
+
+@dataclass
+class Group:
+    """The few fields of a SurvivorGroup that `LossyForward` reads (its shrinks, as MPI made them)."""
+
+    alive: tuple[int, ...] = (0, 1, 2)
+    shrinks: list[Shrink] = field(default_factory=list)
+    start_size: int = 3
+
+    def Get_rank(self) -> int:  # noqa: N802
+        return self.alive.index(0)
+
+    def Get_size(self) -> int:  # noqa: N802
+        return len(self.alive)
+
+    def lose(self, rank: int) -> None:
+        before = self.alive
+        self.alive = tuple(r for r in before if r != rank)
+        self.shrinks.append(Shrink((rank,), before, self.alive, 0.01, 0.001, 0.0))
+
+
+@pytest.mark.parametrize("reassign", [False, True])
+def test_lost_samples_and_takeover_start(reassign):
+    group, sampling = Group(), Sampling(batch_size=4, replicas=3, rank=0, seed=0)
+    lf = LossyForward(group, list(range(60)), sampling, steps=5, reassign=reassign)
+    group.lose(2)
+    [failure] = lf.check(epoch=0, step=1, global_step=2)
+    dead = order(60, 3, 2, 0)
+    assert failure.lost_ids == (dead[4:8] if reassign else dead[4:20])
+    assert lf.takeover_at(0, 2) is (lf.takeovers[0][1] if reassign else None)
+    assert lf.takeover_at(1, 0) is lf.takeovers[0][1]
+    # a second death: rank 1's own batch and its share of rank 2's batch are lost too
+    group.lose(1)
+    [second] = lf.check(epoch=1, step=3, global_step=9)
+    share = [int(i) for i in order(60, 3, 2, 1)[12:16][2:]]  # survivor 1 of 2 took the second half
+    assert second.lost_ids[:4] == order(60, 3, 1, 1)[12:16]
+    assert second.lost_ids[4:6] == share
+    assert lf.takeover_at(1, 3) is lf.takeovers[0][1]  # the first takeover applies until the second's begins
+    assert lf.takeover_at(1, 4) is lf.takeovers[-1 if reassign else 0][1]
+    assert lf.takeovers[-1][1].dead == (1, 2) and lf.takeovers[-1][0] == ((1, 4) if reassign else (2, 0))
+
+
+@pytest.mark.mpi
+def test_dead_host_rank_lossy_forward_equals_the_simulated_one(bundled_data, tmp_path):
+    """2 host ranks; host rank 1 is killed after step 7, so step 8 (the last of epoch 1) fails.
+    The survivor finishes it alone: epoch 1 ends with the weights of the study's simulated lossy
+    forward (`--inject-simulate host:1@8:0%`: every gradient of host rank 1 lost) to the bit."""
+    data = ["--data", str(bundled_data / "cifar10"), "--train-subset", "256", "--mode", "none"]
+    launch = ["--host-ranks", "2", "--dpu-ranks", "1", "--oversubscribe"]
+    real, sim = tmp_path / "real", tmp_path / "sim"
+    res = dpurun(launch, [*RUN, *data, "--log-dir", str(real), "--recovery", "lossy-forward",
+                          "--inject", "host:1@7"], timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "host rank 1 (world rank 1, node" in res.stdout and "died at global step 8 (epoch 1, step 8): lossy " \
+        "forward, the 1 surviving host rank(s) finished the step with their own gradients" in res.stdout
+    assert "16 samples lost (the rest of its epoch; --reassign hands them on); they take its batches over from " \
+        "epoch 2" in res.stdout
+    ref = dpurun(launch, [*RUN, *data, "--log-dir", str(sim), "--allreduce", "mpi",
+                          "--inject-simulate", "host:1@8:0%"], timeout=300)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    got, want = epochs(read_jsonl(real / "metrics.jsonl")), epochs(read_jsonl(sim / "metrics.jsonl"))
+    for key in ("step_losses", "weights_sha256", "val_loss_sum", "val_correct"):
+        assert got[0][key] == want[0][key], key
+    [rec] = [r for r in read_jsonl(real / "metrics.jsonl") if r["event"] == "recovery"]
+    assert rec["lost_ids"] == order(256, 2, 1, 0)[7 * 16: 8 * 16] and rec["survivors"] == [0]
+    samples = [r["samples"] for r in read_jsonl(real / "phases-rank0.jsonl")]
+    assert samples == [128, 256]  # epoch 2: its own batches and every batch of the dead rank
+    [death] = read_jsonl(real / "failures.jsonl")
+    assert (death["world_rank"], death["survived"]) == (1, True)
+
+
+@pytest.mark.mpi
+def test_dead_host_rank_zero_in_da_with_reassign(bundled_data, tmp_path):
+    """3 host ranks fed by 3 DPU ranks; host rank 0 (world rank 0) dies after step 3: the new host
+    rank 0 reports, only step 4's batch of the dead rank is lost, the survivors train the rest."""
+    log = tmp_path / "log"
+    res = dpurun(["--host-ranks", "3", "--dpu-ranks", "3", "--oversubscribe"],
+                 [*RUN, "--data", str(bundled_data / "cifar10"), "--train-subset", "288", "--mode", "da",
+                  "--log-dir", str(log), "--recovery", "lossy-forward", "--reassign", "--inject", "host:0@3"],
+                 timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "16 samples lost; they take its batches over from step 5 of epoch 1" in res.stdout
+    assert res.stdout.count("epoch 2/2 |") == 1
+    [rec] = [r for r in read_jsonl(log / "metrics.jsonl") if r["event"] == "recovery"]
+    assert rec["lost_ids"] == order(288, 3, 0, 0)[3 * 16: 4 * 16] and rec["survivors"] == [1, 2]
+    per_epoch = [[r["samples"] for r in read_jsonl(log / f"phases-rank{w}.jsonl")] for w in (1, 2)]
+    assert [sum(s) for s in zip(*per_epoch)] == [288 - 3 * 16 - 16, 288]  # (the dead rank trained 3 steps)
