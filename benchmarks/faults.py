@@ -13,6 +13,10 @@ samples, 2 epochs = 16 steps) with one `--inject` SIGKILL at a random global ste
   dpurun naming host rank 1 as dead. Also: the kill to the end of the job.
 - `dpu-stop`, `host-stop`: the same ranks killed without it (Open MPI ends the job). Passes if dpurun
   names the killed rank. Also: the kill to the end of the job.
+- `host-lossy`: host rank 1 killed under `--recovery lossy-forward`. Passes if the job ends 0 with one
+  recovery record that lost host rank 1 and exactly the samples it had left in its epoch (none when
+  it died between an epoch's last step and the epoch's end work). Also: the kill to the end of the
+  failed step (the study's recovery time).
 
 Prints one table (passed out of tries; median and max times) and writes `results/faults.json`. The
 test suite runs one try of each (tests/test_dpu_failure.py, tests/test_faults.py).
@@ -35,9 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import BIN, RESULTS, ROOT, job_env, machine, machine_line, make_data, table, write_json  # noqa: E402
 
-KINDS = ("dpu-fallback", "host-fallback", "dpu-stop", "host-stop")
+KINDS = ("dpu-fallback", "host-fallback", "dpu-stop", "host-stop", "host-lossy")
 LAUNCH = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe", "--share-cores"]
 STEPS = 16   # 2 epochs of 256 samples, 2 host ranks, batch 16
+EPOCH_STEPS, BATCH = 8, 16
 
 
 def training(data: Path, log: str) -> list[str]:
@@ -73,6 +78,8 @@ def one_try(kind: str, step: int, data: Path, reference: str) -> dict[str, Any]:
         flags = [*training(data, str(log)), "--inject", f"{who}@{step}"]
         if kind.endswith("fallback"):
             flags += ["--dpu-failure", "fallback"]
+        if kind == "host-lossy":
+            flags += ["--recovery", "lossy-forward"]
         res, ended = run(flags)
         record: dict[str, Any] = {"kind": kind, "step": step, "code": res.returncode}
         injected = next((r["time"] for p in log.glob("failures-rank*.jsonl") for r in read(p)
@@ -82,6 +89,13 @@ def one_try(kind: str, step: int, data: Path, reference: str) -> dict[str, Any]:
             record["passed"] = res.returncode == 0 and final_sha(log) == reference and bool(deaths)
             if injected and deaths:
                 record["detected_s"] = deaths[0]["learnt_time"] - injected
+        elif kind == "host-lossy":
+            recs = [r for r in read(log / "metrics.jsonl") if r["event"] == "recovery"]
+            left = (EPOCH_STEPS - step % EPOCH_STEPS) % EPOCH_STEPS * BATCH  # (killed after an epoch's last step: 0)
+            record["passed"] = res.returncode == 0 and len(recs) == 1 and recs[0]["lost_host_ranks"] == [1] \
+                and recs[0]["samples_lost"] == left
+            if injected and recs:
+                record["recovered_s"] = recs[0]["reported_time"] - injected
         else:
             record["passed"] = res.returncode != 0 and named(res.stderr, "DPU rank 1" if who == "dpu:1"
                                                                  else "host rank 1")
@@ -97,8 +111,8 @@ def summarize(records: list[dict[str, Any]], kinds: tuple[str, ...]) -> list[lis
     for kind in kinds:
         mine = [r for r in records if r["kind"] == kind]
         passed = sum(r["passed"] for r in mine)
-        times = [r.get("detected_s", r.get("ended_s")) for r in mine if r.get("detected_s", r.get("ended_s"))]
-        what = "detected after" if kind == "dpu-fallback" else "job ended after"
+        times = [t for r in mine if (t := r.get("detected_s", r.get("ended_s", r.get("recovered_s"))))]
+        what = {"dpu-fallback": "detected after", "host-lossy": "failed step done after"}.get(kind, "job ended after")
         timing = f"{what}: median {statistics.median(times):.2f} s, max {max(times):.2f} s" if times else "-"
         rows.append([kind, f"{passed} / {len(mine)}", sorted(r["step"] for r in mine), timing])
     return rows

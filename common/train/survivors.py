@@ -283,7 +283,8 @@ class LossyForward:
                   "step": failure.step, "global_step": failure.global_step, "failed_call_s": s.failed_call_s,
                   "shrink_s": s.shrink_s, "learnt_time": s.learnt_time,
                   "failed_step_s": step_times[-1] if step_times and failure.step >= 0 else None,
-                  "normal_step_s": normal, "samples_lost": len(failure.lost_ids), "lost_ids": failure.lost_ids}
+                  "normal_step_s": normal, "samples_lost": len(failure.lost_ids), "lost_ids": failure.lost_ids,
+                  "reported_time": time.time()}  # (right after the failed step: the study's "next completed step")
         return {"line": line, "record": record}
 
     def _from(self) -> str:
