@@ -57,9 +57,21 @@ def first_launch_args(training_args: Sequence[str]) -> list[str]:
     return [*training_args, "--ckpt-mem-keep", MEMORY_KEEP]
 
 
-def relaunch_args(training_args: Sequence[str]) -> list[str]:
-    """The training flags of a relaunch: `--resume latest`, no `--inject` (see the module docstring)."""
-    return [*_without(_without(training_args, "--inject"), "--resume"), "--resume", "latest"]
+def relaunch_args(training_args: Sequence[str], resume: bool = True) -> list[str]:
+    """The training flags of a relaunch: `--resume latest` (`resume` False: no state was kept before
+    the failure, the relaunch starts from the beginning), no `--inject` (see the module docstring)."""
+    args = _without(_without(training_args, "--inject"), "--resume")
+    return [*args, "--resume", "latest"] if resume else args
+
+
+def state_kept(ckpt_dir: str) -> bool:
+    """Whether a relaunch has a state to resume from: a committed checkpoint on disk, or a complete
+    step in DPU memory (a failure before the first checkpoint leaves neither)."""
+    from dpuoffload.common.state.ckptdirs import committed
+    from dpuoffload.common.state.memstore import memory_root
+
+    return bool(committed(ckpt_dir)) or any(p.name.startswith("step-") for p in
+                                            memory_root(ckpt_dir).glob("keeper-*/step-*"))
 
 
 def refusal(outcome: JobOutcome) -> Optional[str]:
@@ -83,7 +95,7 @@ class RestartReport:
     restart: int
     failed_step: Optional[int]      # the global step the injected failure fired at
     resumed_step: Optional[int]
-    source: str                     # "dpu-memory" or "disk"
+    source: str                     # "dpu-memory", "disk" or "start" (nothing was kept)
     detected_s: Optional[float]     # failure -> mpirun's report of it
     ended_s: Optional[float]        # mpirun's report -> mpirun exited (the job torn down)
     resumed_s: Optional[float]      # mpirun exited -> the relaunched job resumed training
@@ -100,7 +112,8 @@ class RestartReport:
         def s(v: Optional[float]) -> str:
             return "?" if v is None else f"{v:.2f} s"
 
-        state = f"state from {'DPU memory' if self.source == 'dpu-memory' else 'the checkpoint disk'}"
+        state = {"dpu-memory": "state from DPU memory", "disk": "state from the checkpoint disk",
+                 "start": "no state kept: from the beginning"}[self.source]
         if self.transfer_s is not None:
             state += f" ({self.transfer_mb:.1f} MB in {self.transfer_s * 1e3:.0f} ms)"
         replayed = "?" if self.replayed_steps is None else str(self.replayed_steps)
@@ -115,11 +128,14 @@ def report(restart: int, failed: JobOutcome, relaunched: JobOutcome) -> RestartR
     ev, rev = failed.events, relaunched.events
     injected, noticed = ev.get("injected"), ev.get("noticed")
     resumed, memory = rev.get("resumed"), rev.get("from_memory")
+    started = None if resumed else rev.get("started")  # no state was kept: it began again at step 0
+    if started is not None:
+        resumed = (started[0], ("0",))
     return RestartReport(
         restart=restart,
         failed_step=int(injected[1][0]) if injected else None,
         resumed_step=int(resumed[1][0]) if resumed else None,
-        source="dpu-memory" if memory else "disk",
+        source="dpu-memory" if memory else "disk" if started is None else "start",
         detected_s=noticed[0] - injected[0] if injected and noticed else None,
         ended_s=failed.ended - noticed[0] if noticed else None,
         resumed_s=resumed[0] - failed.ended if resumed else None,

@@ -75,6 +75,7 @@ _EVENTS = {
     "from_memory": re.compile(r"^\[dpuoffload\] restarting from DPU memory: the state of step (\d+) "
                               r"\(([\d.]+) MB\) came back from \d+ keeper\(s\) in (\d+) ms"),
     "resumed": re.compile(r"^\[dpuoffload\] resuming from .*\(global step (\d+)\)$"),
+    "started": re.compile(r"^\[dpuoffload\] mode \S+: (\d+) host rank"),  # (a relaunch from the beginning)
 }
 # Open MPI banners that dpurun's own line replaces (MPI_Abort's has a NUL byte: `grep` calls the log
 # binary). Kept in <log-dir>/mpirun.log; other banners (a killed rank) pass through.

@@ -1,0 +1,154 @@
+"""The recovery study's table, measured here: a host rank lost at 5 %, 50 % and 90 % of training.
+
+    python benchmarks/recovery.py [--seeds 3] [--at 0.05 0.5 0.9] [--epochs 4] [--subset 512]
+
+Every run is a real dpurun job (2 host + 2 DPU ranks, `--mode da`, resnet20 on bundled CIFAR-10,
+batch 16 per host rank) whose host rank 1 is SIGKILLed (`--inject host:1@K`) after global step K:
+
+- `failure-free`: no failure, one run per seed (the reference for time and accuracy);
+- `lossy-forward`: `--recovery lossy-forward`: the survivor finishes step K+1 alone, loses host rank
+  1's samples of the rest of that epoch, and takes its batches over from the next epoch;
+- `lossy-forward --reassign`: the same, but the survivor takes the batches over from step K+2, so
+  only step K+1's batch is lost;
+- `restart (C/R)`: `dpurun --restarts 1` with a checkpoint at every epoch's end, kept in DPU memory:
+  the job ends, is relaunched, resumes from the newest checkpoint and replays the steps since it
+  (seed 0 only: a restarted run's accuracy is the failure-free run's, it replays what it lost).
+
+Columns (medians over seeds):
+- *recovery s*: from the kill to the next completed step (lossy forward: the end of the failed step;
+  C/R: mpirun's detection, teardown, relaunch and resume from `restarts.jsonl`, plus the replayed
+  steps at the failure-free run's median step time);
+- *failed step / normal*: the failed step's time over the median step before it (lossy forward);
+- *overhead*: the job's wall time over the failure-free run's of the same seed, minus one;
+- *replayed*, *samples lost*: steps trained twice; samples never trained in that epoch;
+- *acc Δ*: final validation accuracy minus the failure-free run's of the same seed, in points
+  (mean over seeds, and the worst seed).
+
+Immediate rollback to spare ranks (`--recovery rollback`) is not built: no row. Writes
+`results/recovery.json`; prints the table that goes into RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import BIN, RESULTS, ROOT, job_env, machine, machine_line, make_data, table, write_json  # noqa: E402
+
+LAUNCH = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe", "--share-cores"]
+BATCH, HOSTS = 16, 2
+STRATEGIES = {"lossy-forward": ["--recovery", "lossy-forward"],
+              "lossy-forward --reassign": ["--recovery", "lossy-forward", "--reassign"],
+              "restart (C/R)": ["--ckpt-every-epoch"]}
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def job(args: argparse.Namespace, data: Path, seed: int, extra: list[str], restarts: int = 0) -> dict[str, Any]:
+    """One dpurun job and what its logs say."""
+    with tempfile.TemporaryDirectory(prefix="dpurecovery-") as tmp:
+        log = Path(tmp) / "log"
+        training = ["--preset", "debug", "--no-progress", "--train-subset", str(args.subset), "--epochs",
+                    str(args.epochs), "--seed", str(seed), "--mode", "da", "--data", str(data / "cifar10"),
+                    "--log-dir", str(log), *extra]
+        if restarts:
+            training += ["--ckpt-dir", str(Path(tmp) / "ckpt")]
+        launch = [*LAUNCH, "--restarts", str(restarts)] if restarts else LAUNCH
+        t0 = time.perf_counter()
+        res = subprocess.run([str(BIN / "dpurun"), *launch, "--", *training], capture_output=True, text=True,
+                             env=job_env(), cwd=ROOT, timeout=900)
+        wall = time.perf_counter() - t0
+        if res.returncode != 0:
+            sys.exit(f"a run failed ({' '.join(extra)}):\n{res.stdout[-1500:]}\n{res.stderr[-2500:]}")
+        metrics = read(log / "metrics.jsonl")
+        epochs = {r["epoch"]: r for r in metrics if r["event"] == "epoch"}
+        steps = [t for r in read(log / "phases-rank0.jsonl") for t in r["step_times"]]
+        return {"wall": wall, "final_acc": epochs[max(epochs)]["val_acc"],
+                "recovery": next((r for r in metrics if r["event"] == "recovery"), None),
+                "restart": next(iter(read(log / "restarts.jsonl")), None),
+                "injected": next((r["time"] for p in log.glob("failures-rank*.jsonl") for r in read(p)
+                                  if r["event"] == "injected"), None),
+                "step_s": statistics.median(steps) if steps else None}
+
+
+def recovery_s(run: dict[str, Any], step_s: float) -> Optional[float]:
+    """Kill -> next completed step."""
+    if run["recovery"] is not None and run["injected"] is not None:
+        return run["recovery"]["reported_time"] - run["injected"]
+    r = run["restart"]
+    if r is None or None in (r["detected_s"], r["ended_s"], r["resumed_s"], r["replayed_steps"]):
+        return None
+    return r["detected_s"] + r["ended_s"] + r["resumed_s"] + r["replayed_steps"] * step_s
+
+
+def med(xs: list[float]) -> Optional[float]:
+    return statistics.median(xs) if xs else None
+
+
+def row(name: str, at: float, runs: list[dict[str, Any]], refs: list[dict[str, Any]]) -> dict[str, Any]:
+    step_s = statistics.median(r["step_s"] for r in refs)
+    rec = [r["recovery"] for r in runs if r["recovery"]]
+    acc = [100 * (r["final_acc"] - ref["final_acc"]) for r, ref in zip(runs, refs)]
+    return {"strategy": name, "at": at,
+            "recovery_s": med([t for r in runs if (t := recovery_s(r, step_s)) is not None]),
+            "failed_step_ratio": med([x["failed_step_s"] / x["normal_step_s"] for x in rec
+                                      if x["failed_step_s"] and x["normal_step_s"]]),
+            "overhead": statistics.median(r["wall"] / ref["wall"] - 1 for r, ref in zip(runs, refs)),
+            "replayed": med([r["restart"]["replayed_steps"] for r in runs if r["restart"]]) or 0,
+            "samples_lost": med([x["samples_lost"] for x in rec]) or 0,
+            "acc_delta_mean": statistics.mean(acc), "acc_delta_worst": min(acc), "seeds": len(runs),
+            "step_s": step_s}
+
+
+def fmt(v: Optional[float], spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, default=3, help="seeds per lossy-forward cell (default: 3)")
+    p.add_argument("--at", type=float, nargs="+", default=[0.05, 0.5, 0.9], help="failure points (fractions)")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--subset", type=int, default=512, help="training samples (default: 512)")
+    p.add_argument("--out", type=Path, default=RESULTS / "recovery.json")
+    args = p.parse_args()
+    data = make_data(("cifar10",))
+    total = args.epochs * -(-args.subset // HOSTS // BATCH)
+    refs = [job(args, data, s, []) for s in range(args.seeds)]
+    print(f"failure-free: {total} steps, median step {statistics.median(r['step_s'] for r in refs):.3f} s, "
+          f"wall {statistics.median(r['wall'] for r in refs):.1f} s", flush=True)
+    rows = []
+    for at in args.at:
+        step = max(1, min(total - 1, round(at * total)))
+        for name, flags in STRATEGIES.items():
+            restarts = name.startswith("restart")
+            seeds = range(1) if restarts else range(args.seeds)
+            runs = [job(args, data, s, [*flags, "--inject", f"host:1@{step}"], restarts=int(restarts)) for s in seeds]
+            rows.append(row(name, at, runs, [refs[s] for s in seeds]) | {"step": step})
+            r = rows[-1]
+            print(f"{name} at {at:.0%} (after step {step}): recovery {fmt(r['recovery_s'], '.2f')} s, overhead "
+                  f"{r['overhead']:+.0%}, acc {r['acc_delta_mean']:+.1f} pts", flush=True)
+    m = machine()
+    print(machine_line(m))
+    print(table(["strategy", "failure at", "recovery s", "failed step / normal", "overhead", "replayed",
+                 "samples lost", "acc Δ (mean, worst) pts"],
+                [[r["strategy"], f"{r['at']:.0%} (step {r['step']})", fmt(r["recovery_s"], ".2f"),
+                  fmt(r["failed_step_ratio"], ".2f"), f"{r['overhead']:+.0%}", r["replayed"], r["samples_lost"],
+                  f"{r['acc_delta_mean']:+.1f}, {r['acc_delta_worst']:+.1f} ({r['seeds']} seed(s))"] for r in rows]))
+    write_json(args.out, {"machine": m, "settings": vars(args) | {"out": str(args.out)}, "total_steps": total,
+                          "failure_free": refs, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
