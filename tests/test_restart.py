@@ -65,6 +65,7 @@ def test_restart_step_is_the_newest_step_every_keeper_holds(held, disk, expected
 def test_relaunch_flags():
     args = ["--ckpt-dir", "d", "--inject", "host:0@7", "--inject=dpu:0@3", "--resume", "x", "--epochs", "2"]
     assert restart.relaunch_args(args) == ["--ckpt-dir", "d", "--epochs", "2", "--resume", "latest"]
+    assert restart.relaunch_args(args, resume=False) == ["--ckpt-dir", "d", "--epochs", "2"]  # nothing kept yet
     assert restart.first_launch_args(["--epochs", "2"]) == ["--epochs", "2", "--ckpt-mem-keep", "2"]
     assert restart.first_launch_args(["--ckpt-mem-keep=1"]) == ["--ckpt-mem-keep=1"]
 

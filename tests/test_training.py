@@ -17,7 +17,7 @@ pytestmark = pytest.mark.mpi
 # Measured: 68 % (1 host rank) and 43 % (2 host ranks, half the steps) validation accuracy after
 # 3 epochs (10 classes, chance = 10 %); runs are deterministic, so the margin covers CPU differences.
 MIN_VAL_ACC = 0.30
-# Horovod and gloo both sum then scale by 1/N; with 2 ranks a float32 sum of two values does not
+# Horovod, gloo and the MPI backend all sum then scale by 1/N; with 2 ranks a float32 sum of two values does not
 # depend on the order, so the README's "bit-identical in the 2-rank test" is asserted with ==.
 
 
@@ -50,10 +50,12 @@ def test_converges(run, host_ranks, allreduce):
     assert "epoch 3/3 | train loss" in r["stdout"]
 
 
-def test_same_seed_same_losses_to_the_bit_whatever_the_allreduce(run):
-    """Two separate jobs (other processes, the other allreduce backend) train to the same losses,
-    validation and weights, to the bit: runs are deterministic, and Horovod and torch agree."""
-    h, t = run(2, "horovod"), run(2, "torch")
+@pytest.mark.parametrize("other", ["torch", "mpi"])
+def test_same_seed_same_losses_to_the_bit_whatever_the_allreduce(run, other):
+    """Two separate jobs (other processes, another allreduce backend) train to the same losses,
+    validation and weights, to the bit: runs are deterministic, and Horovod, torch and MPI agree."""
+    h, t = run(2, "horovod"), run(2, other)
+    assert t["end"]["allreduce"] == other
     assert [e["step_losses"] for e in h["epochs"]] == [e["step_losses"] for e in t["epochs"]]
     assert [e["val_loss"] for e in h["epochs"]] == [e["val_loss"] for e in t["epochs"]]
     assert h["end"]["weights_sha256"] == t["end"]["weights_sha256"]
