@@ -105,7 +105,7 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
         return run_clone(cfg, topo, job, ext.adopt)
     group: Any = topo.side_comm
     if cfg.recovery != "stop":  # the host ranks' group shrinks to the survivors of a dead one
-        group = current().survivors = SurvivorGroup(topo)
+        group = current().survivors = SurvivorGroup(topo, cfg.peer_timeout)
     if cfg.mode.dpu_trains:  # DPU ranks are replicas too: one gradient group over the whole job
         source = "balanced by --mode auto's profile" if started.auto is not None else "from --dpu-batch-size"
         job.feed = build_naive_feed(cfg, topo, job.train, profiles, source)

@@ -36,14 +36,19 @@ from torch.utils.data import DistributedSampler, default_collate
 from dpuoffload.common.data.feeds import Batch
 from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.errors import PeerLost
 from dpuoffload.common.runtime import faults
 from dpuoffload.common.runtime.failure import PREFIX
-from dpuoffload.common.runtime.waits import is_failure
+from dpuoffload.common.runtime.waits import is_failure, wait
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
     from dpuoffload.common.runtime.roles import Topology
+
+
+COLLECTIVE_SPIN = 0.05         # poll a collective without sleeping this long (a blocking MPI call would spin)...
+COLLECTIVE_MAX_SLEEP = 0.001   # ...then sleep at most this long between polls
 
 
 @dataclass(frozen=True)
@@ -64,14 +69,16 @@ class SurvivorGroup:
     It offers the few `MPI.Comm` calls the host side needs (`Get_rank`, `Get_size`, `Allreduce`,
     `Bcast`, `Barrier`), each redone on the survivors after a death; `generation` counts the
     shrinks, so a caller can tell that its collective lost a member (and recompute what depended
-    on the group's size).
+    on the group's size). Every call is non-blocking underneath and waited for with a deadline
+    (`timeout`, --peer-timeout): a host rank that hangs instead of dying (which ULFM cannot see)
+    ends the job with a `PeerError` naming the wait, instead of hanging it.
     """
 
-    def __init__(self, topo: "Topology") -> None:
+    def __init__(self, topo: "Topology", timeout: Optional[float] = None) -> None:
         """Collective over the host ranks (it duplicates their communicator)."""
         from mpi4py import MPI
 
-        self.topo = topo
+        self.topo, self.timeout = topo, timeout
         self.comm: "MPI.Comm" = topo.side_comm.Dup()
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self._start_group = self.comm.Get_group()
@@ -97,26 +104,23 @@ class SurvivorGroup:
         after a shrink reduces the same contributions)."""
         from mpi4py import MPI
 
-        self.run(lambda c: c.Allreduce(send, out, op=MPI.SUM if op is None else op))
+        self.run(lambda c: c.Iallreduce(send, out, op=MPI.SUM if op is None else op), "an allreduce")
 
     def Bcast(self, buf: np.ndarray, root: int = 0) -> None:  # noqa: N802
         """From rank `root` of the group as it is when the call completes (rank 0: the lowest survivor)."""
-        self.run(lambda c: c.Bcast(buf, root=root))
+        self.run(lambda c: c.Ibcast(buf, root=root), "a broadcast")
 
     def Barrier(self) -> None:  # noqa: N802
-        self.run(lambda c: c.Barrier())
+        self.run(lambda c: c.Ibarrier(), "a barrier")
 
-    def run(self, call: Callable[["MPI.Comm"], None]) -> None:
-        """Run the collective `call(comm)` until every survivor agrees it succeeded."""
-        from mpi4py import MPI
-
+    def run(self, call: Callable[["MPI.Comm"], "MPI.Request"], what: str) -> None:
+        """Run the non-blocking collective `call(comm)` until every survivor agrees it succeeded."""
         while True:
             t0, ok = time.perf_counter(), 1
             try:
-                call(self.comm)
-            except MPI.Exception as e:
-                if not is_failure(e):
-                    raise
+                wait(call(self.comm), self.timeout, f"{what} of the host ranks", max_sleep=COLLECTIVE_MAX_SLEEP,
+                     spin=COLLECTIVE_SPIN)
+            except PeerLost:
                 ok = 0
                 self.comm.Revoke()  # the survivors still inside the call leave it now
             if self._agree(ok):
@@ -150,10 +154,6 @@ class SurvivorGroup:
         self.shrinks.append(Shrink(lost, self.alive, survivors, failed_call_s, shrink_s, learnt))
         self.comm, self.alive = new, survivors
         faults.mark_dead(self.topo.host_ranks[h] for h in lost)
-
-    def lost_since(self, generation: int) -> tuple[int, ...]:
-        """Host ranks lost in the shrinks after `generation`."""
-        return tuple(h for s in self.shrinks[generation:] for h in s.lost)
 
 
 class Takeover:
