@@ -10,7 +10,7 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.plan.offload import DA, IDLE, MV, plan_offload
-from dpuoffload.common.runtime import inject, trace
+from dpuoffload.common.runtime import faults, inject, trace
 from dpuoffload.common.runtime.failure import run_program
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
@@ -109,9 +109,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if runner is not None:
         for record in runner.run():
             log.write({"world_rank": topo.world_rank, "role": "dpu", "work": job.work, **record})
+        if runner.ends_on_shutdown:
+            faults.ending()  # (told to shut down: host ranks leave from now on)
         runner.close()
     # (the loader service and a script's validation end on the shutdown message itself)
-    stats: dict[str, Any] = {} if runner is not None and runner.ends_on_shutdown else idle_until_shutdown(topo)
+    idle = runner is None or not runner.ends_on_shutdown
+    stats: dict[str, Any] = idle_until_shutdown(topo, cfg.recovery != "stop") if idle else {}
+    faults.ending()
     if job.keeper is not None:
         stats["handoffs"] = len(job.keeper.join())
     if job.work == DA:  # the pairing, as the ranks found it (node: what --dpus maps it to)

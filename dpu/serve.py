@@ -38,6 +38,7 @@ from dpuoffload.common.runtime.messages import CONTROL, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import REMOTE_MAX_SLEEP, is_failure, wait
+from dpuoffload.dpu.idle import control_arrived, post_control
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -272,14 +273,15 @@ class LoaderService:
     def run(self) -> list[dict[str, Any]]:
         """Serve until SHUTDOWN; a record per epoch all streams produced (phases, batches sent)."""
         shutdown = CONTROL.empty()
-        ctl = self._post_control(shutdown)
+        any_host = self.cfg.recovery != "stop"
+        ctl = post_control(self.topo, shutdown, any_host)
         sleep = 0.0
         while True:
             moved = self.poll_messages()
-            if self._test_control(ctl):
+            if control_arrived(self.topo, ctl):
                 if CONTROL.unpack(shutdown)["kind"] == ControlKind.SHUTDOWN:
                     break
-                ctl = self._post_control(shutdown)
+                ctl = post_control(self.topo, shutdown, any_host)
             moved = self.produce_round() or moved
             if moved:
                 sleep = 0.0
@@ -288,27 +290,6 @@ class LoaderService:
                 time.sleep(sleep)
             sleep = min(max(sleep * 2, 1e-4), self.max_idle)
         return self.epochs.records
-
-    def _post_control(self, buf: np.ndarray) -> "MPI.Request":
-        """The receive of the shutdown message: from host rank 0, or under --recovery from whichever
-        host rank is the lowest alive at the end (`host.control.shutdown_dpus`)."""
-        from mpi4py import MPI
-
-        source = MPI.ANY_SOURCE if self.cfg.recovery != "stop" else self.topo.host_ranks[0]
-        return self.topo.world.Irecv(buf, source=source, tag=CONTROL.tag)
-
-    def _test_control(self, req: "MPI.Request") -> bool:
-        """Whether the control message came. A death elsewhere leaves a receive from any source
-        pending with an error until acknowledged (ULFM): acknowledge it, and the receive goes on."""
-        from mpi4py import MPI
-
-        try:
-            return bool(req.Test())
-        except MPI.Exception as e:
-            if e.Get_error_class() != MPI.ERR_PROC_FAILED_PENDING:
-                raise
-            self.topo.world.Ack_failed()
-            return False
 
     def epoch_done(self, epoch: int) -> None:
         self.epochs.done(epoch, self.streams.values())

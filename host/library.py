@@ -37,7 +37,7 @@ from dpuoffload.common.data.streams import Recipe, StepSplit
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.modes import Mode
 from dpuoffload.common.plan.offload import OffloadPlan, plan_offload, require_feeder
-from dpuoffload.common.runtime import env
+from dpuoffload.common.runtime import env, faults
 from dpuoffload.common.runtime.failure import JobFailed, abort_job, failure_line, set_rank_label
 from dpuoffload.common.runtime.messages import StateKind
 from dpuoffload.common.runtime.roles import Role, Topology
@@ -383,6 +383,7 @@ class Job:
             self.handoff.finish()
         if self.topo is not None and self.cfg is not None:
             (self.topo.side_comm if self.survivors is None else self.survivors).Barrier()
+            faults.ending()  # (every host rank is done: ranks that leave now are not dying)
             if not self.is_clone:  # (the clone group needs the DPU ranks no more once it has the state)
                 shutdown_dpus(self.topo, self.cfg.peer_timeout)
         if self.handoff is not None:

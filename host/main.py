@@ -117,7 +117,7 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
               f"{len(topo.dpu_ranks)} DPU rank(s), model {cfg.model}, dataset {cfg.dataset} "
               f"({len(job.data.train)} train / {len(job.data.val)} val), allreduce {sync.name}"
               f"{'' if job.compute == Compute() else ', on ' + job.compute.describe()}", flush=True)
-    validation, share = build_validation(cfg, topo, job, group)
+    validation, share = build_validation(cfg, topo, job, group if isinstance(group, SurvivorGroup) else None)
     trainer = Trainer(cfg, topo, job, sync, validation, share, group=group,
                       hooks=lambda t: ext.hooks_factory(cfg, topo, t))
     if isinstance(group, SurvivorGroup):

@@ -45,6 +45,7 @@ FALLBACK = "--dpu-failure fallback"
 WATCH_POLL_S = 0.02                 # how often the watch thread tests its receive
 WATCH_TAG = 1                       # on the watch's own communicator: nothing is ever sent on it
 ABORT_BACKUP_S = 5.0                # a rank other than the first survivor aborts this much later
+END_GRACE_S = 1.0                   # a DPU rank's wait for the shutdown message before judging a death
 
 
 def ft_active() -> bool:
@@ -129,6 +130,7 @@ class FailureWatch:
         self.dead: dict[int, float] = {}     # world rank -> time.time() its death was learnt here
         self.log = JsonlLog(cfg.log_dir, "failures.jsonl") if topo.world_rank == 0 else None
         self._stop = threading.Event()
+        self.ending = threading.Event()     # this rank's part in the job is over (`ending`)
         self._thread = threading.Thread(target=self._run, name="dpuoffload-failure-watch", daemon=True)
 
     def start(self) -> "FailureWatch":
@@ -176,7 +178,22 @@ class FailureWatch:
         gone = dead_ranks()
         return self.topo.world_rank == min(r for r in range(self.topo.world.Get_size()) if r not in gone)
 
+    def _over(self) -> bool:
+        """Whether the job is ending for this rank, so a rank that leaves is no death. A DPU rank
+        waits `END_GRACE_S` for that: the host rank that sends it the shutdown message leaves
+        right after (without MPI_Finalize, `common.runtime.fastexit`), and MPI may report that
+        before this rank's main loop has read the message."""
+        grace = time.monotonic() + (END_GRACE_S if self.topo.world_rank in self.topo.dpu_ranks else 0.0)
+        while True:
+            if self.ending.is_set() or self._stop.is_set():
+                return True
+            if time.monotonic() >= grace:
+                return False
+            time.sleep(WATCH_POLL_S)
+
     def _judge(self, rank: int) -> None:
+        if self._over():
+            return
         v = verdict(rank, self.topo, self.cfg, self.plan, frozenset(self.dead))
         if v.survivable:
             if self._first_survivor():  # one line per death, from one rank
@@ -210,6 +227,13 @@ def start_watch(topo: "Topology", cfg: "RunConfig") -> None:
     from dpuoffload.common.plan.offload import plan_offload
 
     _watch = FailureWatch(topo, cfg, plan_offload(topo.ranks, cfg)).start()
+
+
+def ending() -> None:
+    """This rank's part in the job is over (a host rank past `job.finish`'s barrier, a DPU rank
+    told to shut down): ranks that leave from now on are leaving, not dying."""
+    if _watch is not None:
+        _watch.ending.set()
 
 
 def stop_watch() -> None:
