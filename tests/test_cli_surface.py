@@ -28,7 +28,7 @@ TRAINING_FLAGS = {
     "--da-host-share", "--da-host-workers", "--mv-dpu-fraction",
     "--dpu-da-ranks", "--dpu-mv-ranks", "--da-fanout", "--dpu-batch-size", "--auto-allow", "--save-weights", "--trace",
     "--ckpt-dir", "--ckpt-every", "--ckpt-every-epoch", "--ckpt-keep", "--ckpt-mem-keep", "--ckpt-copy",
-    "--ckpt-errors", "--dpu-failure", "--resume", "--stop-at-step",
+    "--ckpt-errors", "--dpu-failure", "--recovery", "--reassign", "--resume", "--stop-at-step",
     "--clone-at", "--clone-override", "--inject", "--inject-simulate", "--simulate-recovery",
     "--config", "--tensorboard", "--plots", "--script",
 }
