@@ -10,9 +10,12 @@ With `mpirun --with-ft ulfm` (dpurun adds it) the job goes on and MPI reports th
   (`host.loader.FallbackSource`);
 - to everyone else through `FailureWatch`: a thread per rank keeps one receive from any source
   posted on its own duplicate of COMM_WORLD, which ULFM completes with `ERR_PROC_FAILED_PENDING`
-  when any rank dies (20-60 ms on this box). Deaths the run cannot survive (a host rank, a DPU rank
-  that validates, keeps checkpoints or trains) end the job in one line naming the rank, instead of
-  leaving survivors waiting on it.
+  when any rank dies (20-60 ms on this box). Deaths the run cannot survive (a host rank without
+  `--recovery`, the last host rank, a DPU rank that validates, keeps checkpoints or trains) end the
+  job in one line naming the rank, instead of leaving survivors waiting on it. A host rank's death
+  under `--recovery lossy-forward` is survived by the host group itself (`common.train.survivors`).
+- Ranks leave without MPI_Finalize under fault tolerance (`common.runtime.fastexit`), so at the end
+  a leaving rank looks like a dead one: a rank whose part is over (`ending`) ignores that.
 
 mpi4py quietly turns ULFM's calls into ordinary ones when the runtime does not detect failures, so
 the flag is refused unless the runtime was really started with fault tolerance (`require_ft`).
