@@ -81,6 +81,9 @@ _EVENTS = {
 # binary). Kept in <log-dir>/mpirun.log; other banners (a killed rank) pass through.
 _NOISE = ("MPI_ABORT was invoked", 'calling\n"abort"', 'calling "abort"')
 _RULE = re.compile(r"^-{20,}\s*$")
+# A non-blocking collective that met a dead rank under ULFM (`--recovery`): Open MPI says so on stderr
+# while the survivors recover from it (their own line reports the death).
+_NOISE_LINE = re.compile(r"^NBC_Progress: an error \d+ was found during schedule")
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,8 @@ def _failure(kind: str, m: "re.Match[str]") -> RankFailure:
 
 
 class BannerFilter:
-    """Drops Open MPI's abort banners (`_NOISE`, between two dashed rules) from one output stream and
+    """Drops Open MPI's abort banners (`_NOISE`, between two dashed rules) and ULFM's collective-error
+    lines (`_NOISE_LINE`) from one output stream, and
     NUL bytes everywhere; everything else passes as it arrives (a progress bar's \\r updates too: only
     a line that may open a banner, dashes so far, waits for its end)."""
 
@@ -201,6 +205,7 @@ class BannerFilter:
         self._emitting = False   # the current line has started going out
         self._banner: Optional[list[str]] = None
         self._max = max_lines
+        self._after_noise = False  # the line before was dropped noise: so is an empty line after it
 
     def feed(self, text: str) -> str:
         out = []
@@ -226,7 +231,11 @@ class BannerFilter:
         return rest
 
     def _line(self, line: str) -> str:
+        after_noise, self._after_noise = self._after_noise, False
         if self._banner is None:
+            if _NOISE_LINE.match(line) or (after_noise and not line.strip()):
+                self._after_noise = not after_noise
+                return ""
             if _RULE.match(line):
                 self._banner = [line]
                 return ""

@@ -274,6 +274,13 @@ def test_banner_filter_drops_abort_banners_and_nul_keeps_the_rest():
     assert out == "step 1\r step 2\r" + " " + OMPI5_SIGNAL + "last line\n"
 
 
+def test_banner_filter_drops_ulfm_collective_errors():
+    shown = supervise.BannerFilter()
+    text = ("NBC_Progress: an error 75 was found during schedule 0x55 at row-offset 0 - aborting the schedule\n\n"
+            "[dpuoffload] host rank 1 died\n\nepoch 1/2\n")
+    assert shown.feed(text) + shown.flush() == "[dpuoffload] host rank 1 died\n\nepoch 1/2\n"
+
+
 def test_own_failure_line_is_named_first():
     scanner = FailureScanner()
     scanner.feed("[dpuoffload] host rank 0 (world rank 0, node vm) failed: ValueError: x (at m.py:3 in f); "
