@@ -1,8 +1,8 @@
 """The clone group's stand-by: a deadline on silence, not on the stand-by (real MPMD job).
 
 With `--peer-timeout 2` the keeper beats every 0.5 s; the clone step comes ~48 steps (about 3 s
-here; at step 32 it once came after 1.98 s, too soon to prove anything) after the last PREPARE, so the clone ranks survive only if the heartbeats arrive and each
-one restarts their deadline.
+here; at step 32 it once came after 1.98 s, too soon to prove anything) after the last PREPARE,
+so the clone ranks survive only if the heartbeats arrive and each one restarts their deadline.
 """
 
 import pytest
