@@ -24,6 +24,7 @@ done with real lost processes, under MPI's fault tolerance (ULFM, `mpirun --with
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -156,6 +157,21 @@ class SurvivorGroup:
         faults.mark_dead(self.topo.host_ranks[h] for h in lost)
 
 
+@functools.lru_cache(maxsize=16)
+def _order(n: int, sampling: Sampling, rank: int, epoch: int) -> tuple[int, ...]:
+    """Host rank `rank`'s sample order of `epoch` in the failure-free run (its `DistributedSampler`)."""
+    sampler = DistributedSampler(range(n), num_replicas=sampling.replicas, rank=rank, shuffle=sampling.shuffle,
+                                 seed=sampling.seed)
+    sampler.set_epoch(epoch)
+    return tuple(sampler)
+
+
+def batch_ids(n: int, sampling: Sampling, epoch: int, step: int, rank: int) -> list[int]:
+    """Sample ids of host rank `rank`'s batch at `step` of `epoch` (the failure-free run's)."""
+    b = sampling.batch_size
+    return list(_order(n, sampling, rank, epoch)[step * b: (step + 1) * b])
+
+
 class Takeover:
     """This survivor's slices of the dead host ranks' batches, step by step.
 
@@ -166,27 +182,14 @@ class Takeover:
     def __init__(self, dataset: Any, sampling: Sampling, dead: tuple[int, ...], rank: int, survivors: int) -> None:
         self.sampling, self.dead, self.rank, self.survivors = sampling, dead, rank, survivors
         self.train = PerSampleSeeded(dataset, sampling.seed)  # its own: the feed's may be mid-epoch
-        self._orders: dict[int, dict[int, list[int]]] = {}   # epoch -> dead rank -> its epoch's order
-
-    def indices(self, epoch: int, step: int, rank: int) -> list[int]:
-        """Sample ids of host rank `rank`'s batch at `step` of `epoch` (the failure-free run's)."""
-        orders = self._orders.setdefault(epoch, {})
-        if rank not in orders:
-            self._orders = {epoch: orders}  # (one epoch cached at a time)
-            s = self.sampling
-            sampler = DistributedSampler(range(len(self.train)), num_replicas=s.replicas, rank=rank,
-                                         shuffle=s.shuffle, seed=s.seed)
-            sampler.set_epoch(epoch)
-            orders[rank] = list(sampler)
-        b = self.sampling.batch_size
-        return orders[rank][step * b: (step + 1) * b]
 
     def mine(self, epoch: int, step: int, rank: Optional[int] = None) -> list[int]:
         """The ids survivor `rank` (default: this one) trains at (epoch, step) for the dead ranks."""
         j = self.rank if rank is None else rank
         out: list[int] = []
         for d in self.dead:
-            out += [int(i) for i in np.array_split(np.asarray(self.indices(epoch, step, d)), self.survivors)[j]]
+            ids = batch_ids(len(self.train), self.sampling, epoch, step, d)
+            out += [int(i) for i in np.array_split(np.asarray(ids), self.survivors)[j]]
         return out
 
     def extend(self, epoch: int, step: int, batch: Batch) -> tuple[Batch, int]:
@@ -221,7 +224,6 @@ class LossyForward:
         self.group, self.dataset, self.sampling, self.steps, self.reassign = group, dataset, sampling, steps, reassign
         self.seen = 0                      # shrinks already handled
         self.takeovers: list[tuple[tuple[int, int], Takeover]] = []  # ((epoch, step) it applies from, it)
-        self.failures: list[Failure] = []
 
     def takeover_at(self, epoch: int, step: int) -> Optional[Takeover]:
         """The takeover that applies at (epoch, step): the newest one begun by then (an older one
@@ -245,7 +247,6 @@ class LossyForward:
             start = (epoch, step + 1) if self.reassign and 0 <= step < self.steps - 1 else (epoch + 1, 0)
             takeover = Takeover(self.dataset, self.sampling, dead, self.group.Get_rank(), self.group.Get_size())
             self.takeovers = [(s, t) for s, t in self.takeovers if s < start] + [(start, takeover)]
-        self.failures += out
         return out
 
     def _account(self, shrink: Shrink, epoch: int, step: int, global_step: int) -> Failure:
@@ -255,10 +256,9 @@ class LossyForward:
         if step < 0:
             return failure
         last = step + 1 if self.reassign else self.steps
-        probe = Takeover(self.dataset, self.sampling, shrink.lost, 0, 1)
         for d in shrink.lost:
             for s in range(step, last):
-                failure.lost_ids += probe.indices(epoch, s, d)
+                failure.lost_ids += batch_ids(len(self.dataset), self.sampling, epoch, s, d)
                 earlier = self.takeover_at(epoch, s)
                 if earlier is not None:  # and its share of the batches of ranks that died before it
                     failure.lost_ids += earlier.mine(epoch, s, shrink.before.index(d))
