@@ -29,7 +29,7 @@ LR_SCHEDULES = ("cosine", "step", "constant")
 CKPT_COPIES = ("staged", "zero")
 CKPT_ERRORS = ("continue", "fail")
 DPU_FAILURES = ("stop", "fallback")
-RECOVERY = ("stop", "lossy-forward")  # what a dead host rank does to the run
+RECOVERY = ("stop", "lossy-forward", "rollback")  # what a dead host rank does to the run
 AUTO_ALLOWS = ("naive",)  # modes that change the math, which --mode auto considers only on request
 # With a user's training script (`dpurun -- [flags] train.py`) the script owns the model, data, optimizer
 # and loop; these are the flags that still mean something, and the modes the public API serves so far.
@@ -247,7 +247,7 @@ class RunConfig:
                               f"ranks: use --mode none, da, mv or hybrid, not {self.mode}")
 
     def _check_recovery(self) -> None:
-        """`--recovery lossy-forward`: what it can survive so far, and the flags it cannot go with."""
+        """`--recovery lossy-forward` / `rollback`: what they can survive so far, and the flags they cannot go with."""
         _check_choice("recovery", self.recovery, RECOVERY)
         if self.reassign and self.recovery != "lossy-forward":
             raise ConfigError("--reassign hands a dead host rank's samples to the survivors: add --recovery "
@@ -265,7 +265,7 @@ class RunConfig:
                    (self.script is not None, "a training script (the built-in trainer only, so far)")]
         for bad, what in refused:
             if bad:
-                raise ConfigError(f"--recovery lossy-forward cannot go with {what}")
+                raise ConfigError(f"--recovery {self.recovery} cannot go with {what}")
         object.__setattr__(self, "allreduce", "mpi")
 
     @property
@@ -499,7 +499,9 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
                         "it); lossy-forward = the survivors finish the failed step with their own gradients and "
                         "go on under MPI fault tolerance (dpurun adds mpirun --with-ft ulfm; --allreduce mpi), "
                         "its samples of that step and of the rest of its epoch lost, then taken over by the "
-                        "survivors; --mode none or da")
+                        "survivors; rollback = a spare rank (dpurun --spare-ranks S) takes its place with a "
+                        "survivor's state and replays the failed step, bit-exact with a run without the failure; "
+                        "--mode none or da")
     g.add_argument("--reassign", action="store_true", default=S,
                    help="with --recovery lossy-forward: the survivors take a dead host rank's batches over from "
                         "the very next step, so only the failed step's samples are lost")

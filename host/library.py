@@ -109,7 +109,8 @@ class Job:
         self.warned: set[str] = set()
         self.exit_code = 0
         self.finished = False
-        self.survivors: Any = None  # --recovery lossy-forward: the host ranks' SurvivorGroup (the built-in trainer's)
+        self.survivors: Any = None  # --recovery: the host ranks' SurvivorGroup (the built-in trainer's)
+        self.spares: Any = None     # --recovery rollback: the pool of host and spare ranks (`common.train.spares`)
 
     @property
     def device(self) -> "torch.device":
@@ -384,6 +385,8 @@ class Job:
         if self.topo is not None and self.cfg is not None:
             (self.topo.side_comm if self.survivors is None else self.survivors).Barrier()
             faults.ending()  # (every host rank is done: ranks that leave now are not dying)
+            if self.spares is not None:  # the spares still standing by leave too
+                self.spares.release()
             if not self.is_clone:  # (the clone group needs the DPU ranks no more once it has the state)
                 shutdown_dpus(self.topo, self.cfg.peer_timeout)
         if self.handoff is not None:

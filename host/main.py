@@ -31,11 +31,13 @@ from dpuoffload.common.train.device import Compute, resolve_device
 from dpuoffload.common.train.evaluation import LocalValidation, SharePolicy, Validation
 from dpuoffload.common.train.loop import Trainer, TrainJob
 from dpuoffload.common.train.naive import build_naive_feed, measure_profile, naive_backend
+from dpuoffload.common.train.spares import Rollback, SparePool
 from dpuoffload.common.train.survivors import LossyForward, SurvivorGroup
 from dpuoffload.host.checkpoint import StateHandoff, resume_trainer
 from dpuoffload.host.clone import check_clone_flags, clone_config, describe_overrides
 from dpuoffload.host.extensions import CloneAdopter, HostExtensions
 from dpuoffload.host.library import attach, current
+from dpuoffload.host.spare import run_spare, spare_feed
 from dpuoffload.host.validation import AutoShare, OffloadedValidation, fixed_share
 
 
@@ -54,8 +56,10 @@ def prepare(cfg: RunConfig, topo: Topology, extensions: HostExtensions) -> Train
     if compute.device.type == "cuda" and cfg.ckpt_copy == "zero":
         raise ConfigError("--ckpt-copy zero sends the state from the tensors' own memory, which is GPU memory with "
                           "--device cuda; use --ckpt-copy staged (the default: staged through host memory)")
+    feed = spare_feed(cfg, topo, train, 0) if topo.role is Role.SPARE else extensions.feed_factory(cfg, topo, train,
+                                                                                                   plan)
     job = TrainJob(data=data, train=train, model=compute.place(build_model(cfg, data.num_classes)),
-                   feed=extensions.feed_factory(cfg, topo, train, plan), plan=plan, compute=compute)
+                   feed=feed, plan=plan, compute=compute)
     if topo.role is Role.HOST:
         check_state_flags(cfg, topo, job)
     return job
@@ -103,9 +107,12 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
     cfg, topo, job, profiles = started.cfg, started.topo, started.state, started.profiles
     if topo.role is Role.CLONE:
         return run_clone(cfg, topo, job, ext.adopt)
+    if topo.role is Role.SPARE:
+        return run_spare(cfg, topo, job)
     group: Any = topo.side_comm
-    if cfg.recovery != "stop":  # the host ranks' group shrinks to the survivors of a dead one
-        group = current().survivors = SurvivorGroup(topo, cfg.peer_timeout)
+    if cfg.recovery != "stop":  # the host ranks' group shrinks to the survivors of a dead one (or calls spares in)
+        spares = current().spares = SparePool(topo, cfg.peer_timeout) if cfg.recovery == "rollback" else None
+        group = current().survivors = SurvivorGroup(topo, cfg.peer_timeout, spares)
     if cfg.mode.dpu_trains:  # DPU ranks are replicas too: one gradient group over the whole job
         source = "balanced by --mode auto's profile" if started.auto is not None else "from --dpu-batch-size"
         job.feed = build_naive_feed(cfg, topo, job.train, profiles, source)
@@ -120,7 +127,9 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
     validation, share = build_validation(cfg, topo, job, group if isinstance(group, SurvivorGroup) else None)
     trainer = Trainer(cfg, topo, job, sync, validation, share, group=group,
                       hooks=lambda t: ext.hooks_factory(cfg, topo, t))
-    if isinstance(group, SurvivorGroup):
+    if cfg.recovery == "rollback":
+        trainer.recovery = Rollback(group, trainer, job.feed.steps(), cfg.epochs)
+    elif isinstance(group, SurvivorGroup):
         sampling = Sampling.of(cfg, len(topo.host_ranks), topo.side_rank)
         trainer.recovery = LossyForward(group, job.train.dataset, sampling, job.feed.steps(), cfg.reassign)
     if job.resume is not None:

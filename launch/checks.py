@@ -73,6 +73,7 @@ class LaunchFacts:
     host_ranks: int = 1
     dpu_ranks: int = 1
     clone_ranks: int = 0
+    spare_ranks: int = 0
     cluster: bool = False
     python: str = sys.executable
     skip_slow: bool = False
@@ -159,6 +160,12 @@ def check_ranks(cfg: RunConfig, facts: LaunchFacts) -> None:
     if facts.clone_ranks and cfg.clone_at is None:
         raise ConfigError(f"--clone-ranks {facts.clone_ranks} without --clone-at STEP: the clones would never "
                           "start; add --clone-at STEP after '--'")
+    if cfg.recovery == "rollback" and facts.spare_ranks == 0:
+        raise ConfigError("--recovery rollback puts a spare rank in a dead host rank's place: add --spare-ranks S "
+                          "before '--'")
+    if facts.spare_ranks and cfg.recovery != "rollback":
+        raise ConfigError(f"--spare-ranks {facts.spare_ranks} without --recovery rollback: the spares would only "
+                          "stand by; add --recovery rollback after '--'")
 
 
 def check_injections(cfg: RunConfig, facts: LaunchFacts) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 
 from dpuoffload.common.config import build_parser
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.runtime.roles import Role
 from dpuoffload.launch import checks, placement, restart, supervise, throttle
 from dpuoffload.launch.command import FLAVORS, LaunchSpec, build_command
 
@@ -101,6 +102,9 @@ def _add_rank_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--clone-ranks", type=int, default=0, metavar="C",
                    help="extra host program ranks that stand by and continue a clone of the training "
                         "from --clone-at STEP (on the host cores/nodes)")
+    g.add_argument("--spare-ranks", type=int, default=0, metavar="S",
+                   help="extra host program ranks that stand by to take a dead host rank's place "
+                        "(--recovery rollback; on the host cores/nodes, like clone ranks)")
     g.add_argument("--clone-cores", metavar="LIST",
                    help="cores for the clone ranks when emulating, e.g. 1: a stand-in for the other "
                         "nodes clones run on in a cluster (default: the host ranks' cores)")
@@ -185,6 +189,11 @@ def parse_launcher_args(argv: Sequence[str]) -> argparse.Namespace:
         raise ConfigError(f"--dpu-ranks must be >= 0, got {args.dpu_ranks}")
     if args.clone_ranks < 0:
         raise ConfigError(f"--clone-ranks must be >= 0, got {args.clone_ranks}")
+    if args.spare_ranks < 0:
+        raise ConfigError(f"--spare-ranks must be >= 0, got {args.spare_ranks}")
+    if args.spare_ranks and args.clone_ranks:
+        raise ConfigError("--spare-ranks and --clone-ranks both stand by in the host program's third app context; "
+                          "a run has one or the other (--recovery rollback does not go with --clone-at)")
     if args.clone_cores and not args.clone_ranks:
         raise ConfigError("--clone-cores places clone ranks, but --clone-ranks is 0: add --clone-ranks C")
     return args
@@ -235,7 +244,7 @@ def resolve_spec(args: argparse.Namespace, training_args: Sequence[str],
     base = dict(mpirun=mpirun, flavor=args.mpi_flavor or detect_flavor(mpirun),
                 script=getattr(args, "script", None), script_args=tuple(getattr(args, "script_args", ())),
                 host_ranks=args.host_ranks, dpu_ranks=args.dpu_ranks, clone_ranks=args.clone_ranks,
-                host_python=python,
+                spare_ranks=args.spare_ranks, host_python=python,
                 dpu_python=args.dpu_python or python, training_args=tuple(training_args),
                 oversubscribe=args.oversubscribe, run_as_root=os.geteuid() == 0,
                 progress_tty=sys.stdout.isatty(), fault_tolerant=fault_tolerant,
@@ -321,7 +330,7 @@ def _shared_spec(args: argparse.Namespace, base: dict[str, Any]) -> tuple[Launch
             raise ConfigError(f"--share-cores runs every rank on every core, so --{flag.replace('_', '-')} has "
                               "nothing to act on; drop one of the two")
     cores = tuple(sorted(os.sched_getaffinity(0)))
-    ranks = args.host_ranks + args.dpu_ranks + args.clone_ranks
+    ranks = args.host_ranks + args.dpu_ranks + args.clone_ranks + args.spare_ranks
     _note(f"sharing cores: {args.host_ranks} host and {args.dpu_ranks} DPU rank(s) on core(s) "
           f"{placement.format_core_list(cores)} (--share-cores): no DPU cores are emulated, timings will not "
           "reflect real hardware")
@@ -373,8 +382,9 @@ def check_and_resolve(args: argparse.Namespace,
     """
     cfg = checks.parse_training(training_args, PROG)
     facts = checks.LaunchFacts(host_ranks=args.host_ranks, dpu_ranks=args.dpu_ranks, clone_ranks=args.clone_ranks,
-                               cluster=_cluster_mode(args), python=args.python or sys.executable,
-                               skip_slow=args.skip_checks, create_dirs=not args.dry_run)
+                               spare_ranks=args.spare_ranks, cluster=_cluster_mode(args),
+                               python=args.python or sys.executable, skip_slow=args.skip_checks,
+                               create_dirs=not args.dry_run)
     problems = checks.check_before_launch(cfg, facts, training_args)
     if args.restarts:
         problems += restart_problems(args.restarts, cfg)
@@ -431,7 +441,8 @@ def supervised(spec: LaunchSpec, restarts: int) -> int:
     while True:
         cmd = build_command(spec)
         print(f"{PROG}: running: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-        outcome = supervise.run_job(cmd, spec.host_ranks, spec.dpu_ranks, raw_log=raw_log, ckpt_dir=cfg.ckpt_dir)
+        outcome = supervise.run_job(cmd, spec.host_ranks, spec.dpu_ranks, raw_log=raw_log, ckpt_dir=cfg.ckpt_dir,
+                                    standby=Role.SPARE if spec.spare_ranks else Role.CLONE)
         if failed is not None:
             restart.record(cfg.log_dir, restart.report(attempt, failed, outcome))
         if outcome.code == 0 or not restarts:

@@ -3,7 +3,8 @@
 `build_command` is pure and the only place that knows mpirun syntax (Horovod `runner/mpi_run.py`
 style), so tests check the exact list and another MPI can be supported by replacing it. World
 ranks 0..N-1 run the host program (app context 0), N..N+M-1 the DPU program (app context 1) and,
-with `--clone-ranks C`, the last C ranks the host program's clone group (app context 2);
+with `--clone-ranks C` (or `--spare-ranks S`), the last C (S) ranks the host program's clone group
+(spare ranks, told so by `DPUOFFLOAD_STANDBY=spare`) in app context 2;
 `dpuoffload.common.runtime.roles` relies on that order.
 
 Per-side settings travel as an `env VAR=val ...` prefix inside each app context rather than as
@@ -57,6 +58,7 @@ class LaunchSpec:
     progress_tty: bool = False  # dpurun's stdout is a terminal: host rank 0 may draw a progress bar
     clone_ranks: int = 0        # host program ranks of the clone group (--clone-at), on the host side
     clone_cores: Optional[tuple[int, ...]] = None  # local emulation: their cores (default: host_cores)
+    spare_ranks: int = 0        # host program ranks standing by for --recovery rollback (app context 2, like clones)
     script: Optional[str] = None  # a user's training script: the host ranks run `python SCRIPT [script_args]`
     script_args: tuple[str, ...] = ()
     fault_tolerant: bool = False  # --dpu-failure fallback, --recovery: MPI reports dead ranks instead of ending the job
@@ -67,8 +69,11 @@ class LaunchSpec:
         if self.host_ranks < 1 or self.dpu_ranks < 0:
             raise ConfigError(f"host_ranks must be >= 1 and dpu_ranks >= 0, got "
                               f"{self.host_ranks} and {self.dpu_ranks}")
-        if self.clone_ranks < 0:
-            raise ConfigError(f"clone_ranks must be >= 0, got {self.clone_ranks}")
+        if self.clone_ranks < 0 or self.spare_ranks < 0:
+            raise ConfigError(f"clone_ranks and spare_ranks must be >= 0, got {self.clone_ranks} and "
+                              f"{self.spare_ranks}")
+        if self.clone_ranks and self.spare_ranks:
+            raise ConfigError("clone ranks and spare ranks share app context 2: give one or the other")
         if self.clone_ranks and self.flavor == "mpich" and not self.local:
             raise ConfigError("clone ranks on a cluster need Open MPI's per-context --host lists; with MPICH "
                               "run them on one box or use Open MPI")
@@ -92,6 +97,11 @@ class LaunchSpec:
                                   f"expected {side}_ranks={ranks}")
         if self.local and self.dpu_ranks and not self.dpu_cores:
             raise ConfigError("local emulation with DPU ranks needs dpu_cores")
+
+    @property
+    def standby_ranks(self) -> int:
+        """Ranks of app context 2: clone ranks or spare ranks (never both)."""
+        return self.clone_ranks or self.spare_ranks
 
     @property
     def local(self) -> bool:
@@ -130,8 +140,8 @@ def _openmpi_command(spec: LaunchSpec) -> list[str]:
     if spec.dpu_ranks:
         cmd += [":", "-np", str(spec.dpu_ranks), *_host_list("--host", spec.dpu_nodes),
                 *_dpu_argv(spec)]
-    if spec.clone_ranks:  # after the DPU context even without DPU ranks: app context numbers are fixed
-        cmd += [":", "-np", str(spec.clone_ranks), *_host_list("--host", spec.host_nodes), *_clone_argv(spec)]
+    if spec.standby_ranks:  # after the DPU context even without DPU ranks: app context numbers are fixed
+        cmd += [":", "-np", str(spec.standby_ranks), *_host_list("--host", spec.host_nodes), *_clone_argv(spec)]
     return cmd
 
 
@@ -152,8 +162,8 @@ def _mpich_command(spec: LaunchSpec) -> list[str]:
     cmd += ["-n", str(spec.host_ranks), *_host_argv(spec)]
     if spec.dpu_ranks:
         cmd += [":", "-n", str(spec.dpu_ranks), *_dpu_argv(spec)]
-    if spec.clone_ranks:
-        cmd += [":", "-n", str(spec.clone_ranks), *_clone_argv(spec)]
+    if spec.standby_ranks:
+        cmd += [":", "-n", str(spec.standby_ranks), *_clone_argv(spec)]
     return cmd
 
 
@@ -168,7 +178,10 @@ def _host_argv(spec: LaunchSpec) -> list[str]:
 
 
 def _clone_argv(spec: LaunchSpec) -> list[str]:
-    return [*_env_prefix(spec, spec.host_threads, _script_env(spec)), *_pin(spec.clone_cores or spec.host_cores),
+    """App context 2: clone ranks, or spare ranks (`DPUOFFLOAD_STANDBY=spare` tells them apart)."""
+    extra = {env.STANDBY: "spare"} if spec.spare_ranks else {}
+    return [*_env_prefix(spec, spec.host_threads, {**extra, **_script_env(spec)}),
+            *_pin(spec.clone_cores or spec.host_cores),
             spec.host_python, *_host_program(spec)]
 
 

@@ -96,19 +96,20 @@ class RankFailure:
     node: Optional[str] = None
 
 
-def describe_rank(world_rank: int, host_ranks: int, dpu_ranks: Optional[int] = None) -> str:
+def describe_rank(world_rank: int, host_ranks: int, dpu_ranks: Optional[int] = None,
+                  standby: Role = Role.CLONE) -> str:
     """'world rank 3 = DPU rank 1 (DPU program)': host ranks are world 0..N-1, DPU ranks follow."""
     role = Role.HOST if world_rank < host_ranks else Role.DPU
     side = world_rank if role is Role.HOST else world_rank - host_ranks
     if dpu_ranks is not None and world_rank >= host_ranks + dpu_ranks:
-        role, side = Role.CLONE, world_rank - host_ranks - dpu_ranks
-    kind = {Role.HOST: "host", Role.DPU: "DPU", Role.CLONE: "clone"}[role]
-    return f"world rank {world_rank} = {kind} rank {side} ({role.program})"
+        role, side = standby, world_rank - host_ranks - dpu_ranks  # (app context 2: clone or spare ranks)
+    return f"world rank {world_rank} = {role.kind} rank {side} ({role.program})"
 
 
-def format_failure(failure: RankFailure, host_ranks: int, dpu_ranks: Optional[int] = None) -> str:
+def format_failure(failure: RankFailure, host_ranks: int, dpu_ranks: Optional[int] = None,
+                   standby: Role = Role.CLONE) -> str:
     where = f" on node {failure.node}" if failure.node else ""
-    who = describe_rank(failure.world_rank, host_ranks, dpu_ranks)
+    who = describe_rank(failure.world_rank, host_ranks, dpu_ranks, standby)
     return f"{PREFIX} {who}{where} {failure.verb}: {failure.cause}"
 
 
@@ -271,10 +272,11 @@ def run(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None, gr
 
 
 def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None, grace: float = 30.0,
-            raw_log: Optional[Path] = None, ckpt_dir: Optional[str] = None) -> JobOutcome:
+            raw_log: Optional[Path] = None, ckpt_dir: Optional[str] = None, standby: Role = Role.CLONE) -> JobOutcome:
     """Run `cmd`, stream its output (less Open MPI's abort banners), report the first failed rank,
     return how it ended. `raw_log`: where mpirun's unfiltered output is kept; `ckpt_dir`: the
-    run's --ckpt-dir, whose last committed checkpoint a failed job names (where to continue from).
+    run's --ckpt-dir, whose last committed checkpoint a failed job names (where to continue from);
+    `standby`: what the ranks after the DPU ranks are (clone or spare ranks).
 
     mpirun gets its own session so that a terminal Ctrl-C reaches it exactly once, forwarded by
     us (Open MPI treats a second SIGINT as "force"); SIGTERM and SIGHUP are forwarded as well.
@@ -300,7 +302,7 @@ def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None
     reported = scanners[1].reported or scanners[0].reported
     summary = scanners[1].summary or scanners[0].summary
     failures = ([reported] if reported else []) + scanners[1].failures + scanners[0].failures
-    _report(failures, host_ranks, dpu_ranks, code, bool(forwarder.received), summary)
+    _report(failures, host_ranks, dpu_ranks, code, bool(forwarder.received), summary, standby)
     if code != 0 and ckpt_dir and not summary:
         print(last_checkpoint_line(ckpt_dir), file=sys.stderr, flush=True)
     events = {**scanners[0].events}
@@ -456,7 +458,7 @@ class _SignalForwarder:
 
 
 def _report(failures: list[RankFailure], host_ranks: int, dpu_ranks: Optional[int], code: int,
-            interrupted: bool, summary: Optional[str] = None) -> None:
+            interrupted: bool, summary: Optional[str] = None, standby: Role = Role.CLONE) -> None:
     """Print the one-line summary: the first failed rank, or why the job ended otherwise. A rank's
     own report comes first in `failures`; lost checkpoints (`summary`) are the last word when no
     rank failed on its own (the rank that exited to say so is not a failure)."""
@@ -466,7 +468,7 @@ def _report(failures: list[RankFailure], host_ranks: int, dpu_ranks: Optional[in
         first = failures[0]
         more = len({f.world_rank for f in failures}) - 1
         tail = f" ({more} more rank(s) reported failed after it)" if more else ""
-        print(format_failure(first, host_ranks, dpu_ranks) + tail, file=sys.stderr, flush=True)
+        print(format_failure(first, host_ranks, dpu_ranks, standby) + tail, file=sys.stderr, flush=True)
     elif interrupted:
         print(f"{PREFIX} job stopped after an interrupt (mpirun exit code {code})",
               file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ from dpuoffload.launch import cli
 LAUNCHER_FLAGS = {
     "-h", "--help",
     "--host-ranks", "--dpu-ranks", "--dpu-cores", "--dpu-speed", "--host-threads", "--dpu-threads",
-    "--oversubscribe", "--share-cores", "--clone-ranks", "--clone-cores", "--restarts",
+    "--oversubscribe", "--share-cores", "--clone-ranks", "--spare-ranks", "--clone-cores", "--restarts",
     "--hosts", "--dpus", "--hostfile", "--dpu-hostfile",
     "--mpi-flavor", "--mpirun", "--python", "--dpu-python", "--mpirun-arg", "--dry-run",
     "--skip-checks",

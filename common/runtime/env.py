@@ -19,6 +19,7 @@ NODE_MAP = "DPUOFFLOAD_NODE_MAP"        # "dpu-host=host-node,..." : which node 
 CGROUP = "DPUOFFLOAD_CGROUP"            # informational: cgroup the DPU ranks were put in (throttling)
 PROGRESS_TTY = "DPUOFFLOAD_PROGRESS_TTY"  # "1": the user watches a terminal; draw progress bars
 SCRIPT_ARGS = "DPUOFFLOAD_ARGS"         # a user's script on the host ranks: dpurun's flags for `dpuoffload.init()`
+STANDBY = "DPUOFFLOAD_STANDBY"          # "spare": app context 2 holds spare host ranks (--spare-ranks), not clones
 
 
 def format_node_map(dpu_to_node: Mapping[str, str]) -> str:

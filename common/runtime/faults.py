@@ -110,12 +110,17 @@ def verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan",
 
 
 def _host_verdict(dead: int, topo: "Topology", cfg: "RunConfig", gone: frozenset[int]) -> Verdict:
+    if cfg.recovery == "rollback" and dead in topo.spare_ranks:
+        return Verdict(True, "it was a spare rank (one that had taken a seat is replaced in turn)",
+                       "--recovery rollback")
     if cfg.recovery == "stop" or dead not in topo.host_ranks:
         return Verdict(False, "it trained (--recovery lossy-forward survives host ranks; dpurun --restarts N "
                               "relaunches after a lost host rank)")
     left = [h for h in topo.host_ranks if h not in gone]
-    if not left:
+    if not left:  # (under rollback too: no survivor holds the state a spare needs)
         return Verdict(False, "it was the last host rank")
+    if cfg.recovery == "rollback":
+        return Verdict(True, "it trained; a spare rank takes its seat", "--recovery rollback")
     return Verdict(True, f"it trained; the {len(left)} surviving host rank(s) go on without it",
                    f"--recovery {cfg.recovery}")
 
@@ -186,7 +191,8 @@ class FailureWatch:
         waits `END_GRACE_S` for that: the host rank that sends it the shutdown message leaves
         right after (without MPI_Finalize, `common.runtime.fastexit`), and MPI may report that
         before this rank's main loop has read the message."""
-        grace = time.monotonic() + (END_GRACE_S if self.topo.world_rank in self.topo.dpu_ranks else 0.0)
+        waits = self.topo.world_rank in self.topo.dpu_ranks + self.topo.spare_ranks  # (told by another rank)
+        grace = time.monotonic() + (END_GRACE_S if waits else 0.0)
         while True:
             if self.ending.is_set() or self._stop.is_set():
                 return True

@@ -1,7 +1,8 @@
 """Which program a rank runs, its communicators, and the host<->DPU pairing.
 
 Every rank learns its role from `MPI.APPNUM` (app context 0 = host program, 1 = DPU program, 2 =
-the host program's clone group of `--clone-at`, as `dpurun` writes the MPMD command), splits
+the host program's standby ranks, as `dpurun` writes the MPMD command: the clone group of
+`--clone-at`, or with `DPUOFFLOAD_STANDBY=spare` the spare host ranks of `--recovery rollback`), splits
 `COMM_WORLD` into `host_comm` and `dpu_comm`, and computes the same pairing from an allgather of
 (role, hostname). The pairing itself is the pure function `pair_ranks`, testable without
 processes.
@@ -27,10 +28,17 @@ class Role(IntEnum):
     HOST = 0
     DPU = 1
     CLONE = 2  # host program ranks standing by to continue a clone of the training (--clone-at)
+    SPARE = 3  # host program ranks standing by to take a dead host rank's place (--recovery rollback; app context 2)
 
     @property
     def program(self) -> str:
-        return {Role.HOST: "host program", Role.DPU: "DPU program", Role.CLONE: "host program (clone group)"}[self]
+        return {Role.HOST: "host program", Role.DPU: "DPU program", Role.CLONE: "host program (clone group)",
+                Role.SPARE: "host program (spare)"}[self]
+
+    @property
+    def kind(self) -> str:
+        """'host', 'DPU', 'clone', 'spare': the word in rank labels."""
+        return {Role.HOST: "host", Role.DPU: "DPU", Role.CLONE: "clone", Role.SPARE: "spare"}[self]
 
 
 @dataclass(frozen=True)
@@ -92,11 +100,14 @@ class Topology:
     host_ranks: tuple[int, ...] = field(init=False)
     dpu_ranks: tuple[int, ...] = field(init=False)
     clone_ranks: tuple[int, ...] = field(init=False)
+    spare_ranks: tuple[int, ...] = field(init=False)
+    pool: Optional["MPI.Comm"] = None  # host and spare ranks (with spare ranks only; None elsewhere)
 
     def __post_init__(self) -> None:
         self.host_ranks = tuple(r.world_rank for r in self.ranks if r.role is Role.HOST)
         self.dpu_ranks = tuple(r.world_rank for r in self.ranks if r.role is Role.DPU)
         self.clone_ranks = tuple(r.world_rank for r in self.ranks if r.role is Role.CLONE)
+        self.spare_ranks = tuple(r.world_rank for r in self.ranks if r.role is Role.SPARE)
 
     @property
     def world_rank(self) -> int:
@@ -121,7 +132,8 @@ class Topology:
         return table[self.world_rank]
 
     def side_ranks(self, role: Role) -> tuple[int, ...]:
-        return {Role.HOST: self.host_ranks, Role.DPU: self.dpu_ranks, Role.CLONE: self.clone_ranks}[role]
+        return {Role.HOST: self.host_ranks, Role.DPU: self.dpu_ranks, Role.CLONE: self.clone_ranks,
+                Role.SPARE: self.spare_ranks}[role]
 
     @property
     def local_rank(self) -> int:
@@ -140,15 +152,15 @@ class Topology:
         wr = self.world_rank if world_rank is None else world_rank
         info = self.ranks[wr]
         side = self.side_ranks(info.role).index(wr)
-        kind = {Role.HOST: "host", Role.DPU: "DPU", Role.CLONE: "clone"}[info.role]
-        return f"{kind} rank {side} (world rank {wr}, node {info.node})"
+        return f"{info.role.kind} rank {side} (world rank {wr}, node {info.node})"
 
 
-def role_from_appnum(appnum: Optional[int], expected: Role) -> Role:
+def role_from_appnum(appnum: Optional[int], expected: Role, standby: Optional[str] = None) -> Role:
     """Check the app context number against the program that is running.
 
     `appnum` is None when a program was started without mpirun (singleton) or by an MPI without
-    APPNUM support; the program's own role is used then.
+    APPNUM support; the program's own role is used then. `standby`: `DPUOFFLOAD_STANDBY`, which
+    dpurun sets to "spare" on app context 2 when it holds spare ranks instead of clone ranks.
     """
     if appnum is None:
         return expected
@@ -156,7 +168,7 @@ def role_from_appnum(appnum: Optional[int], expected: Role) -> Role:
         raise ConfigError(f"MPI app context {appnum}: dpuoffload jobs have two or three (0 = host "
                           "program, 1 = DPU program, 2 = clone group); start them with dpurun")
     if appnum == Role.CLONE and expected is Role.HOST:
-        return Role.CLONE
+        return Role.SPARE if standby == "spare" else Role.CLONE
     if Role(appnum) is not expected:
         raise ConfigError(f"the {expected.program} runs in MPI app context {appnum}, but context "
                           f"{int(expected)} is reserved for it: put the host program first and the "
@@ -169,14 +181,17 @@ def build_topology(expected: Role, world: Optional["MPI.Comm"] = None) -> Topolo
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD if world is None else world
-    role = role_from_appnum(world.Get_attr(MPI.APPNUM), expected)
+    role = role_from_appnum(world.Get_attr(MPI.APPNUM), expected, os.environ.get(env.STANDBY))
     node_map = env.parse_node_map(os.environ.get(env.NODE_MAP))
     hostname = MPI.Get_processor_name()
     gathered = world.allgather((int(role), hostname))
     ranks = tuple(RankInfo(world_rank=i, role=Role(r), hostname=h, node=node_of(h, node_map))
                   for i, (r, h) in enumerate(gathered))
     side = world.Split(color=int(role), key=world.Get_rank())
-    return Topology(world=world, side_comm=side, role=role, ranks=ranks, pairing=pair_ranks(ranks))
+    pool = None
+    if any(r.role is Role.SPARE for r in ranks):  # (every rank knows: all of them split, or none)
+        pool = world.Split(color=0 if role in (Role.HOST, Role.SPARE) else MPI.UNDEFINED, key=world.Get_rank())
+    return Topology(world=world, side_comm=side, role=role, ranks=ranks, pairing=pair_ranks(ranks), pool=pool)
 
 
 def feeders(pairing: Pairing) -> dict[int, int]:

@@ -12,6 +12,7 @@ rank count give the same loss sequence to the bit.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import math
@@ -51,6 +52,7 @@ from dpuoffload.common.train.evaluation import (
     metrics_from_sums,
 )
 from dpuoffload.common.train.simulate import FailureSimulator, StepFailure, lose_gradients
+from dpuoffload.common.train.spares import Rollback
 from dpuoffload.common.train.survivors import LossyForward
 
 
@@ -145,10 +147,12 @@ class Trainer:
     def __init__(self, cfg: RunConfig, topo: Topology, job: TrainJob, sync: GradientSync,
                  validation: Validation, share_policy: Optional[SharePolicy] = None,
                  group: Optional["MPI.Comm"] = None, *,
-                 hooks: Optional[Callable[["Trainer"], Optional[StateHooks]]] = None) -> None:
+                 hooks: Optional[Callable[["Trainer"], Optional[StateHooks]]] = None, joining: bool = False) -> None:
         """`hooks` builds this trainer's state hooks, called once at the end of the constructor
         (they need its optimizer and schedule; `host.extensions.HooksFactory`); None or a build
-        that returns None: no hand-offs, and no "handoff" phase in the timings."""
+        that returns None: no hand-offs, and no "handoff" phase in the timings. `joining`: a spare
+        rank taking a dead host rank's seat mid-run (`--recovery rollback`): the run's logs are
+        appended to, and its weights come with the state, not from a broadcast."""
         self.cfg, self.topo, self.sync = cfg, topo, sync
         self.comm = topo.side_comm if group is None else group  # all training replicas (a SurvivorGroup
         # under --recovery lossy-forward: fewer once a host rank died)
@@ -166,7 +170,8 @@ class Trainer:
         self.timer = PhaseTimer()
         self.staging: Optional[Staging] = None  # on a GPU, the epoch's batches a step ahead
         self.phase_log = JsonlLog(cfg.log_dir, f"phases-rank{topo.world_rank}.jsonl")
-        self.metrics_log = JsonlLog(cfg.log_dir if self.is_leader else None, "metrics.jsonl")
+        self.metrics_log = JsonlLog(cfg.log_dir if self.is_leader else None, "metrics.jsonl", replace=not joining)
+        self.joining = joining
         self.start = Position()
         self.global_step = 0
         self.resumed_progress: Optional[EpochProgress] = None
@@ -180,7 +185,8 @@ class Trainer:
         built = hooks(self) if hooks is not None else None
         self.hands_off = built is not None  # time the hooks as their own phase only when there are some
         self.hooks: StateHooks = built if built is not None else NoHooks()
-        self.recovery: Optional[LossyForward] = None  # --recovery lossy-forward (`common.train.survivors`)
+        self.recovery: Optional[LossyForward | Rollback] = None  # --recovery (`common.train.survivors`, `.spares`)
+        self.at = Position()  # the step in flight (rollback hands a spare the state before it)
 
     @property
     def size(self) -> int:
@@ -200,7 +206,8 @@ class Trainer:
         if self.feed.steps() == 0:
             raise ValueError("an epoch has no batches: the training set is smaller than one batch per "
                              "host rank with --drop-last; lower --batch-size or drop --drop-last")
-        self.sync.broadcast_parameters_(self.model)
+        if not self.joining:
+            self.sync.broadcast_parameters_(self.model)
         self.reports = build_reports(self.cfg, self.is_leader, "clone" if self.label else "")
         records: list[dict[str, Any]] = []
         for span in epoch_spans(self.feed.steps(), self.cfg.epochs, self.start, self.cfg.stop_at_step):
@@ -283,6 +290,7 @@ class Trainer:
             own = y
             if self.recovery is not None:  # this rank's share of dead host ranks' batches
                 (x, y), total = self.recovery.batch(span.epoch, i, (x, y), total)
+            self.at = Position(span.epoch, i, self.global_step)
             loss, correct = self.step(x, y, total, staged=y is own)
             progress.losses.append(loss)
             progress.sums += (loss * len(y), correct, len(y))
@@ -304,18 +312,21 @@ class Trainer:
                 digest.hexdigest() if digest is not None else None, int(progress.sums[2]))
 
     def recovered(self, epoch: int, step: int) -> None:
-        """Under --recovery lossy-forward: report the host ranks the last collectives lost (the new
-        host rank 0 prints and logs, and takes the metrics log over if host rank 0 was lost)."""
+        """Under --recovery: report the host ranks the last collectives lost (the new host rank 0
+        takes the metrics log over if host rank 0 was lost; lossy forward's report comes from it,
+        rollback's from the rank that sent the state)."""
         if self.recovery is None:
             return
         for failure in self.recovery.check(epoch, step, self.global_step):
-            if not self.is_leader:
-                continue
-            if self.metrics_log.path is None:
+            if self.is_leader and self.metrics_log.path is None:  # host rank 0 was lost: this one logs now
                 self.metrics_log = JsonlLog(self.cfg.log_dir, "metrics.jsonl", replace=False)
-            report = self.recovery.report(failure, self.topo, self.step_times + [time.perf_counter() - self._t_step])
+            if not self.recovery.reports(failure, self.is_leader):  # type: ignore[arg-type]
+                continue
+            report = self.recovery.report(failure, self.topo,  # type: ignore[arg-type]
+                                          self.step_times + [time.perf_counter() - self._t_step])
             print(report["line"], flush=True)
-            self.metrics_log.write(report["record"])
+            log = self.metrics_log if self.is_leader else JsonlLog(self.cfg.log_dir, "metrics.jsonl", replace=False)
+            log.write(report["record"])
 
     def handoff(self, hook: Any) -> None:
         """Run a state hand-off hook, timed as its own phase only when checkpoints or clones are on."""
@@ -361,7 +372,8 @@ class Trainer:
             grads = self.gradients()
             if failure is not None:
                 self.announce(failure, lose_gradients(grads, failure, self.comm.Get_rank(), self.size), len(grads))
-            self.sync.allreduce_gradients_(grads, average=total is None, weight=len(y) / total if total else 1.0)
+            with self.recovery.replayable() if self.recovery is not None else contextlib.nullcontext():
+                self.sync.allreduce_gradients_(grads, average=total is None, weight=len(y) / total if total else 1.0)
         with self.timer.phase("optimizer"):
             self.hooks.before_optimizer_step()
             if self.scaler is None:

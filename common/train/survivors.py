@@ -24,6 +24,7 @@ done with real lost processes, under MPI's fault tolerance (ULFM, `mpirun --with
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import time
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
     from dpuoffload.common.runtime.roles import Topology
+    from dpuoffload.common.state.trainstate import Position
+    from dpuoffload.common.train.spares import Regroup, SparePool
 
 
 COLLECTIVE_SPIN = 0.05         # poll a collective without sleeping this long (a blocking MPI call would spin)...
@@ -75,24 +78,26 @@ class SurvivorGroup:
     ends the job with a `PeerError` naming the wait, instead of hanging it.
     """
 
-    def __init__(self, topo: "Topology", timeout: Optional[float] = None) -> None:
-        """Collective over the host ranks (it duplicates their communicator)."""
+    def __init__(self, topo: "Topology", timeout: Optional[float] = None, spares: Optional["SparePool"] = None) -> None:
+        """Collective over the host ranks (it duplicates their communicator). With `spares`
+        (`--recovery rollback`) it is the pool's seated ranks instead, and a death calls a spare
+        into the dead rank's seat (`common.train.spares`) rather than leaving the group smaller."""
         from mpi4py import MPI
 
-        self.topo, self.timeout = topo, timeout
-        self.comm: "MPI.Comm" = topo.side_comm.Dup()
+        self.topo, self.timeout, self.spares = topo, timeout, spares
+        self.comm: "MPI.Comm" = topo.side_comm.Dup() if spares is None else spares.active
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self._start_group = self.comm.Get_group()
-        self.alive: tuple[int, ...] = tuple(range(self.comm.Get_size()))
+        self.alive: tuple[int, ...] = tuple(range(self.comm.Get_size())) if spares is None else spares.positions()
         self.shrinks: list[Shrink] = []
-
-    @property
-    def generation(self) -> int:
-        return len(self.shrinks)
+        self.regroups: list[tuple[Shrink, "Regroup"]] = []  # rollback: each death's shrink and call-in, and fills
+        self.generation = 0   # counts changes of the group (a caller recomputes what depended on it)
+        self.state_source: Optional[Callable[[], tuple["Position", bytes]]] = None  # set during a step's allreduce
+        # under rollback: the pre-step state a called spare replays the step from
 
     @property
     def start_size(self) -> int:
-        return self._start_group.Get_size()
+        return len(self.topo.host_ranks)
 
     def Get_rank(self) -> int:  # noqa: N802 - the mpi4py name, so this stands in for a communicator
         return self.comm.Get_rank()
@@ -146,6 +151,8 @@ class SurvivorGroup:
         from mpi4py import MPI
 
         learnt = time.time()
+        if self.spares is not None:
+            return self._regroup(failed_call_s, learnt)
         t0 = time.perf_counter()
         new = self.comm.Shrink()
         shrink_s = time.perf_counter() - t0
@@ -154,7 +161,33 @@ class SurvivorGroup:
         lost = tuple(sorted(set(self.alive) - set(survivors)))
         self.shrinks.append(Shrink(lost, self.alive, survivors, failed_call_s, shrink_s, learnt))
         self.comm, self.alive = new, survivors
+        self.generation += 1
         faults.mark_dead(self.topo.host_ranks[h] for h in lost)
+
+    def _regroup(self, failed_call_s: float, learnt: float) -> None:
+        """Rollback: the pool shrinks and, inside a step, spares take the dead ranks' seats now."""
+        spares = self.spares
+        before, members = self.alive, set(spares.members)
+        regroup = spares.regroup(self.state_source)
+        survivors = tuple(s for s in before if s not in regroup.lost)
+        shrink = Shrink(regroup.lost, before, survivors, failed_call_s, regroup.shrink_s, learnt)
+        self.shrinks.append(shrink)
+        self.regroups.append((shrink, regroup))
+        self._adopt()
+        faults.mark_dead(spares.world_of[m] for m in members - set(spares.members))
+
+    def fill(self, state: Callable[[], tuple["Position", bytes]]) -> None:
+        """Rollback, at a step boundary: spares into the seats a death outside a step left vacant."""
+        regroup = self.spares.fill(state)
+        self.regroups.append((Shrink((), self.alive, self.alive, 0.0, 0.0, time.time()), regroup))
+        self._adopt()
+
+    def _adopt(self) -> None:
+        from mpi4py import MPI
+
+        self.comm, self.alive = self.spares.active, self.spares.positions()
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.generation += 1
 
 
 @functools.lru_cache(maxsize=16)
@@ -230,6 +263,14 @@ class LossyForward:
         still applies until a newer failure's takeover begins)."""
         begun = [t for start, t in self.takeovers if start <= (epoch, step)]
         return begun[-1] if begun else None
+
+    def replayable(self) -> contextlib.AbstractContextManager[None]:
+        """(Rollback's hook around a step's allreduce; lossy forward replays nothing.)"""
+        return contextlib.nullcontext()
+
+    def reports(self, failure: "Failure", leader: bool) -> bool:
+        """The new host rank 0 reports."""
+        return leader
 
     def batch(self, epoch: int, step: int, batch: Batch, total: Optional[int]) -> tuple[Batch, Optional[int]]:
         """The step's batch and sample total, with this rank's share of the dead ranks' batches."""

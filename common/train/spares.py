@@ -1,0 +1,410 @@
+"""`--recovery rollback`: spare host ranks (`dpurun --spare-ranks S`) take dead host ranks' places.
+
+The recovery study's immediate mini-batch rollback (IR), with real lost processes, under ULFM:
+
+- The *pool* is a communicator of the host and the spare ranks (`Topology.pool`). Every member
+  knows the *seats*: which pool member trains in which host rank's place (at the start, host rank
+  i in seat i). The seated members' communicator (`SparePool.active`) is what the trainer's
+  `SurvivorGroup` reduces over; the spares stand by in a broadcast on the pool (`stand_by`).
+- A host rank dies during a step's gradient allreduce: the survivors agree it failed
+  (`SurvivorGroup.run`), revoke the pool (which wakes the spares), shrink it, and broadcast a
+  *call-in*: which spare takes which vacant seat, at which position. The pool splits again (the
+  spare at its seat's rank, so the ranks keep their order), and the lowest surviving seated rank
+  sends the called spare the pre-step state (parameters, optimizer and scheduler state, BatchNorm
+  buffers: the same on every survivor, data parallelism's own redundancy). The spare builds the
+  dead rank's batch of that step (per-sample seeds: the same samples, augmented the same way),
+  runs forward and backward and joins the survivors, who redo the allreduce with their own
+  unchanged gradients: the step's result is the failure-free run's, to the bit.
+- A death outside a step (in the epoch's end work) shrinks the seated ranks for that work, and
+  the vacant seat is filled at the next step boundary with the state there (nothing to replay).
+- The state comes from a survivor, not from the DPU ranks' memory: only a checkpoint every step
+  would put the pre-step state there, and every survivor holds it anyway.
+
+The call-in's message layout is `Command` (one definition, both sides).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import struct
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+
+import numpy as np
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from dpuoffload.common.data.feeds import Batch
+from dpuoffload.common.errors import ConfigError, PeerLost
+from dpuoffload.common.runtime.failure import PREFIX
+from dpuoffload.common.runtime.waits import wait, wait_all
+from dpuoffload.common.state.trainstate import (
+    EpochProgress,
+    Position,
+    capture_local,
+    capture_meta,
+    catalog_of,
+    parse_local,
+    position_of,
+    restore,
+    set_rng,
+    shared_tensors,
+)
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from dpuoffload.common.runtime.roles import Topology
+    from dpuoffload.common.train.survivors import Shrink, SurvivorGroup
+
+END, CALL_IN, REGROUP = 1, 2, 3      # Command.kind
+STATE_TAG = 41                        # the state to a called spare, on the pool
+STANDBY_MAX_SLEEP = 0.01              # a standing-by spare polls its broadcast this often
+
+
+class NoSpareLeft(RuntimeError):
+    """A seat fell vacant and no spare rank is left to fill it."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """What the seated ranks tell the pool after a shrink, or at the end (int64 on the wire).
+
+    Layout: [kind, epoch, step, global_step, replay, n, (pool start rank, seat) * n], padded to
+    `Command.length(pool size)`.
+    """
+
+    kind: int
+    position: Position = Position()
+    replay: bool = False
+    calls: tuple[tuple[int, int], ...] = ()   # (pool start rank of a spare, the seat it takes)
+
+    @staticmethod
+    def length(pool_size: int) -> int:
+        return 6 + 2 * pool_size
+
+    def encode(self, pool_size: int) -> np.ndarray:
+        out = np.zeros(self.length(pool_size), dtype=np.int64)
+        p = self.position
+        out[:6] = (self.kind, p.epoch, p.step, p.global_step, int(self.replay), len(self.calls))
+        for i, (member, seat) in enumerate(self.calls):
+            out[6 + 2 * i: 8 + 2 * i] = (member, seat)
+        return out
+
+    @classmethod
+    def decode(cls, buf: np.ndarray) -> "Command":
+        kind, epoch, step, global_step, replay, n = (int(v) for v in buf[:6])
+        calls = tuple((int(buf[6 + 2 * i]), int(buf[7 + 2 * i])) for i in range(n))
+        return cls(kind, Position(epoch, step, global_step), bool(replay), calls)
+
+
+@dataclass(frozen=True)
+class Regroup:
+    """One shrink of the pool (a seated or standing-by member died) and the call-in after it."""
+
+    lost: tuple[int, ...]            # seats whose member died
+    lost_world: tuple[int, ...]      # world ranks that died (seated or standing by)
+    called: tuple[tuple[int, int], ...]  # (world rank of a spare, the seat it took)
+    shrink_s: float
+    call_s: float                    # the command and the split
+    transfer_s: float                # the state to the called spares (0: none called)
+    nbytes: int                      # bytes of state sent, per called spare
+    sender: Optional[int]            # world rank that sent the state (and reports)
+    replay: bool                     # the failed step is replayed by the spares
+
+
+@dataclass(frozen=True)
+class CallIn:
+    """What a called spare receives: its seat, where to start, and the state there."""
+
+    seat: int
+    position: Position
+    replay: bool
+    state: bytes
+    sender: int                      # world rank it came from
+
+
+# ------------------------------------------------------------------------------------------- state
+def pack_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, position: Position) -> bytes:
+    """The trainer's state at `position` as one message: [8-byte size][shared safetensors][local]."""
+    tensors = {k: v.contiguous() for k, v in shared_tensors(model, optimizer).items()}
+    meta = capture_meta(position, catalog_of(tensors), optimizer, scheduler, model, {})
+    shared = st_save(tensors, metadata={"meta": json.dumps(meta)})
+    return struct.pack("<Q", len(shared)) + shared + capture_local(model, EpochProgress())
+
+
+def unpack_state(blob: bytes, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> Position:
+    """Restore `pack_state`'s message into live objects; return its position."""
+    (n,) = struct.unpack("<Q", blob[:8])
+    shared_blob = blob[8: 8 + n]
+    (header,) = struct.unpack("<Q", shared_blob[:8])
+    meta = json.loads(json.loads(shared_blob[8: 8 + header])["__metadata__"]["meta"])
+    local = parse_local(blob[8 + n:])
+    restore(model, optimizer, scheduler, meta, st_load(shared_blob), local)
+    set_rng(local.rng)
+    return position_of(meta)
+
+
+# -------------------------------------------------------------------------------------------- pool
+class SparePool:
+    """The host and spare ranks, who sits in which host rank's seat, and the call-in protocol.
+
+    Built by every host and spare rank alike (collective over the pool: it splits it).
+    """
+
+    def __init__(self, topo: "Topology", timeout: Optional[float]) -> None:
+        from mpi4py import MPI
+
+        if topo.pool is None:
+            raise ConfigError("--recovery rollback needs spare ranks: start the job with dpurun --spare-ranks S")
+        self.timeout = timeout
+        self.comm: "MPI.Comm" = topo.pool.Dup()
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.start = self.comm.Get_group()
+        self.size0 = self.comm.Get_size()
+        self.me = self.comm.Get_rank()   # pool rank at the start (pool key = world rank: host ranks first)
+        self.world_of = tuple(sorted(topo.host_ranks + topo.spare_ranks))   # pool start rank -> world rank
+        self.seats: dict[int, int] = {r: r for r in range(len(topo.host_ranks))}  # seated member -> seat
+        self.members = tuple(range(self.size0))   # living pool start ranks, in pool rank order
+        self.vacant: tuple[int, ...] = ()
+        self.last_lost: tuple[int, ...] = ()   # world ranks the last shrink found dead
+        self.active = self._split()
+
+    # -- what every member agrees on ---------------------------------------------------------
+    @property
+    def seated(self) -> bool:
+        return self.me in self.seats
+
+    @property
+    def root(self) -> int:
+        """Pool rank of the lowest seated member: it broadcasts the commands and sends the state."""
+        return self.members.index(min(self.seats))
+
+    @property
+    def free(self) -> tuple[int, ...]:
+        """Pool start ranks of the spares still standing by."""
+        return tuple(r for r in self.members if r not in self.seats)
+
+    def positions(self) -> tuple[int, ...]:
+        """The seats of the active communicator's ranks, in rank order (ranks follow the seats)."""
+        return tuple(sorted(self.seats.values()))
+
+    def _split(self) -> "MPI.Comm":
+        from mpi4py import MPI
+
+        seat = self.seats.get(self.me)
+        comm = self.comm.Split(0 if seat is not None else 1, seat if seat is not None else self.size0 + self.me)
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
+        return comm
+
+    def _shrink(self) -> tuple[int, ...]:
+        """MPI_Comm_shrink of the pool; the seats whose member died become vacant."""
+        from mpi4py import MPI
+
+        new, before = self.comm.Shrink(), self.members
+        new.Set_errhandler(MPI.ERRORS_RETURN)
+        self.members = tuple(new.Get_group().Translate_ranks(list(range(new.Get_size())), self.start))
+        self.comm = new
+        lost = tuple(sorted(seat for member, seat in self.seats.items() if member not in self.members))
+        self.last_lost = tuple(self.world_of[m] for m in sorted(set(before) - set(self.members)))
+        self.seats = {m: s for m, s in self.seats.items() if m in self.members}
+        self.vacant = tuple(sorted(self.vacant + lost))
+        return lost
+
+    def _apply(self, cmd: Command) -> None:
+        for member, seat in cmd.calls:
+            self.seats[member] = seat
+        self.vacant = tuple(s for s in self.vacant if s not in {seat for _, seat in cmd.calls})
+        self.active = self._split()
+
+    # -- the seated ranks' side --------------------------------------------------------------
+    def regroup(self, state: Optional[Callable[[], tuple[Position, bytes]]]) -> Regroup:
+        """After a seated member's death (agreed by the seated ranks): shrink the pool and, inside
+        a step (`state` given), call spares into the vacant seats to replay it; else keep the
+        seats vacant until `fill`."""
+        t0 = time.perf_counter()
+        self.comm.Revoke()   # the spares leave their standby broadcast and join the shrink
+        lost = self._shrink()
+        shrink_s = time.perf_counter() - t0
+        if state is None or not self.vacant:
+            t1 = time.perf_counter()
+            self._broadcast(Command(REGROUP))
+            self.active = self._split()
+            return Regroup(lost, self.last_lost, (), shrink_s, time.perf_counter() - t1, 0.0, 0, None, False)
+        filled = self.fill(state, replay=True)
+        return Regroup(lost, self.last_lost, filled.called, shrink_s, filled.call_s, filled.transfer_s, filled.nbytes,
+                       filled.sender, True)
+
+    def fill(self, state: Callable[[], tuple[Position, bytes]], replay: bool = False) -> Regroup:
+        """Call standing-by spares into the vacant seats and send them `state()` (from the root)."""
+        free = self.free
+        if len(free) < len(self.vacant):
+            seats = ", ".join(f"host rank {seat}'s seat" for seat in self.vacant)
+            raise NoSpareLeft(f"no spare rank is left to take {seats} (all spares of dpurun --spare-ranks are in "
+                              "use): start more spares, or use --recovery lossy-forward, which goes on without "
+                              "the dead ranks")
+        t0 = time.perf_counter()
+        sender = self.members[self.root]   # (before the call-in: a survivor, who has the state)
+        position, blob = state() if self.me == sender else (Position(), b"")
+        cmd = Command.decode(self._broadcast(Command(CALL_IN, position, replay, tuple(zip(free, self.vacant)))))
+        self._apply(cmd)
+        t1 = time.perf_counter()
+        if self.me == sender:
+            self._send_state(blob, [m for m, _ in cmd.calls])
+        return Regroup((), (), tuple((self.world_of[m], s) for m, s in cmd.calls), 0.0, t1 - t0,
+                       time.perf_counter() - t1, len(blob), self.world_of[sender], replay)
+
+    def _broadcast(self, cmd: Command) -> np.ndarray:
+        buf = cmd.encode(self.size0)
+        wait(self.comm.Ibcast(buf, root=self.root), self.timeout, "the spare ranks' command broadcast")
+        return buf
+
+    def _send_state(self, blob: bytes, members: list[int]) -> None:
+        size = np.array([len(blob)], dtype=np.int64)
+        data = np.frombuffer(blob, dtype=np.uint8)
+        reqs = []
+        for m in members:
+            dest = self.members.index(m)
+            reqs += [self.comm.Isend(size, dest=dest, tag=STATE_TAG), self.comm.Isend(data, dest=dest, tag=STATE_TAG)]
+        wait_all(reqs, self.timeout, "the state's transfer to the called spare rank(s)")
+
+    def release(self) -> None:
+        """At the end, on every seated rank: tell the spares still standing by to leave."""
+        while True:
+            try:
+                self._broadcast(Command(END))
+                return
+            except PeerLost:   # a standing-by spare died: without it
+                self.comm.Revoke()
+                self._shrink()
+
+    # -- the spares' side --------------------------------------------------------------------
+    def stand_by(self) -> Optional[CallIn]:
+        """On a spare: wait for a call-in (returned) or the end of the job (None)."""
+        buf = np.zeros(Command.length(self.size0), dtype=np.int64)
+        while True:
+            root = self.root
+            try:
+                wait(self.comm.Ibcast(buf, root=root), None, "the host ranks' command", max_sleep=STANDBY_MAX_SLEEP)
+            except PeerLost:   # a member died (or the seated ranks revoked the pool for it): shrink with them
+                self._shrink()
+                if not self.seats:  # every seated rank is gone: the job is over (the failure watch says why)
+                    return None
+                continue
+            cmd = Command.decode(buf)
+            if cmd.kind == END:
+                return None
+            sender = self.members[root]
+            self._apply(cmd)
+            if cmd.kind == CALL_IN and self.seated:
+                return CallIn(self.seats[self.me], cmd.position, cmd.replay, self._receive_state(root),
+                              self.world_of[sender])
+
+    def _receive_state(self, source: int) -> bytes:
+        size = np.zeros(1, dtype=np.int64)
+        wait(self.comm.Irecv(size, source=source, tag=STATE_TAG), self.timeout, "the state's size")
+        data = np.empty(int(size[0]), dtype=np.uint8)
+        wait(self.comm.Irecv(data, source=source, tag=STATE_TAG), self.timeout, "the state")
+        return data.tobytes()
+
+
+# ----------------------------------------------------------------------------------------- trainer
+@dataclass
+class Replaced:
+    """One regroup as the trainer saw it, for its report."""
+
+    shrink: "Shrink"
+    regroup: Regroup
+    epoch: int
+    step: int            # step of the epoch after which it was handled (-1: after the epoch's end work)
+    global_step: int
+
+
+class Rollback:
+    """The trainer's side of `--recovery rollback`: hand the pre-step state to a replaying spare,
+    fill seats left vacant at the next step boundary, report.
+
+    `trainer` is the `common.train.loop.Trainer` (its model, optimizer, scheduler and `at`, the
+    position of the step in flight)."""
+
+    def __init__(self, group: "SurvivorGroup", trainer: Any, steps: int, epochs: int) -> None:
+        self.group, self.trainer, self.steps, self.epochs = group, trainer, steps, epochs
+        self.seen = 0
+
+    def batch(self, epoch: int, step: int, batch: Batch, total: Optional[int]) -> tuple[Batch, Optional[int]]:
+        return batch, total   # (a spare trains the dead rank's own batches: nothing to take over)
+
+    def _state(self, position: Position) -> Callable[[], tuple[Position, bytes]]:
+        t = self.trainer
+        return lambda: (position, pack_state(t.model, t.optimizer, t.scheduler, position))
+
+    @contextlib.contextmanager
+    def replayable(self) -> Iterator[None]:
+        """Around a step's gradient allreduce: a death in it calls a spare in to replay the step."""
+        self.group.state_source = self._state(self.trainer.at)
+        try:
+            yield
+        finally:
+            self.group.state_source = None
+
+    def check(self, epoch: int, step: int, global_step: int) -> list[Replaced]:
+        """After a step (or the epoch's end work, `step` -1): the regroups since the last check; a
+        seat a death outside a step left vacant is filled now, from the state here."""
+        if self.group.spares.vacant:
+            at = self._boundary(epoch, step, global_step)
+            if at is not None:
+                self.group.fill(self._state(at))
+        out = [Replaced(sh, rg, epoch, step, global_step) for sh, rg in self.group.regroups[self.seen:]]
+        self.seen = len(self.group.regroups)
+        return out
+
+    def _boundary(self, epoch: int, step: int, global_step: int) -> Optional[Position]:
+        """Where a spare can join: before the next step (not between an epoch's last step and its
+        end work, which the seated ranks do first; not after the run's last epoch)."""
+        if step == self.steps - 1:
+            return None
+        at = Position(epoch + 1, 0, global_step) if step < 0 else Position(epoch, step + 1, global_step)
+        return at if at.epoch < self.epochs else None
+
+    def reports(self, event: Replaced, leader: bool) -> bool:
+        """The rank that sent the state reports a call-in (it has the figures); the leader the rest."""
+        sender = event.regroup.sender
+        return sender == self.trainer.topo.world_rank if sender is not None else leader
+
+    def report(self, event: Replaced, topo: "Topology", step_times: list[float]) -> dict[str, Any]:
+        s, r = event.shrink, event.regroup
+        normal = statistics.median(step_times[:-1]) if len(step_times) > 1 else None
+        mb = r.nbytes / 1e6
+        took = f"; that step took {step_times[-1]:.3f} s (normal: {normal:.3f} s)" if normal and r.replay else ""
+        spares = ", ".join(f"{topo.describe(w)} took host rank {seat}'s seat" for w, seat in r.called)
+        sender = topo.describe(r.sender) if r.sender is not None else ""
+        if r.lost_world and r.replay:
+            line = (f"{PREFIX} {self._who(r, topo)} died at global step {event.global_step} (epoch "
+                    f"{event.epoch + 1}, step {event.step + 1}): rollback, {spares} with {sender}'s pre-step state "
+                    f"({mb:.1f} MB in {r.transfer_s * 1e3:.0f} ms) and replayed the step (agreed failed after "
+                    f"{s.failed_call_s * 1e3:.0f} ms, pool shrunk in {r.shrink_s * 1e3:.1f} ms, call-in "
+                    f"{r.call_s * 1e3:.1f} ms){took}; no sample lost")
+        elif r.lost_world:
+            line = (f"{PREFIX} {self._who(r, topo)} died outside a step (near global step {event.global_step}): the "
+                    f"{len(s.survivors)} surviving host rank(s) finished the work at hand; a spare takes the seat "
+                    f"before the next step")
+        else:
+            line = (f"{PREFIX} {spares} before global step {event.global_step + 1}, with {sender}'s state ({mb:.1f} MB "
+                    f"in {r.transfer_s * 1e3:.0f} ms); nothing to replay")
+        record = {"event": "recovery", "strategy": "rollback", "lost_host_ranks": list(r.lost),
+                  "lost_world_ranks": list(r.lost_world), "replaced_by": [list(c) for c in r.called],
+                  "state_from": r.sender, "epoch": event.epoch, "step": event.step,
+                  "global_step": event.global_step, "failed_call_s": s.failed_call_s, "shrink_s": r.shrink_s,
+                  "call_in_s": r.call_s, "transfer_s": r.transfer_s, "bytes_moved": r.nbytes,
+                  "replayed_steps": int(r.replay and bool(r.called)), "samples_lost": 0,
+                  "learnt_time": s.learnt_time, "failed_step_s": step_times[-1] if step_times and r.replay else None,
+                  "normal_step_s": normal, "reported_time": time.time()}
+        return {"line": line, "record": record}
+
+    @staticmethod
+    def _who(r: Regroup, topo: "Topology") -> str:
+        return ", ".join(topo.describe(w) for w in r.lost_world)

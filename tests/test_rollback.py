@@ -1,0 +1,172 @@
+"""`--recovery rollback`: a spare rank (`dpurun --spare-ranks S`) takes a dead host rank's seat.
+
+Pure parts: the call-in message, the state message, the launch command and flag checks, which
+deaths are survived. Real jobs (host ranks SIGKILLed by `--inject`): a death inside a step is
+replayed by the spare and the run's weights equal an uninterrupted run's to the bit; a death in
+an epoch's end work is filled at the next step, to the bit too; host rank 0's death keeps the
+parameters exact (its BatchNorm running statistics of that epoch are lost); a second death with
+no spare left ends the job in one line naming the fix.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dpuoffload.common.config import parse_run_config
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.runtime.roles import Role, role_from_appnum
+from dpuoffload.common.state.trainstate import Position
+from dpuoffload.common.train.loop import build_optimizer, lr_factor
+from dpuoffload.common.train.spares import CALL_IN, Command, pack_state, unpack_state
+from dpuoffload.launch import checks, cli
+from dpuoffload.launch.command import build_command
+from tests.mpijobs import dpurun, read_jsonl
+from tests.test_dpu_failure import D, H, epochs
+from tests.test_launch_command import TRAIN, local_spec
+from tests.test_lossy_forward import judge
+
+RUN = ["--preset", "debug", "--no-progress", "--epochs", "2", "--train-subset", "256"]
+LAUNCH = ["--host-ranks", "2", "--dpu-ranks", "1", "--oversubscribe"]
+SPARE = [*LAUNCH, "--spare-ranks", "1"]
+
+
+def test_call_in_message_round_trips():
+    cmd = Command(CALL_IN, Position(1, 3, 11), True, ((2, 1), (3, 0)))
+    buf = cmd.encode(pool_size=4)
+    assert len(buf) == Command.length(4) and Command.decode(buf) == cmd
+
+
+def test_state_message_restores_the_trainer_to_the_bit():
+    cfg = parse_run_config(["--preset", "debug", "--lr-schedule", "cosine"])
+    torch.manual_seed(0)
+    src = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    opt = build_optimizer(cfg, src)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor("cosine", s, 10))
+    for _ in range(3):  # momentum buffers, moved BatchNorm statistics, a scheduler past step 0
+        src(torch.randn(8, 4)).sum().backward()
+        opt.step()
+        sched.step()
+    blob = pack_state(src, opt, sched, Position(0, 3, 3))
+    torch.manual_seed(1)
+    dst = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    opt2 = build_optimizer(cfg, dst)
+    sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: lr_factor("cosine", s, 10))
+    assert unpack_state(blob, dst, opt2, sched2) == Position(0, 3, 3)
+    for a, b in zip(src.state_dict().values(), dst.state_dict().values()):
+        assert torch.equal(a, b)
+    for p, q in zip(src.parameters(), dst.parameters()):
+        assert torch.equal(opt.state[p]["momentum_buffer"], opt2.state[q]["momentum_buffer"])
+    assert sched2.last_epoch == 3 and opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+
+
+def test_spare_ranks_are_app_context_two_told_by_environment():
+    contexts = " ".join(build_command(local_spec(spare_ranks=1))).split(" : ")
+    assert len(contexts) == 3 and "DPUOFFLOAD_STANDBY=spare" in contexts[2]
+    assert "DPUOFFLOAD_STANDBY" not in " ".join(build_command(local_spec(clone_ranks=1)))
+    assert role_from_appnum(2, Role.HOST, "spare") is Role.SPARE
+    assert role_from_appnum(2, Role.HOST, None) is Role.CLONE
+
+
+@pytest.mark.parametrize("launcher,training,message", [
+    ([], ["--recovery", "rollback"], "add --spare-ranks S before '--'"),
+    (["--spare-ranks", "1"], [], "without --recovery rollback: the spares would only stand by"),
+])
+def test_launch_checks_name_the_missing_half(launcher, training, message):
+    args = cli.parse_launcher_args(launcher)
+    cfg = checks.parse_training([*TRAIN, *training], "dpurun")
+    facts = checks.LaunchFacts(spare_ranks=args.spare_ranks, skip_slow=True, create_dirs=False)
+    with pytest.raises(ConfigError, match=message):
+        checks.check_ranks(cfg, facts)
+
+
+def test_flag_errors():
+    with pytest.raises(ConfigError, match="a run has one or the other"):
+        cli.parse_launcher_args(["--spare-ranks", "1", "--clone-ranks", "1"])
+    with pytest.raises(ConfigError, match="--recovery rollback cannot go with --mode mv"):
+        parse_run_config(["--recovery", "rollback", "--mode", "mv"])
+    with pytest.raises(ConfigError, match="add --recovery lossy-forward"):
+        parse_run_config(["--recovery", "rollback", "--reassign"])
+    assert parse_run_config(["--recovery", "rollback"]).allreduce == "mpi"
+
+
+def test_which_deaths_rollback_survives():
+    layout = [(H, "n0"), (H, "n0"), (D, "n0"), (Role.SPARE, "n0")]
+    rb = ["--recovery", "rollback", "--mode", "da"]
+    host = judge(rb, layout, 1)
+    assert host.survivable and host.what == "it trained; a spare rank takes its seat"
+    assert judge(rb, layout, 3).survivable  # a spare
+    assert not judge(rb, layout, 1, gone=[0]).survivable  # no survivor left to hand the state on
+
+
+@pytest.fixture(scope="module")
+def reference(bundled_data, tmp_path_factory):
+    """The uninterrupted run: 2 host ranks, the MPI allreduce rollback uses."""
+    log = tmp_path_factory.mktemp("reference")
+    res = dpurun(LAUNCH, [*RUN, "--data", str(bundled_data / "cifar10"), "--mode", "none", "--allreduce", "mpi",
+                          "--log-dir", str(log)], timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return read_jsonl(log / "metrics.jsonl")
+
+
+def rollback_run(bundled_data, log, inject, launch=SPARE, mode="none"):
+    return dpurun(launch, [*RUN, "--data", str(bundled_data / "cifar10"), "--mode", mode, "--log-dir", str(log),
+                           "--recovery", "rollback", "--inject", inject], timeout=300)
+
+
+@pytest.mark.mpi
+def test_death_in_a_step_is_replayed_by_the_spare_bit_exactly(bundled_data, tmp_path, reference):
+    """Host rank 1 dies after step 5; the spare replays step 6 from host rank 0's pre-step state."""
+    res = rollback_run(bundled_data, tmp_path, "host:1@5")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "spare rank 0 (world rank 3, node" in res.stdout and "takes host rank 1's seat: it replays the failed " \
+        "step from epoch 1, step 5 done (global step 5)" in res.stdout
+    assert "died at global step 6 (epoch 1, step 6): rollback, spare rank 0 (world rank 3" in res.stdout
+    assert "and replayed the step" in res.stdout and "no sample lost" in res.stdout
+    got = read_jsonl(tmp_path / "metrics.jsonl")
+    mine, want = epochs(got), epochs(reference)
+    for epoch in (0, 1):
+        for key in ("weights_sha256", "val_loss_sum", "val_correct", "step_losses"):
+            assert mine[epoch][key] == want[epoch][key], (epoch, key)
+    [rec] = [r for r in got if r["event"] == "recovery"]
+    assert (rec["strategy"], rec["lost_world_ranks"], rec["replaced_by"], rec["state_from"]) == \
+        ("rollback", [1], [[3, 1]], 0)
+    assert rec["replayed_steps"] == 1 and rec["samples_lost"] == 0 and rec["bytes_moved"] > 1e6
+    assert [r["weights_sha256"] for r in got if r["event"] == "end"] == \
+        [r["weights_sha256"] for r in reference if r["event"] == "end"]
+
+
+@pytest.mark.mpi
+def test_death_in_epoch_end_work_is_filled_at_the_next_step(bundled_data, tmp_path, reference):
+    """Host rank 1 dies after the last step of epoch 1: the survivor does the epoch's end work, the
+    spare joins before epoch 2 with the state there; nothing is replayed, the weights stay exact."""
+    res = rollback_run(bundled_data, tmp_path, "host:1@8")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "died outside a step (near global step 8)" in res.stdout
+    assert "took host rank 1's seat before global step 9" in res.stdout and "nothing to replay" in res.stdout
+    got = read_jsonl(tmp_path / "metrics.jsonl")
+    mine, want = epochs(got), epochs(reference)
+    assert [mine[e]["weights_sha256"] for e in (0, 1)] == [want[e]["weights_sha256"] for e in (0, 1)]
+
+
+@pytest.mark.mpi
+def test_host_rank_zero_in_da_keeps_the_parameters_exact(bundled_data, tmp_path, reference):
+    """Host rank 0 (world rank 0) dies in --mode da: the spare takes seat 0 and the metrics log;
+    epoch 2 trains on exactly the reference parameters (its step losses are equal), while host
+    rank 0's BatchNorm running statistics of epoch 1 are lost with it."""
+    res = rollback_run(bundled_data, tmp_path, "host:0@3", ["--host-ranks", "2", "--dpu-ranks", "2",
+                                                              "--oversubscribe", "--spare-ranks", "1"], "da")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "took host rank 0's seat with host rank 1 (world rank 1" in res.stdout
+    assert res.stdout.count("epoch 2/2 |") == 1
+    got = epochs(read_jsonl(tmp_path / "metrics.jsonl"))
+    assert got[1]["step_losses"] == epochs(reference)[1]["step_losses"]
+
+
+@pytest.mark.mpi
+def test_no_spare_left_ends_the_job_naming_the_fix(bundled_data, tmp_path):
+    res = rollback_run(bundled_data, tmp_path, "host:1@3,host:2@5",
+                       ["--host-ranks", "3", "--dpu-ranks", "1", "--oversubscribe", "--spare-ranks", "1"])
+    assert res.returncode != 0
+    assert "no spare rank is left to take host rank 2's seat" in res.stderr
+    assert "spare rank 0 (host program (spare))" in res.stderr or "host rank 0 (host program)" in res.stderr
