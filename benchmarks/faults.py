@@ -17,6 +17,10 @@ samples, 2 epochs = 16 steps) with one `--inject` SIGKILL at a random global ste
   recovery record that lost host rank 1 and exactly the samples it had left in its epoch (none when
   it died between an epoch's last step and the epoch's end work). Also: the kill to the end of the
   failed step (the study's recovery time).
+- `host-rollback`: host rank 1 killed under `--recovery rollback` with `dpurun --spare-ranks 1`.
+  Passes if the job ends 0 with the failure-free run's final weights (to the bit) and a recovery
+  record naming world rank 1. Also: the kill to the end of the replayed step (or to the spare's
+  call-in, when the death fell in an epoch's end work).
 
 Prints one table (passed out of tries; median and max times) and writes `results/faults.json`. The
 test suite runs one try of each (tests/test_dpu_failure.py, tests/test_faults.py).
@@ -39,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import BIN, RESULTS, ROOT, job_env, machine, machine_line, make_data, table, write_json  # noqa: E402
 
-KINDS = ("dpu-fallback", "host-fallback", "dpu-stop", "host-stop", "host-lossy")
+KINDS = ("dpu-fallback", "host-fallback", "dpu-stop", "host-stop", "host-lossy", "host-rollback")
 LAUNCH = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe", "--share-cores"]
 STEPS = 16   # 2 epochs of 256 samples, 2 host ranks, batch 16
 EPOCH_STEPS, BATCH = 8, 16
@@ -50,9 +54,9 @@ def training(data: Path, log: str) -> list[str]:
             "--data", str(data / "cifar10"), "--log-dir", log]
 
 
-def run(args: list[str]) -> tuple[subprocess.CompletedProcess, float]:
-    """One dpurun job; (result, wall time.time() at its end)."""
-    res = subprocess.run([str(BIN / "dpurun"), *LAUNCH, "--", *args], capture_output=True, text=True,
+def run(args: list[str], launch: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, float]:
+    """One dpurun job (`launch`: more launcher flags); (result, wall time.time() at its end)."""
+    res = subprocess.run([str(BIN / "dpurun"), *LAUNCH, *launch, "--", *args], capture_output=True, text=True,
                          env=job_env(), cwd=ROOT, timeout=600)
     return res, time.time()
 
@@ -80,7 +84,9 @@ def one_try(kind: str, step: int, data: Path, reference: str) -> dict[str, Any]:
             flags += ["--dpu-failure", "fallback"]
         if kind == "host-lossy":
             flags += ["--recovery", "lossy-forward"]
-        res, ended = run(flags)
+        if kind == "host-rollback":  # (the reference's Horovod allreduce and rollback's MPI one agree to the bit)
+            flags += ["--recovery", "rollback"]
+        res, ended = run(flags, ("--spare-ranks", "1") if kind == "host-rollback" else ())
         record: dict[str, Any] = {"kind": kind, "step": step, "code": res.returncode}
         injected = next((r["time"] for p in log.glob("failures-rank*.jsonl") for r in read(p)
                          if r["event"] == "injected"), None)
@@ -96,6 +102,12 @@ def one_try(kind: str, step: int, data: Path, reference: str) -> dict[str, Any]:
                 and recs[0]["samples_lost"] == left
             if injected and recs:
                 record["recovered_s"] = recs[0]["reported_time"] - injected
+        elif kind == "host-rollback":
+            recs = [r for r in read(log / "metrics.jsonl") if r["event"] == "recovery"]
+            record["passed"] = res.returncode == 0 and bool(recs) and recs[0]["lost_world_ranks"] == [1] \
+                and final_sha(log) == reference
+            if injected and recs:
+                record["recovered_s"] = recs[-1]["reported_time"] - injected
         else:
             record["passed"] = res.returncode != 0 and named(res.stderr, "DPU rank 1" if who == "dpu:1"
                                                                  else "host rank 1")
@@ -112,7 +124,8 @@ def summarize(records: list[dict[str, Any]], kinds: tuple[str, ...]) -> list[lis
         mine = [r for r in records if r["kind"] == kind]
         passed = sum(r["passed"] for r in mine)
         times = [t for r in mine if (t := r.get("detected_s", r.get("ended_s", r.get("recovered_s"))))]
-        what = {"dpu-fallback": "detected after", "host-lossy": "failed step done after"}.get(kind, "job ended after")
+        what = {"dpu-fallback": "detected after", "host-lossy": "failed step done after",
+                "host-rollback": "replayed step done after"}.get(kind, "job ended after")
         timing = f"{what}: median {statistics.median(times):.2f} s, max {max(times):.2f} s" if times else "-"
         rows.append([kind, f"{passed} / {len(mine)}", sorted(r["step"] for r in mine), timing])
     return rows

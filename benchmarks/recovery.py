@@ -10,22 +10,26 @@ batch 16 per host rank) whose host rank 1 is SIGKILLed (`--inject host:1@K`) aft
   1's samples of the rest of that epoch, and takes its batches over from the next epoch;
 - `lossy-forward --reassign`: the same, but the survivor takes the batches over from step K+2, so
   only step K+1's batch is lost;
+- `rollback (spare)`: `--recovery rollback` with `dpurun --spare-ranks 1`: the spare takes host
+  rank 1's seat with host rank 0's pre-step state and replays step K+1 (seed 0 only: the run is
+  bit-exact with the failure-free one, so its accuracy is too);
 - `restart (C/R)`: `dpurun --restarts 1` with a checkpoint at every epoch's end, kept in DPU memory:
   the job ends, is relaunched, resumes from the newest checkpoint and replays the steps since it
   (seed 0 only: a restarted run's accuracy is the failure-free run's, it replays what it lost).
 
 Columns (medians over seeds):
-- *recovery s*: from the kill to the next completed step (lossy forward: the end of the failed step;
-  C/R: mpirun's detection, teardown, relaunch and resume from `restarts.jsonl`, plus the replayed
-  steps at the failure-free run's median step time);
+- *recovery s*: from the kill to the next completed step (lossy forward, rollback: the end of the
+  failed step; rollback after a death in an epoch's end work: the spare's call-in before the next
+  step; C/R: mpirun's detection, teardown, relaunch and resume from `restarts.jsonl`, plus the
+  replayed steps at the failure-free run's median step time);
 - *failed step / normal*: the failed step's time over the median step before it (lossy forward);
 - *overhead*: the job's wall time over the failure-free run's of the same seed, minus one;
 - *replayed*, *samples lost*: steps trained twice; samples never trained in that epoch;
 - *acc Δ*: final validation accuracy minus the failure-free run's of the same seed, in points
   (mean over seeds, and the worst seed).
 
-Immediate rollback to spare ranks (`--recovery rollback`) is not built: no row. Writes
-`results/recovery.json`; prints the table that goes into RESULTS.md.
+`--only NAME ...` runs some strategies only. Writes `results/recovery.json` (`--out`); prints the
+table that goes into RESULTS.md, and C/R's recovery time over rollback's at each failure point.
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ LAUNCH = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe", "--share-c
 BATCH, HOSTS = 16, 2
 STRATEGIES = {"lossy-forward": ["--recovery", "lossy-forward"],
               "lossy-forward --reassign": ["--recovery", "lossy-forward", "--reassign"],
+              "rollback (spare)": ["--recovery", "rollback"],
               "restart (C/R)": ["--ckpt-every-epoch"]}
+EXACT = ("rollback (spare)", "restart (C/R)")  # bit-exact (or replaying) strategies: one seed
 
 
 def read(path: Path) -> list[dict[str, Any]]:
@@ -65,6 +71,8 @@ def job(args: argparse.Namespace, data: Path, seed: int, extra: list[str], resta
         if restarts:
             training += ["--ckpt-dir", str(Path(tmp) / "ckpt")]
         launch = [*LAUNCH, "--restarts", str(restarts)] if restarts else LAUNCH
+        if "rollback" in extra:
+            launch = [*launch, "--spare-ranks", "1"]
         t0 = time.perf_counter()
         res = subprocess.run([str(BIN / "dpurun"), *launch, "--", *training], capture_output=True, text=True,
                              env=job_env(), cwd=ROOT, timeout=900)
@@ -75,7 +83,8 @@ def job(args: argparse.Namespace, data: Path, seed: int, extra: list[str], resta
         epochs = {r["epoch"]: r for r in metrics if r["event"] == "epoch"}
         steps = [t for r in read(log / "phases-rank0.jsonl") for t in r["step_times"]]
         return {"wall": wall, "final_acc": epochs[max(epochs)]["val_acc"],
-                "recovery": next((r for r in metrics if r["event"] == "recovery"), None),
+                "recovery": ([r for r in metrics if r["event"] == "recovery"] or [None])[-1],  # (rollback: the
+                # last, the call-in, when a death in an epoch's end work left the seat vacant first)
                 "restart": next(iter(read(log / "restarts.jsonl")), None),
                 "injected": next((r["time"] for p in log.glob("failures-rank*.jsonl") for r in read(p)
                                   if r["event"] == "injected"), None),
@@ -105,7 +114,8 @@ def row(name: str, at: float, runs: list[dict[str, Any]], refs: list[dict[str, A
             "failed_step_ratio": med([x["failed_step_s"] / x["normal_step_s"] for x in rec
                                       if x["failed_step_s"] and x["normal_step_s"]]),
             "overhead": statistics.median(r["wall"] / ref["wall"] - 1 for r, ref in zip(runs, refs)),
-            "replayed": med([r["restart"]["replayed_steps"] for r in runs if r["restart"]]) or 0,
+            "replayed": med([r["restart"]["replayed_steps"] for r in runs if r["restart"]]
+                            + [x["replayed_steps"] for x in rec if "replayed_steps" in x]) or 0,
             "samples_lost": med([x["samples_lost"] for x in rec]) or 0,
             "acc_delta_mean": statistics.mean(acc), "acc_delta_worst": min(acc), "seeds": len(runs),
             "step_s": step_s}
@@ -122,18 +132,21 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--subset", type=int, default=512, help="training samples (default: 512)")
     p.add_argument("--out", type=Path, default=RESULTS / "recovery.json")
+    p.add_argument("--only", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES), metavar="NAME",
+                   help=f"strategies to run (default: all of {', '.join(STRATEGIES)})")
     args = p.parse_args()
     data = make_data(("cifar10",))
     total = args.epochs * -(-args.subset // HOSTS // BATCH)
-    refs = [job(args, data, s, []) for s in range(args.seeds)]
+    seeds_needed = args.seeds if any(name not in EXACT for name in args.only) else 1
+    refs = [job(args, data, s, []) for s in range(seeds_needed)]
     print(f"failure-free: {total} steps, median step {statistics.median(r['step_s'] for r in refs):.3f} s, "
           f"wall {statistics.median(r['wall'] for r in refs):.1f} s", flush=True)
     rows = []
     for at in args.at:
         step = max(1, min(total - 1, round(at * total)))
-        for name, flags in STRATEGIES.items():
-            restarts = name.startswith("restart")
-            seeds = range(1) if restarts else range(args.seeds)
+        for name in args.only:
+            flags, restarts = STRATEGIES[name], name.startswith("restart")
+            seeds = range(1) if name in EXACT else range(args.seeds)
             runs = [job(args, data, s, [*flags, "--inject", f"host:1@{step}"], restarts=int(restarts)) for s in seeds]
             rows.append(row(name, at, runs, [refs[s] for s in seeds]) | {"step": step})
             r = rows[-1]
@@ -141,6 +154,10 @@ def main() -> None:
                   f"{r['overhead']:+.0%}, acc {r['acc_delta_mean']:+.1f} pts", flush=True)
     m = machine()
     print(machine_line(m))
+    for at in args.at:
+        cells = {r["strategy"]: r["recovery_s"] for r in rows if r["at"] == at}
+        if cells.get("rollback (spare)") and cells.get("restart (C/R)"):
+            print(f"at {at:.0%}: C/R / rollback recovery = {cells['restart (C/R)'] / cells['rollback (spare)']:.0f}x")
     print(table(["strategy", "failure at", "recovery s", "failed step / normal", "overhead", "replayed",
                  "samples lost", "acc Δ (mean, worst) pts"],
                 [[r["strategy"], f"{r['at']:.0%} (step {r['step']})", fmt(r["recovery_s"], ".2f"),

@@ -39,6 +39,10 @@ examples:
   dpurun --host-ranks 2 --dpu-ranks 2 --clone-ranks 2 --oversubscribe \\
       -- --mode da --ckpt-dir ckpt --clone-at 3 examples/ddp_loop.py --ckpt-steps 3
 
+  # a host rank killed at step 5: a spare rank takes its seat and replays the step (bit-exact)
+  dpurun --host-ranks 2 --spare-ranks 1 --oversubscribe \\
+      -- --preset debug --data /tmp/dpudata/cifar10 --recovery rollback --inject host:1@5
+
   # one box, 2 DPU ranks sharing core 1 at a quarter of its speed (cgroup; needs root)
   dpurun --dpu-ranks 2 --dpu-cores 1 --dpu-speed 0.25 --oversubscribe \\
       -- --preset debug --data /tmp/dpudata/cifar10

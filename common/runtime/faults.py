@@ -1,5 +1,5 @@
-"""Surviving a dead rank (`--dpu-failure fallback`, `--recovery lossy-forward`) with MPI's fault
-tolerance (ULFM).
+"""Surviving a dead rank (`--dpu-failure fallback`, `--recovery lossy-forward` / `rollback`) with
+MPI's fault tolerance (ULFM).
 
 Without it, Open MPI ends the whole job when any rank dies: a lost DPU would cost the run although
 its host ranks can build their own batches (the same ones: augmentation is seeded per sample).
@@ -13,7 +13,8 @@ With `mpirun --with-ft ulfm` (dpurun adds it) the job goes on and MPI reports th
   when any rank dies (20-60 ms on this box). Deaths the run cannot survive (a host rank without
   `--recovery`, the last host rank, a DPU rank that validates, keeps checkpoints or trains) end the
   job in one line naming the rank, instead of leaving survivors waiting on it. A host rank's death
-  under `--recovery lossy-forward` is survived by the host group itself (`common.train.survivors`).
+  under `--recovery lossy-forward` is survived by the host group itself (`common.train.survivors`);
+  under `--recovery rollback` a spare rank takes its seat (`common.train.spares`).
 - Ranks leave without MPI_Finalize under fault tolerance (`common.runtime.fastexit`), so at the end
   a leaving rank looks like a dead one: a rank whose part is over (`ending`) ignores that.
 
