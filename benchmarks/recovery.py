@@ -26,7 +26,10 @@ Columns (medians over seeds):
 - *overhead*: the job's wall time over the failure-free run's of the same seed, minus one;
 - *replayed*, *samples lost*: steps trained twice; samples never trained in that epoch;
 - *acc Δ*: final validation accuracy minus the failure-free run's of the same seed, in points
-  (mean over seeds, and the worst seed).
+  (mean over seeds, and the worst seed);
+- *weight dist*: the final weights' L2 distance to the failure-free run's of the same seed, over the
+  latter's norm (every floating tensor of the `state_dict`, `--save-weights`): 0 when recovery is
+  exact; median over seeds.
 
 `--only NAME ...` runs some strategies only. Writes `results/recovery.json` (`--out`); prints the
 table that goes into RESULTS.md, and C/R's recovery time over rollback's at each failure point.
@@ -43,6 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -70,6 +75,7 @@ def job(args: argparse.Namespace, data: Path, seed: int, extra: list[str], resta
                     "--log-dir", str(log), *extra]
         if restarts:
             training += ["--ckpt-dir", str(Path(tmp) / "ckpt")]
+        training += ["--save-weights", str(Path(tmp) / "weights.pt")]
         launch = [*LAUNCH, "--restarts", str(restarts)] if restarts else LAUNCH
         if "rollback" in extra:
             launch = [*launch, "--spare-ranks", "1"]
@@ -82,13 +88,23 @@ def job(args: argparse.Namespace, data: Path, seed: int, extra: list[str], resta
         metrics = read(log / "metrics.jsonl")
         epochs = {r["epoch"]: r for r in metrics if r["event"] == "epoch"}
         steps = [t for r in read(log / "phases-rank0.jsonl") for t in r["step_times"]]
-        return {"wall": wall, "final_acc": epochs[max(epochs)]["val_acc"],
+        return {"wall": wall, "final_acc": epochs[max(epochs)]["val_acc"], "weights": flat(Path(tmp) / "weights.pt"),
                 "recovery": ([r for r in metrics if r["event"] == "recovery"] or [None])[-1],  # (rollback: the
                 # last, the call-in, when a death in an epoch's end work left the seat vacant first)
                 "restart": next(iter(read(log / "restarts.jsonl")), None),
                 "injected": next((r["time"] for p in log.glob("failures-rank*.jsonl") for r in read(p)
                                   if r["event"] == "injected"), None),
                 "step_s": statistics.median(steps) if steps else None}
+
+
+def flat(path: Path) -> torch.Tensor:
+    """Every floating tensor of a saved `state_dict`, as one float64 vector."""
+    state = torch.load(path, weights_only=True)
+    return torch.cat([t.reshape(-1).double() for t in state.values() if t.is_floating_point()])
+
+
+def weight_distance(run: dict[str, Any], ref: dict[str, Any]) -> float:
+    return float((run["weights"] - ref["weights"]).norm() / ref["weights"].norm())
 
 
 def recovery_s(run: dict[str, Any], step_s: float) -> Optional[float]:
@@ -118,6 +134,7 @@ def row(name: str, at: float, runs: list[dict[str, Any]], refs: list[dict[str, A
                             + [x["replayed_steps"] for x in rec if "replayed_steps" in x]) or 0,
             "samples_lost": med([x["samples_lost"] for x in rec]) or 0,
             "acc_delta_mean": statistics.mean(acc), "acc_delta_worst": min(acc), "seeds": len(runs),
+            "weight_distance": statistics.median(weight_distance(r, ref) for r, ref in zip(runs, refs)),
             "step_s": step_s}
 
 
@@ -151,7 +168,8 @@ def main() -> None:
             rows.append(row(name, at, runs, [refs[s] for s in seeds]) | {"step": step})
             r = rows[-1]
             print(f"{name} at {at:.0%} (after step {step}): recovery {fmt(r['recovery_s'], '.2f')} s, overhead "
-                  f"{r['overhead']:+.0%}, acc {r['acc_delta_mean']:+.1f} pts", flush=True)
+                  f"{r['overhead']:+.0%}, acc {r['acc_delta_mean']:+.1f} pts, weight dist {r['weight_distance']:.2g}",
+                  flush=True)
     m = machine()
     print(machine_line(m))
     for at in args.at:
@@ -159,12 +177,14 @@ def main() -> None:
         if cells.get("rollback (spare)") and cells.get("restart (C/R)"):
             print(f"at {at:.0%}: C/R / rollback recovery = {cells['restart (C/R)'] / cells['rollback (spare)']:.0f}x")
     print(table(["strategy", "failure at", "recovery s", "failed step / normal", "overhead", "replayed",
-                 "samples lost", "acc Δ (mean, worst) pts"],
+                 "samples lost", "acc Δ (mean, worst) pts", "weight dist"],
                 [[r["strategy"], f"{r['at']:.0%} (step {r['step']})", fmt(r["recovery_s"], ".2f"),
                   fmt(r["failed_step_ratio"], ".2f"), f"{r['overhead']:+.0%}", r["replayed"], r["samples_lost"],
-                  f"{r['acc_delta_mean']:+.1f}, {r['acc_delta_worst']:+.1f} ({r['seeds']} seed(s))"] for r in rows]))
+                  f"{r['acc_delta_mean']:+.1f}, {r['acc_delta_worst']:+.1f} ({r['seeds']} seed(s))",
+                  f"{r['weight_distance']:.2g}"] for r in rows]))
+    refs_out = [{k: v for k, v in r.items() if k != "weights"} for r in refs]
     write_json(args.out, {"machine": m, "settings": vars(args) | {"out": str(args.out)}, "total_steps": total,
-                          "failure_free": refs, "rows": rows})
+                          "failure_free": refs_out, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def test_training_help_via_separator(capsys):
 def test_epilog_examples_parse():
     lines = cli.EPILOG.replace("\\\n", " ").splitlines()
     examples = [shlex.split(ln)[1:] for ln in lines if ln.strip().startswith("dpurun -")]
-    assert len(examples) == 5
+    assert len(examples) == 6
     for argv in examples:
         launcher_argv, training_args = cli.split_argv(argv)
         cli.parse_launcher_args(launcher_argv)

@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -52,8 +52,6 @@ from dpuoffload.common.train.evaluation import (
     metrics_from_sums,
 )
 from dpuoffload.common.train.simulate import FailureSimulator, StepFailure, lose_gradients
-from dpuoffload.common.train.spares import Rollback
-from dpuoffload.common.train.survivors import LossyForward
 
 
 class StateHooks(Protocol):
@@ -72,6 +70,22 @@ class StateHooks(Protocol):
     def before_optimizer_step(self) -> None: ...
 
     def finish(self) -> None: ...
+
+
+class Recovery(Protocol):
+    """What the trainer asks of `--recovery` (`common.train.survivors.LossyForward`,
+    `common.train.spares.Rollback`): the step's batch, a hook around the step's allreduce, and
+    after each step the failures to report (each by the rank that `reports` says)."""
+
+    def batch(self, epoch: int, step: int, batch: Batch, total: Optional[int]) -> tuple[Batch, Optional[int]]: ...
+
+    def replayable(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def check(self, epoch: int, step: int, global_step: int) -> Sequence[Any]: ...
+
+    def reports(self, event: Any, leader: bool) -> bool: ...
+
+    def report(self, event: Any, topo: Topology, step_times: list[float]) -> dict[str, Any]: ...
 
 
 class NoHooks:
@@ -185,7 +199,7 @@ class Trainer:
         built = hooks(self) if hooks is not None else None
         self.hands_off = built is not None  # time the hooks as their own phase only when there are some
         self.hooks: StateHooks = built if built is not None else NoHooks()
-        self.recovery: Optional[LossyForward | Rollback] = None  # --recovery (`common.train.survivors`, `.spares`)
+        self.recovery: Optional[Recovery] = None  # --recovery (`common.train.survivors`, `common.train.spares`)
         self.at = Position()  # the step in flight (rollback hands a spare the state before it)
 
     @property
@@ -320,10 +334,9 @@ class Trainer:
         for failure in self.recovery.check(epoch, step, self.global_step):
             if self.is_leader and self.metrics_log.path is None:  # host rank 0 was lost: this one logs now
                 self.metrics_log = JsonlLog(self.cfg.log_dir, "metrics.jsonl", replace=False)
-            if not self.recovery.reports(failure, self.is_leader):  # type: ignore[arg-type]
+            if not self.recovery.reports(failure, self.is_leader):
                 continue
-            report = self.recovery.report(failure, self.topo,  # type: ignore[arg-type]
-                                          self.step_times + [time.perf_counter() - self._t_step])
+            report = self.recovery.report(failure, self.topo, self.step_times + [time.perf_counter() - self._t_step])
             print(report["line"], flush=True)
             log = self.metrics_log if self.is_leader else JsonlLog(self.cfg.log_dir, "metrics.jsonl", replace=False)
             log.write(report["record"])
