@@ -335,7 +335,9 @@ def _shared_spec(args: argparse.Namespace, base: dict[str, Any]) -> tuple[Launch
                               "nothing to act on; drop one of the two")
     cores = tuple(sorted(os.sched_getaffinity(0)))
     ranks = args.host_ranks + args.dpu_ranks + args.clone_ranks + args.spare_ranks
-    _note(f"sharing cores: {args.host_ranks} host and {args.dpu_ranks} DPU rank(s) on core(s) "
+    standby = args.clone_ranks + args.spare_ranks
+    extra = f" (and {standby} {'clone' if args.clone_ranks else 'spare'} rank(s))" if standby else ""
+    _note(f"sharing cores: {args.host_ranks} host and {args.dpu_ranks} DPU rank(s){extra} on core(s) "
           f"{placement.format_core_list(cores)} (--share-cores): no DPU cores are emulated, timings will not "
           "reflect real hardware")
     threads = placement.default_threads(len(cores), ranks)
