@@ -115,8 +115,8 @@ def _host_verdict(dead: int, topo: "Topology", cfg: "RunConfig", gone: frozenset
         return Verdict(True, "it was a spare rank (one that had taken a seat is replaced in turn)",
                        "--recovery rollback")
     if cfg.recovery == "stop" or dead not in topo.host_ranks:
-        return Verdict(False, "it trained (--recovery lossy-forward survives host ranks; dpurun --restarts N "
-                              "relaunches after a lost host rank)")
+        return Verdict(False, "it trained (--recovery lossy-forward or rollback survive host ranks; dpurun "
+                              "--restarts N relaunches after a lost host rank)")
     left = [h for h in topo.host_ranks if h not in gone]
     if not left:  # (under rollback too: no survivor holds the state a spare needs)
         return Verdict(False, "it was the last host rank")
