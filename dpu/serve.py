@@ -14,7 +14,9 @@ and ends when host rank 0 sends SHUTDOWN (`job.finish()`, after every host close
 There is no deadline on a full ring: the host decides when it wants its next batch (a user's own
 validation may take an hour). A dead host rank ends the job through mpirun (or, under
 `--dpu-failure fallback`, through `common.runtime.faults`); under `--recovery lossy-forward` its
-stream is dropped and the survivors take its batches over.
+stream is dropped and the survivors take its batches over; under `--recovery rollback` the spare
+rank that takes its seat opens the same loader here (a spare's messages are served like a fed
+host rank's).
 """
 
 from __future__ import annotations
@@ -324,7 +326,7 @@ class LoaderService:
             return False
 
     def handle(self, host: int, message: Any) -> None:
-        if host not in self.hosts:
+        if host not in self.hosts and not (self.cfg.recovery == "rollback" and host in self.topo.spare_ranks):
             raise PeerError(f"{self.topo.describe(host)} sent a loader message to {self.topo.describe()}, "
                             "which does not feed it: host and DPU programs disagree on the offload plan")
         if isinstance(message, OpenLoader):

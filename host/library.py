@@ -109,6 +109,8 @@ class Job:
         self.warned: set[str] = set()
         self.exit_code = 0
         self.finished = False
+        self.fed_as: Optional[int] = None  # a spare in a dead host rank's seat: that rank (world), whose DPU rank
+        # feeds this one's loaders (`host.spare`)
         self.survivors: Any = None  # --recovery: the host ranks' SurvivorGroup (the built-in trainer's)
         self.spares: Any = None     # --recovery rollback: the pool of host and spare ranks (`common.train.spares`)
 
@@ -166,7 +168,7 @@ class Job:
     def _remote_loader(self, dataset: Any, sampling: Sampling, copy: bool, epochs: Optional[int],
                        build_on_dpu: Optional[Callable[[], Any]]) -> DpuLoader:
         topo, cfg, plan = cast(Topology, self.topo), cast(RunConfig, self.cfg), cast(OffloadPlan, self.plan)
-        feeder = require_feeder(plan, topo.world_rank, topo.describe())
+        feeder = require_feeder(plan, topo.world_rank if self.fed_as is None else self.fed_as, topo.describe())
         seeded_set = PerSampleSeeded(dataset, sampling.seed)
         layout = probe_layout(seeded_set, sampling)
         steps = steps_per_epoch(len(dataset), sampling.replicas, sampling.batch_size, sampling.drop_last)
@@ -180,7 +182,8 @@ class Job:
         if cfg.da_host_share:
             source = SharedSource(remote, HostPart(dataset, sampling, split, cfg.da_host_workers, epochs))
             where = f"{topo.describe(feeder)} and this host rank ({split.owned(host=True)} of {steps} steps)"
-        if cfg.dpu_failure == "fallback":  # (a dead feeder: this rank loads from the step that did not come)
+        if cfg.dpu_failure == "fallback" or self.fed_as is not None:  # (a dead feeder: this rank loads from the
+            # step that did not come; a spare's feeder may have died with the rank whose seat it takes)
             source = FallbackSource(source, dataset, sampling, steps, cfg.da_host_workers, epochs, topo.describe())
         return DpuLoader(source, sampling, steps, dataset, where, epochs)
 

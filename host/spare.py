@@ -3,17 +3,23 @@ dead host rank's seat.
 
 The spare builds everything a host rank has at start-up (data sets, model), then waits in the
 pool's broadcast (`common.train.spares.SparePool.stand_by`). Called in, it receives the state of
-the step to replay (or of the step boundary to start from), loads the dead rank's batches itself
-(`--mode da` too: the dead rank's DPU rank dropped its stream; per-sample seeds make the batches
-the same), and trains in that seat to the end of the run like any host rank.
+the step to replay (or of the step boundary to start from), and trains in that seat to the end of
+the run like any host rank. Its batches are the dead rank's: in `--mode da` it opens the same
+loader on the DPU rank that fed the dead rank (which dropped the dead rank's stream and serves
+spares under `--recovery rollback`); where that DPU rank is dead too, or in `none`, it loads them
+itself (per-sample seeds make them the same batches).
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Optional
+
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.data.feeds import Feed
+from dpuoffload.common.data.datasets import build_train_set
 from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.runtime import faults
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.state.trainstate import describe_position
@@ -23,12 +29,22 @@ from dpuoffload.common.train.loop import Trainer, TrainJob
 from dpuoffload.common.train.spares import Rollback, SparePool, unpack_state
 from dpuoffload.common.train.survivors import SurvivorGroup
 from dpuoffload.host.extensions import LoaderFeed
+from dpuoffload.host.library import Job
 from dpuoffload.host.loader import local_loader
 
 
-def spare_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded, seat: int) -> Feed:
-    """Host rank `seat`'s batches, loaded in this process."""
-    return LoaderFeed(local_loader(train.dataset, Sampling.of(cfg, len(topo.host_ranks), seat)))
+def spare_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded, seat: int,
+               plan: Optional[OffloadPlan] = None) -> LoaderFeed:
+    """Host rank `seat`'s batches: in `--mode da`, from the DPU rank that fed it (if alive; else,
+    and in `none`, loaded in this process). Without `plan`: the placeholder of start-up."""
+    host = topo.host_ranks[seat]
+    feeder = plan.feeder.get(host) if plan is not None and cfg.mode.augments_on_dpu else None
+    if feeder is None or feeder in faults.dead_ranks():
+        return LoaderFeed(local_loader(train.dataset, Sampling.of(cfg, len(topo.host_ranks), seat)))
+    job = Job(seat, len(topo.host_ranks), cfg.mode, None, topo, cfg, plan)
+    job.fed_as = host  # (the same loader the host rank would open, on its own DPU rank)
+    return LoaderFeed(job.loader(train.dataset, cfg.batch_size, seed=cfg.seed, drop_last=cfg.drop_last, copy=False,
+                                 epochs=cfg.epochs, build_on_dpu=functools.partial(build_train_set, cfg)))
 
 
 def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob) -> int:
@@ -39,7 +55,7 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob) -> int:
     if call is None:   # the run ended without needing this spare
         faults.ending()
         return 0
-    job.feed = spare_feed(cfg, topo, job.train, call.seat)
+    feed = job.feed = spare_feed(cfg, topo, job.train, call.seat, job.plan)
     group = SurvivorGroup(topo, cfg.peer_timeout, spares=pool)
     sync = build_sync("mpi", group, cfg.peer_timeout, job.compute.device)
     validation = LocalValidation(job.model, job.data.val, cfg.val_batch_size, group)
@@ -49,9 +65,10 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob) -> int:
     trainer.recovery = Rollback(group, trainer, job.feed.steps(), cfg.epochs)
     what = "replays the failed step from" if call.replay else "starts at"
     print(f"[dpuoffload] {topo.describe()} takes host rank {call.seat}'s seat: it {what} "
-          f"{describe_position(position)}", flush=True)
+          f"{describe_position(position)}, its batches from {feed.loader.where}", flush=True)
     trainer.fit()
-    group.Barrier()   # (as `Job.finish` on the host ranks)
+    feed.loader.close()   # (before the barrier, as `Job.finish` on the host ranks: then the DPU ranks stop)
+    group.Barrier()
     faults.ending()
     pool.release()
     sync.shutdown()

@@ -4,8 +4,9 @@ Pure parts: the call-in message, the state message, the launch command and flag 
 deaths are survived. Real jobs (host ranks SIGKILLed by `--inject`): a death inside a step is
 replayed by the spare and the run's weights equal an uninterrupted run's to the bit; a death in
 an epoch's end work is filled at the next step, to the bit too; host rank 0's death keeps the
-parameters exact (its BatchNorm running statistics of that epoch are lost); a second death with
-no spare left ends the job in one line naming the fix.
+parameters exact (its BatchNorm running statistics of that epoch are lost); in `--mode da` the
+spare's batches come from the dead rank's DPU rank, or from itself when that one died too (a lost
+node); a second death with no spare left ends the job in one line naming the fix.
 """
 
 from __future__ import annotations
@@ -109,9 +110,9 @@ def reference(bundled_data, tmp_path_factory):
     return read_jsonl(log / "metrics.jsonl")
 
 
-def rollback_run(bundled_data, log, inject, launch=SPARE, mode="none"):
+def rollback_run(bundled_data, log, inject, launch=SPARE, mode="none", extra=()):
     return dpurun(launch, [*RUN, "--data", str(bundled_data / "cifar10"), "--mode", mode, "--log-dir", str(log),
-                           "--recovery", "rollback", "--inject", inject], timeout=300)
+                           "--recovery", "rollback", "--inject", inject, *extra], timeout=300)
 
 
 @pytest.mark.mpi
@@ -158,9 +159,24 @@ def test_host_rank_zero_in_da_keeps_the_parameters_exact(bundled_data, tmp_path,
                                                               "--oversubscribe", "--spare-ranks", "1"], "da")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "took host rank 0's seat with host rank 1 (world rank 1" in res.stdout
+    assert "its batches from DPU rank 0 (world rank 2" in res.stdout  # (the dead rank's own DPU rank)
     assert res.stdout.count("epoch 2/2 |") == 1
     got = epochs(read_jsonl(tmp_path / "metrics.jsonl"))
     assert got[1]["step_losses"] == epochs(reference)[1]["step_losses"]
+
+
+@pytest.mark.mpi
+def test_a_node_lost_whole_the_spare_loads_itself_bit_exactly(bundled_data, tmp_path, reference):
+    """`node:1` in --mode da: host rank 1 and the DPU rank that fed it die; the spare finds that DPU
+    rank gone and builds the seat's batches itself: the same batches, the reference's weights."""
+    res = rollback_run(bundled_data, tmp_path, "node:1@5", ["--host-ranks", "2", "--dpu-ranks", "2",
+                                                              "--oversubscribe", "--spare-ranks", "1"], "da",
+                       ["--dpu-failure", "fallback"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "takes host rank 1's seat: it replays the failed step from epoch 1, step 5 done (global step 5), its " \
+        "batches from this process" in res.stdout
+    mine, want = epochs(read_jsonl(tmp_path / "metrics.jsonl")), epochs(reference)
+    assert [mine[e]["weights_sha256"] for e in (0, 1)] == [want[e]["weights_sha256"] for e in (0, 1)]
 
 
 @pytest.mark.mpi
