@@ -13,8 +13,9 @@ The recovery study's immediate mini-batch rollback (IR), with real lost processe
   sends the called spare the pre-step state (parameters, optimizer and scheduler state, BatchNorm
   buffers: the same on every survivor, data parallelism's own redundancy). The spare takes the
   dead rank's batch of that step (from that rank's DPU rank in `da`, else built itself: per-sample
-  seeds make it the same batch; `host.spare`), runs forward and backward and joins the survivors, who redo the allreduce with their own
-  unchanged gradients: the step's result is the failure-free run's, to the bit.
+  seeds make it the same batch; `host.spare`), runs forward and backward and joins the survivors,
+  who redo the allreduce with their own unchanged gradients: the step's result is the failure-free
+  run's, to the bit.
 - A death outside a step (in the epoch's end work) shrinks the seated ranks for that work, and
   the vacant seat is filled at the next step boundary with the state there (nothing to replay).
 - The state comes from a survivor, not from the DPU ranks' memory: only a checkpoint every step
