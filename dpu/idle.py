@@ -3,8 +3,8 @@
 The wait polls a non-blocking receive with a sleeping back-off (`common.waits.wait`) instead of a
 blocking `Recv`, which Open MPI implements as a busy spin that would steal a core from host ranks.
 There is no deadline: training may run for days. If a host rank dies, Open MPI aborts the job and
-this rank with it; under `--recovery lossy-forward` the message comes from the lowest living host
-rank instead (`host.control.shutdown_dpus`), so it is received from any source.
+this rank with it; under `--recovery` the message comes from the lowest living host rank instead
+(`host.control.shutdown_dpus`), so it is received from any source.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Gradient averaging among training replicas: Horovod (on the replicas' communicator only),
-torch.distributed, or a plain MPI allreduce (`--allreduce mpi`, and what `--recovery lossy-forward`
-uses: the only one of the three whose group can shrink to the survivors of a dead rank). The
+torch.distributed, or a plain MPI allreduce (`--allreduce mpi`, and what `--recovery` uses: the
+only one of the three whose group can shrink to the survivors of a dead rank, or take a spare in). The
 replicas are the host ranks, or host and DPU ranks in `--mode naive`.
 
 Both backends sum every gradient across the replicas and scale by 1/N, over one flat view of all
@@ -207,7 +207,8 @@ class MpiSync:
         generation = getattr(self.group, "generation", 0)
         self.group.Allreduce(flat.numpy(), out)
         summed = torch.from_numpy(out)
-        if getattr(self.group, "generation", 0) != generation:  # replicas lost: the survivors' weighted mean
+        if getattr(self.group, "generation", 0) != generation:  # the group changed in the call (replicas lost:
+            # the survivors' weighted mean; a spare replayed a dead one's step: the weights sum to the size again)
             summed[:-1].div_(summed[-1])
         elif average:
             summed[:-1].div_(self.group.Get_size())

@@ -27,6 +27,7 @@ The call-in's message layout is `Command` (one definition, both sides).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import statistics
 import struct
@@ -172,7 +173,6 @@ class SparePool:
         self.seats: dict[int, int] = {r: r for r in range(len(topo.host_ranks))}  # seated member -> seat
         self.members = tuple(range(self.size0))   # living pool start ranks, in pool rank order
         self.vacant: tuple[int, ...] = ()
-        self.last_lost: tuple[int, ...] = ()   # world ranks the last shrink found dead
         self.active = self._split()
 
     # -- what every member agrees on ---------------------------------------------------------
@@ -202,8 +202,9 @@ class SparePool:
         comm.Set_errhandler(MPI.ERRORS_RETURN)
         return comm
 
-    def _shrink(self) -> tuple[int, ...]:
-        """MPI_Comm_shrink of the pool; the seats whose member died become vacant."""
+    def _shrink(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """MPI_Comm_shrink of the pool; the seats whose member died become vacant. Returns those
+        seats and the world ranks that died (seated or standing by)."""
         from mpi4py import MPI
 
         new, before = self.comm.Shrink(), self.members
@@ -211,10 +212,9 @@ class SparePool:
         self.members = tuple(new.Get_group().Translate_ranks(list(range(new.Get_size())), self.start))
         self.comm = new
         lost = tuple(sorted(seat for member, seat in self.seats.items() if member not in self.members))
-        self.last_lost = tuple(self.world_of[m] for m in sorted(set(before) - set(self.members)))
         self.seats = {m: s for m, s in self.seats.items() if m in self.members}
         self.vacant = tuple(sorted(self.vacant + lost))
-        return lost
+        return lost, tuple(self.world_of[m] for m in sorted(set(before) - set(self.members)))
 
     def _apply(self, cmd: Command) -> None:
         for member, seat in cmd.calls:
@@ -229,16 +229,14 @@ class SparePool:
         seats vacant until `fill`."""
         t0 = time.perf_counter()
         self.comm.Revoke()   # the spares leave their standby broadcast and join the shrink
-        lost = self._shrink()
+        lost, lost_world = self._shrink()
         shrink_s = time.perf_counter() - t0
         if state is None or not self.vacant:
             t1 = time.perf_counter()
             self._broadcast(Command(REGROUP))
             self.active = self._split()
-            return Regroup(lost, self.last_lost, (), shrink_s, time.perf_counter() - t1, 0.0, 0, None, False)
-        filled = self.fill(state, replay=True)
-        return Regroup(lost, self.last_lost, filled.called, shrink_s, filled.call_s, filled.transfer_s, filled.nbytes,
-                       filled.sender, True)
+            return Regroup(lost, lost_world, (), shrink_s, time.perf_counter() - t1, 0.0, 0, None, False)
+        return dataclasses.replace(self.fill(state, replay=True), lost=lost, lost_world=lost_world, shrink_s=shrink_s)
 
     def fill(self, state: Callable[[], tuple[Position, bytes]], replay: bool = False) -> Regroup:
         """Call standing-by spares into the vacant seats and send them `state()` (from the root)."""

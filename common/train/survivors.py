@@ -166,15 +166,14 @@ class SurvivorGroup:
 
     def _regroup(self, failed_call_s: float, learnt: float) -> None:
         """Rollback: the pool shrinks and, inside a step, spares take the dead ranks' seats now."""
-        spares = self.spares
-        before, members = self.alive, set(spares.members)
-        regroup = spares.regroup(self.state_source)
+        before = self.alive
+        regroup = self.spares.regroup(self.state_source)
         survivors = tuple(s for s in before if s not in regroup.lost)
         shrink = Shrink(regroup.lost, before, survivors, failed_call_s, regroup.shrink_s, learnt)
         self.shrinks.append(shrink)
         self.regroups.append((shrink, regroup))
         self._adopt()
-        faults.mark_dead(spares.world_of[m] for m in members - set(spares.members))
+        faults.mark_dead(regroup.lost_world)
 
     def fill(self, state: Callable[[], tuple["Position", bytes]]) -> None:
         """Rollback, at a step boundary: spares into the seats a death outside a step left vacant."""
@@ -183,10 +182,8 @@ class SurvivorGroup:
         self._adopt()
 
     def _adopt(self) -> None:
-        from mpi4py import MPI
-
+        """The pool's new seated communicator (its error handler set by the pool) is the group now."""
         self.comm, self.alive = self.spares.active, self.spares.positions()
-        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.generation += 1
 
 
