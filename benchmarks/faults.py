@@ -1,6 +1,6 @@
 """Fault stress: each kind of failure N times at random steps, and what the job did about it.
 
-    python benchmarks/faults.py [--tries 20] [--kinds dpu-fallback host-fallback dpu-stop host-stop] [--seed 0]
+    python benchmarks/faults.py [--tries 20] [--kinds dpu-fallback dpu-validation host-fallback ...] [--seed 0]
 
 Every try is a real dpurun job (2 host + 2 DPU ranks, `--mode da`, resnet20 on 256 bundled CIFAR-10
 samples, 2 epochs = 16 steps) with one `--inject` SIGKILL at a random global step in [2, 15]:
@@ -9,6 +9,10 @@ samples, 2 epochs = 16 steps) with one `--inject` SIGKILL at a random global ste
   the job ends 0 with the weights of the failure-free run (sha256, measured once first, the same for
   `--mode none`), after host rank 1 fell back. Also: the failure watch's detection time (the kill to
   world rank 0 learning it; one box, one clock).
+- `dpu-validation`: DPU rank 1 killed under `--dpu-failure fallback` in `--mode mv`, where it is a
+  validation rank: it dies on getting the state of the epoch of that step. Passes if the job ends 0
+  with the failure-free run's final weights and every epoch's validation sums (to the bit), the
+  host ranks having validated again what it had not reported. Also: detection time, as above.
 - `host-fallback`: host rank 1 killed under `--dpu-failure fallback`. Passes if the job ends 1 with
   dpurun naming host rank 1 as dead. Also: the kill to the end of the job.
 - `dpu-stop`, `host-stop`: the same ranks killed without it (Open MPI ends the job). Passes if dpurun
@@ -43,14 +47,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import BIN, RESULTS, ROOT, job_env, machine, machine_line, make_data, table, write_json  # noqa: E402
 
-KINDS = ("dpu-fallback", "host-fallback", "dpu-stop", "host-stop", "host-lossy", "host-rollback")
+KINDS = ("dpu-fallback", "dpu-validation", "host-fallback", "dpu-stop", "host-stop", "host-lossy", "host-rollback")
 LAUNCH = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe", "--share-cores"]
 STEPS = 16   # 2 epochs of 256 samples, 2 host ranks, batch 16
 EPOCH_STEPS, BATCH = 8, 16
 
 
-def training(data: Path, log: str) -> list[str]:
-    return ["--preset", "debug", "--no-progress", "--train-subset", "256", "--epochs", "2", "--mode", "da",
+def training(data: Path, log: str, mode: str = "da") -> list[str]:
+    return ["--preset", "debug", "--no-progress", "--train-subset", "256", "--epochs", "2", "--mode", mode,
             "--data", str(data / "cifar10"), "--log-dir", log]
 
 
@@ -69,18 +73,24 @@ def final_sha(log: Path) -> str:
     return next(r for r in read(log / "metrics.jsonl") if r["event"] == "end")["weights_sha256"]
 
 
+def val_sums(log: Path) -> list[tuple[float, int, int]]:
+    """Every epoch's validation sums (loss sum, correct, count), in epoch order."""
+    return [(r["val_loss_sum"], r["val_correct"], r["val_count"]) for r in read(log / "metrics.jsonl")
+            if r["event"] == "epoch"]
+
+
 def named(stderr: str, rank_words: str) -> bool:
     """Whether dpurun's verdict line names `rank_words` ('host rank 1') as dead."""
     return any(x.startswith("dpurun: world rank") and f"= {rank_words} (" in x and "died" in x
                for x in stderr.splitlines())
 
 
-def one_try(kind: str, step: int, data: Path, reference: str) -> dict[str, Any]:
+def one_try(kind: str, step: int, data: Path, reference: str, ref_val: list[tuple[float, int, int]]) -> dict[str, Any]:
     who = "dpu:1" if kind.startswith("dpu") else "host:1"
     with tempfile.TemporaryDirectory(prefix="dpufaults-") as tmp:
         log = Path(tmp)
-        flags = [*training(data, str(log)), "--inject", f"{who}@{step}"]
-        if kind.endswith("fallback"):
+        flags = [*training(data, str(log), "mv" if kind == "dpu-validation" else "da"), "--inject", f"{who}@{step}"]
+        if kind.endswith("fallback") or kind == "dpu-validation":
             flags += ["--dpu-failure", "fallback"]
         if kind == "host-lossy":
             flags += ["--recovery", "lossy-forward"]
@@ -90,9 +100,11 @@ def one_try(kind: str, step: int, data: Path, reference: str) -> dict[str, Any]:
         record: dict[str, Any] = {"kind": kind, "step": step, "code": res.returncode}
         injected = next((r["time"] for p in log.glob("failures-rank*.jsonl") for r in read(p)
                          if r["event"] == "injected"), None)
-        if kind == "dpu-fallback":
+        if kind in ("dpu-fallback", "dpu-validation"):
             deaths = read(log / "failures.jsonl")
             record["passed"] = res.returncode == 0 and final_sha(log) == reference and bool(deaths)
+            if kind == "dpu-validation":
+                record["passed"] = record["passed"] and val_sums(log) == ref_val
             if injected and deaths:
                 record["detected_s"] = deaths[0]["learnt_time"] - injected
         elif kind == "host-lossy":
@@ -124,7 +136,8 @@ def summarize(records: list[dict[str, Any]], kinds: tuple[str, ...]) -> list[lis
         mine = [r for r in records if r["kind"] == kind]
         passed = sum(r["passed"] for r in mine)
         times = [t for r in mine if (t := r.get("detected_s", r.get("ended_s", r.get("recovered_s"))))]
-        what = {"dpu-fallback": "detected after", "host-lossy": "failed step done after",
+        what = {"dpu-fallback": "detected after", "dpu-validation": "detected after",
+                "host-lossy": "failed step done after",
                 "host-rollback": "replayed step done after"}.get(kind, "job ended after")
         timing = f"{what}: median {statistics.median(times):.2f} s, max {max(times):.2f} s" if times else "-"
         rows.append([kind, f"{passed} / {len(mine)}", sorted(r["step"] for r in mine), timing])
@@ -144,11 +157,11 @@ def main() -> None:
         res, _ = run(training(data, ref))
         if res.returncode != 0:
             sys.exit(f"the failure-free run failed:\n{res.stderr[-2000:]}")
-        reference = final_sha(Path(ref))
+        reference, ref_val = final_sha(Path(ref)), val_sums(Path(ref))
     records = []
     for i in range(args.tries):
         for kind in args.kinds:
-            records.append(one_try(kind, rng.randint(2, STEPS - 1), data, reference))
+            records.append(one_try(kind, rng.randint(2, STEPS - 1), data, reference, ref_val))
             r = records[-1]
             print(f"try {i + 1}/{args.tries} {kind} at step {r['step']}: {'passed' if r['passed'] else 'FAILED'}",
                   flush=True)

@@ -61,12 +61,13 @@ def prepare(cfg: RunConfig, topo: Topology) -> DpuJob:
 
 
 def check_injections(cfg: RunConfig, topo: Topology, work: str) -> None:
-    """`--inject dpu:R@STEP` fires when the rank builds that step's batch: only augmentation ranks do."""
+    """`--inject dpu:R@STEP` fires when the rank builds that step's batch (augmentation) or gets the
+    state of that step's epoch (validation): an idle rank has nothing to fail at."""
     named = [i for i in inject.for_rank(cfg.inject, topo).mine if i.who == "dpu"]
-    if named and work != DA:
-        raise ConfigError(f"--inject {named[0]}: {topo.describe()} {'validates' if work == MV else 'is idle'} in "
-                          f"this run (--mode {cfg.mode}), so it has no training steps to fail at; name an "
-                          "augmentation DPU rank or a host rank")
+    if named and work not in (DA, MV):
+        raise ConfigError(f"--inject {named[0]}: {topo.describe()} is idle in this run (--mode {cfg.mode}), so it "
+                          "has no training steps to fail at; name an augmentation or validation DPU rank, or a "
+                          "host rank")
 
 
 def build_keeper(cfg: RunConfig, topo: Topology) -> Optional[Keeper]:

@@ -6,12 +6,16 @@ rebuild the full state (parameters and buffers) into their own model, evaluate t
 DPU part of the validation set (the first f, unshuffled), reduce (loss sum, correct, count) over
 their communicator, and rank 0 sends the sums to host rank 0. Waits for the next state have no
 deadline (an epoch may take hours); a dead host rank makes Open MPI end the job.
+
+Under `--dpu-failure fallback` a dead validation rank is survived: the others stop validating
+(whoever learns of it first revokes their communicator, which wakes the rest from its
+collectives), and the host ranks validate from then on (`host.validation.FallbackValidation`).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 from torch import nn
@@ -19,20 +23,21 @@ from torch.utils.data import Dataset
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.streams import decode
-from dpuoffload.common.errors import PeerError
+from dpuoffload.common.errors import PeerError, PeerLost
 from dpuoffload.common.plan.validation_split import dpu_count
+from dpuoffload.common.runtime import faults, inject
 from dpuoffload.common.runtime.failure import arrive
-from dpuoffload.common.runtime.messages import CONTROL, STATE_HEADER, STATE_HEADER_BYTES, ControlKind, Tag
+from dpuoffload.common.runtime.messages import CONTROL, STATE_HEADER_BYTES, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
-from dpuoffload.common.runtime.waits import wait
+from dpuoffload.common.runtime.waits import lost_peer, wait
 from dpuoffload.common.state.sharding import (
     byte_buffer,
     packed_nbytes,
     plan_shards,
     state_digest,
     state_tensors,
-    unpack_pieces,
+    unpack_states,
 )
 from dpuoffload.common.train.evaluation import (
     eval_seconds_per_sample,
@@ -46,15 +51,25 @@ if TYPE_CHECKING:
 STATE_POLL_MAX_SLEEP = 0.01
 
 
+class ValidationLost(PeerLost):
+    """Another DPU validation rank died (`--dpu-failure fallback`): this one stops validating."""
+
+
 class Validator:
     ends_on_shutdown = False
 
     def __init__(self, cfg: RunConfig, topo: Topology, comm: "MPI.Comm", model: nn.Module, val_set: Dataset,
-                 hosts: tuple[int, ...], epochs: Sequence[int]) -> None:
-        """`epochs`: the epochs the host ranks complete in this run (a resumed or stopped run skips some)."""
+                 hosts: tuple[int, ...], epochs: Sequence[int], steps: Mapping[int, range] = {},
+                 total_steps: int = 0, validators: Sequence[int] = ()) -> None:
+        """`epochs`: the epochs the host ranks complete in this run (a resumed or stopped run skips
+        some); `steps`: each epoch's global steps and `total_steps` the run's (for `--inject`);
+        `validators`: the world ranks of every validation rank (for `--dpu-failure fallback`)."""
         self.cfg, self.topo, self.comm, self.model, self.val_set = cfg, topo, comm, model, val_set
-        self.epochs = tuple(epochs)
+        self.epochs, self.steps, self.total_steps = tuple(epochs), steps, total_steps
         self.hosts = hosts  # world ranks of the host ranks whose slices this rank receives
+        self.fallback = cfg.dpu_failure == "fallback"
+        self.validators = frozenset(validators)
+        self.injector = inject.for_rank(cfg.inject, topo)
         self.tensors = state_tensors(model.state_dict())
         self.plan = plan_shards([t.numel() for t in self.tensors], len(topo.host_ranks))
         self.sizes = [STATE_HEADER_BYTES + packed_nbytes(self.tensors, self.plan.rank_pieces(k))
@@ -64,7 +79,36 @@ class Validator:
     def run(self) -> list[dict[str, Any]]:
         if self.cfg.mv_dpu_fraction == "auto" and self.comm.Get_rank() == 0:
             self.send_profile()
-        return [self.run_epoch(epoch) for epoch in self.epochs]
+        records = []
+        for epoch in self.epochs:
+            try:
+                records.append(self.run_epoch(epoch, self.check_fellows if self.fallback else None))
+            except PeerLost as e:
+                if not self.fallback:
+                    raise
+                self.stop(epoch, e)
+                break
+        return records
+
+    def check_fellows(self) -> None:
+        """While a state is awaited: stop if another validation rank is known dead (the host ranks
+        validate from now on, so no state may come)."""
+        dead = sorted(self.validators & faults.dead_ranks())
+        if dead:
+            raise ValidationLost(", ".join(self.topo.describe(r) for r in dead) + " died")
+
+    def stop(self, epoch: int, why: Exception) -> None:
+        """Stop validating (a validation rank died): revoke the validation ranks' communicator, so
+        one still waiting in a collective on it wakes up and stops too."""
+        from mpi4py import MPI
+
+        try:
+            self.comm.Revoke()
+        except MPI.Exception:  # (revoked already by another validation rank)
+            pass
+        print(f"[dpuoffload] {self.topo.describe()}: validation stops at epoch {epoch + 1} ({why}); the host ranks "
+              "validate from here on", flush=True)
+        faults.note({"event": "validation_stopped", "epoch": epoch, "why": str(why), "time": time.time()})
 
     def send_profile(self) -> None:
         """Tell host rank 0 what a validation sample costs here (it picks the DPU share from it)."""
@@ -79,14 +123,16 @@ class Validator:
         self.timer.reset()
         with self.timer.phase("wait_state"):
             received = self.receive(on_poll)
+        if epoch in self.steps:
+            self.injector.check_through(self.steps[epoch], self.total_steps)
         t0 = time.perf_counter()
-        with self.timer.phase("gather_state"):
+        with self.timer.phase("gather_state"), lost_peer("the other DPU validation ranks"):
             epoch, share = self.rebuild(epoch, self.allgather(received))
         with self.timer.phase("evaluate"):
             n_dpu = dpu_count(len(self.val_set), share)
             mine = shard_range(n_dpu, self.comm.Get_rank(), self.comm.Get_size())
             sums = evaluate_sums(self.model, self.val_set, mine, self.cfg.val_batch_size)
-        with self.timer.phase("report"):
+        with self.timer.phase("report"), lost_peer("the other DPU validation ranks"):
             self.report(epoch, sums)
         return {"epoch": epoch, "busy_time": time.perf_counter() - t0, "val_samples": len(mine),
                 "dpu_share": share, "phases": dict(self.timer.totals), "weights_sha256": state_digest(self.model),
@@ -131,17 +177,12 @@ class Validator:
 
     def rebuild(self, epoch: Optional[int], gathered: np.ndarray) -> tuple[int, float]:
         """Unpack every host rank's slices into the model; return the epoch and its DPU share f."""
-        offset, shares, seen = 0, set(), set()
-        while offset < len(gathered):
-            head = STATE_HEADER.unpack(gathered[offset: offset + STATE_HEADER_BYTES].view(np.int64).copy())
-            epoch = head["epoch"] if epoch is None else epoch
-            if head["epoch"] != epoch:
-                raise PeerError(f"model state of epoch {head['epoch']} arrived while validating epoch {epoch}")
-            start = offset + STATE_HEADER_BYTES
-            unpack_pieces(gathered[start: start + head["nbytes"]], self.plan.rank_pieces(head["sender"]), self.tensors)
-            shares.add(head["dpu_share_ppm"])
-            seen.add(head["sender"])
-            offset = start + head["nbytes"]
+        heads = unpack_states(gathered, self.plan, self.tensors)
+        epoch = heads[0]["epoch"] if epoch is None and heads else epoch
+        wrong = [h["epoch"] for h in heads if h["epoch"] != epoch]
+        if wrong:
+            raise PeerError(f"model state of epoch {wrong[0]} arrived while validating epoch {epoch}")
+        shares, seen = {h["dpu_share_ppm"] for h in heads}, {h["sender"] for h in heads}
         if len(seen) != len(self.topo.host_ranks) or len(shares) != 1:
             raise PeerError(f"epoch {epoch}: state slices from host ranks {sorted(seen)} with shares {shares}; "
                             f"expected all {len(self.topo.host_ranks)} host ranks and one share")

@@ -38,7 +38,7 @@ from dpuoffload.host.clone import check_clone_flags, clone_config, describe_over
 from dpuoffload.host.extensions import CloneAdopter, HostExtensions
 from dpuoffload.host.library import attach, current
 from dpuoffload.host.spare import run_spare, spare_feed
-from dpuoffload.host.validation import AutoShare, OffloadedValidation, fixed_share
+from dpuoffload.host.validation import AutoShare, FallbackValidation, OffloadedValidation, fixed_share
 
 
 def prepare(cfg: RunConfig, topo: Topology, extensions: HostExtensions) -> TrainJob:
@@ -84,8 +84,10 @@ def build_validation(cfg: RunConfig, topo: Topology, job: TrainJob,
     if not job.plan.mv_ranks:
         return LocalValidation(job.model, val, bs, topo.side_comm if group is None else group), None
     leader = job.plan.mv_ranks[0]
-    validation = OffloadedValidation(job.model, val, bs, topo, job.plan.mv_target[topo.world_rank], leader,
-                                     cfg.peer_timeout)
+    fallback = cfg.dpu_failure == "fallback"  # (a dead validation rank: the host ranks validate from then on)
+    offloaded = OffloadedValidation(job.model, val, bs, topo, job.plan.mv_target[topo.world_rank], leader,
+                                    cfg.peer_timeout, keep=fallback)
+    validation = FallbackValidation(offloaded, job.plan.mv_ranks, cfg.peer_timeout) if fallback else offloaded
     if cfg.mv_dpu_fraction == "auto":
         return validation, AutoShare(topo, job.model, val, bs, leader, len(job.plan.mv_ranks), cfg.peer_timeout)
     return validation, fixed_share(float(cfg.mv_dpu_fraction))

@@ -7,11 +7,16 @@ to its DPU validation rank, evaluates the host's part of the validation set (the
 split over host ranks; f = `--mv-dpu-fraction`), and starts epoch i+1. Host rank 0 collects the
 DPU ranks' sums for epoch i when they arrive and merges them with the host part. The host only
 blocks for the staging copy; the buffer is reused only after its previous send completed.
+`FallbackValidation` (`--dpu-failure fallback`) moves validation to the host ranks when a DPU
+validation rank dies.
 """
 
 from __future__ import annotations
 
+import copy
+import time
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence, cast
 
 import numpy as np
@@ -19,9 +24,10 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from dpuoffload.common.data.streams import ValidatorSetup, encode
-from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.errors import ConfigError, PeerError
 from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.plan.validation_split import auto_share, dpu_count
+from dpuoffload.common.runtime import faults
 from dpuoffload.common.runtime.messages import (
     METRICS_FIELDS,
     STATE_HEADER,
@@ -29,12 +35,13 @@ from dpuoffload.common.runtime.messages import (
     Tag,
 )
 from dpuoffload.common.runtime.roles import Role, Topology
-from dpuoffload.common.runtime.waits import wait
+from dpuoffload.common.runtime.waits import is_failure, wait
 from dpuoffload.common.state.sharding import (
     pack_pieces,
     packed_nbytes,
     plan_shards,
     state_tensors,
+    unpack_states,
 )
 from dpuoffload.common.train.device import to_host
 from dpuoffload.common.train.evaluation import (
@@ -87,7 +94,9 @@ class AutoShare:
 
 class OffloadedValidation:
     def __init__(self, model: nn.Module, val_set: Dataset, batch_size: int, topo: Topology,
-                 dpu: int, dpu_leader: int, timeout: float) -> None:
+                 dpu: int, dpu_leader: int, timeout: float, keep: bool = False) -> None:
+        """`keep`: stage each epoch's state in a fresh buffer and never wait for the last send, so
+        `FallbackValidation` can keep the message until the epoch's DPU results are in."""
         self.model, self.val_set, self.batch_size, self.topo = model, val_set, batch_size, topo
         self.comm, self.dpu, self.dpu_leader, self.timeout = topo.side_comm, dpu, dpu_leader, timeout
         tensors = state_tensors(model.state_dict())
@@ -96,9 +105,15 @@ class OffloadedValidation:
         self.staging = np.zeros(STATE_HEADER_BYTES + packed_nbytes(tensors, self.pieces), dtype=np.uint8)
         self.send_req: Optional["MPI.Request"] = None
         self.pending: deque[tuple[int, Sums, np.ndarray, "MPI.Request"]] = deque()
+        self.keep = keep
+        self.confirmed = -1  # host rank 0: the last epoch whose DPU results were merged
 
     def epoch_end(self, epoch: int, dpu_share: float) -> None:
         self.send_state(epoch, dpu_share)
+        self.validate_host_part(epoch, dpu_share)
+
+    def validate_host_part(self, epoch: int, dpu_share: float) -> None:
+        """Evaluate the host ranks' part (the 1 - f tail); host rank 0 posts the receive of the DPU part's sums."""
         n = len(self.val_set)
         tail = range(dpu_count(n, dpu_share), n)
         mine = shard_range(len(tail), self.comm.Get_rank(), self.comm.Get_size())
@@ -111,7 +126,9 @@ class OffloadedValidation:
 
     def send_state(self, epoch: int, dpu_share: float) -> None:
         """Stage this rank's slices (the only blocking part) and send them without waiting."""
-        if self.send_req is not None:
+        if self.keep:
+            self.staging = np.zeros_like(self.staging)  # (the last one is kept by its owner)
+        elif self.send_req is not None:
             wait(self.send_req, self.timeout, f"{self.topo.describe(self.dpu)} to receive the model state")
         nbytes = pack_pieces(state_tensors(self.model.state_dict()), self.pieces, self.staging[STATE_HEADER_BYTES:])
         self.staging[:STATE_HEADER_BYTES].view(np.int64)[:] = STATE_HEADER.pack(
@@ -130,7 +147,7 @@ class OffloadedValidation:
             epoch, _, _, req = self.pending[0]
             wait(req, self.timeout, f"epoch {epoch + 1} validation results from the DPU validation ranks")
             out.append(self._merge(self.pending.popleft()))
-        if self.send_req is not None:
+        if self.send_req is not None and not self.keep:
             wait(self.send_req, self.timeout, f"{self.topo.describe(self.dpu)} to receive the model state")
         return out
 
@@ -138,7 +155,168 @@ class OffloadedValidation:
         epoch, host_sums, buf, _ = item
         if int(buf[0]) != epoch:
             raise RuntimeError(f"DPU validation results for epoch {int(buf[0])} arrived, expected {epoch}")
+        self.confirmed = epoch
         return epoch, host_sums + buf[1:]
+
+
+FINISH_POLL_S = 0.01
+
+
+@dataclass
+class KeptState:
+    """One epoch's STATE message of this host rank, kept until host rank 0 has its DPU results."""
+
+    share: float
+    staging: np.ndarray
+    send: "MPI.Request"
+
+
+class FallbackValidation:
+    """`--dpu-failure fallback` with DPU validation ranks (mv, hybrid): `OffloadedValidation` until a
+    validation rank dies, then `LocalValidation` on the host ranks.
+
+    The epochs whose DPU results host rank 0 lacks by then are validated again on the host ranks.
+    The host ranks trained on since, so each keeps its STATE message of an epoch until rank 0 has
+    that epoch's results (one slice of the state per epoch in flight, about two); they all-gather
+    and unpack them into a copy of the model, as the validation ranks would have. The host ranks
+    must switch at the same epoch and drop kept messages together, so at each epoch end (and while
+    `finish` waits) they agree in one allreduce whether a validation rank is known dead (the
+    failure watch, or a request of their own) and how far rank 0's results go.
+    """
+
+    def __init__(self, offloaded: OffloadedValidation, mv_ranks: Sequence[int], timeout: float) -> None:
+        self.off, self.comm, self.mv, self.timeout = offloaded, offloaded.comm, frozenset(mv_ranks), timeout
+        self.kept: dict[int, KeptState] = {}
+        self.local: Optional[LocalValidation] = None
+        self.done: list[tuple[int, Sums]] = []
+        self.failed = False  # a request of this rank found a validation rank dead
+        self.abandoned: list["MPI.Request"] = []  # sends nobody will receive (they hold their buffers)
+        self.shadow: Optional[nn.Module] = None  # a copy of the model, to validate kept states in
+
+    def epoch_end(self, epoch: int, dpu_share: float) -> None:
+        if self.local is None and self.agree()[0]:
+            self.fall_back(epoch)
+        if self.local is not None:
+            self.local.epoch_end(epoch)
+            return
+        self.off.send_state(epoch, dpu_share)
+        self.kept[epoch] = KeptState(dpu_share, self.off.staging, cast("MPI.Request", self.off.send_req))
+        self.off.validate_host_part(epoch, dpu_share)
+
+    def ready(self) -> list[tuple[int, Sums]]:
+        self.done += self.local.ready() if self.local is not None else self.poll()
+        out, self.done = self.done, []
+        return out
+
+    def finish(self) -> list[tuple[int, Sums]]:
+        """Wait for the DPU results still due, or validate them here if a validation rank dies meanwhile."""
+        deadline = time.monotonic() + self.timeout
+        while self.local is None:
+            self.done += self.poll()
+            lost, all_in = self.agree()
+            if lost:
+                self.fall_back(None)
+            elif all_in:
+                break
+            elif time.monotonic() > deadline:
+                raise PeerError(f"timed out after {self.timeout:.0f} s waiting for the validation results of the "
+                                "DPU validation ranks (raise --peer-timeout if they are slow)")
+            else:
+                time.sleep(FINISH_POLL_S)
+        return self.ready()
+
+    def poll(self) -> list[tuple[int, Sums]]:
+        """Host rank 0: the DPU results that came. A receive that reports its validation rank dead
+        is noted for the next agreement and never tested again (it completed, with an error)."""
+        from mpi4py import MPI
+
+        if self.failed:
+            return []
+        try:
+            return self.off.ready()
+        except MPI.Exception as e:
+            if not is_failure(e):
+                raise
+            self.failed = True
+            return []
+
+    def agree(self) -> tuple[bool, bool]:
+        """Collective over the host ranks: (a validation rank is known dead here or on another host
+        rank, host rank 0 has every DPU result due); drops the messages of epochs rank 0 has."""
+        from mpi4py import MPI
+
+        lost = self.failed or bool(self.mv & faults.dead_ranks())
+        mine = np.array([lost, self.off.confirmed, len(self.off.pending)], dtype=np.int64)
+        got = np.empty_like(mine)
+        self.comm.Allreduce(mine, got, op=MPI.MAX)
+        for epoch in [e for e in self.kept if e <= got[1]]:
+            self.abandoned.append(self.kept.pop(epoch).send)  # (received: its results are in)
+        self.abandoned = [r for r in self.abandoned if not _settled(r)]
+        return bool(got[0]), bool(got[2] == 0)
+
+    def fall_back(self, epoch: Optional[int]) -> None:
+        """Collective: validate here what the DPU ranks did not report, and everything from now on."""
+        first = self.comm.Get_rank() == 0
+        redo = self.comm.bcast(sorted(item[0] for item in self.off.pending) if first else None, root=0)
+        host_part = {item[0]: item[1] for item in self.off.pending}
+        for e in redo:
+            sums = self.validate_kept(e)
+            if first:
+                self.done.append((e, host_part[e] + sums))
+        for item in self.off.pending:
+            _cancel(item[3])
+        self.off.pending.clear()
+        self.abandoned += [k.send for k in self.kept.values()]
+        self.kept.clear()
+        self.local = LocalValidation(self.off.model, self.off.val_set, self.off.batch_size, self.comm)
+        faults.note({"event": "validation_fallback", "epoch": epoch, "revalidated": redo, "time": time.time()})
+        if first:
+            again = f"; epoch(s) {', '.join(str(e + 1) for e in redo)} validated again here from the state kept " \
+                    "for them" if redo else ""
+            print(f"[dpuoffload] a DPU validation rank died: the host ranks validate from here on{again} "
+                  "(--dpu-failure fallback)", flush=True)
+
+    def validate_kept(self, epoch: int) -> Sums:
+        """The DPU part of `epoch`'s validation, here: the host ranks' kept messages rebuild that
+        epoch's state (parameters and buffers) in a copy of the model."""
+        from mpi4py import MPI
+
+        staging = self.kept[epoch].staging
+        counts = self.comm.allgather(len(staging))
+        gathered = np.empty(sum(counts), dtype=np.uint8)
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+        self.comm.Allgatherv(staging, [gathered, counts, displs, MPI.BYTE])
+        if self.shadow is None:
+            self.shadow = copy.deepcopy(self.off.model)
+        unpack_states(gathered, self.off.plan, state_tensors(self.shadow.state_dict()))
+        n_dpu = dpu_count(len(self.off.val_set), self.kept[epoch].share)
+        mine = shard_range(n_dpu, self.comm.Get_rank(), self.comm.Get_size())
+        return allreduce_sums(self.comm, evaluate_sums(self.shadow, self.off.val_set, mine, self.off.batch_size))
+
+
+def _settled(req: "MPI.Request") -> bool:
+    """Whether a send is over: completed, or failed because its receiver died."""
+    from mpi4py import MPI
+
+    try:
+        return bool(req.Test())
+    except MPI.Exception as e:
+        if not is_failure(e):
+            raise
+        return True
+
+
+def _cancel(req: "MPI.Request") -> None:
+    """Drop a receive that will not be answered (its sender died or stopped). One that reported
+    the death already completed with it, and MPI calls it an invalid request now."""
+    from mpi4py import MPI
+
+    try:
+        req.Cancel()
+        req.Wait()
+    except MPI.Exception as e:
+        if not (is_failure(e) or e.Get_error_class() == MPI.ERR_REQUEST):
+            raise
 
 
 class JobValidation:

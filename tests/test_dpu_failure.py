@@ -4,6 +4,8 @@ Pure: which deaths the run survives (`faults.verdict`), the flags refused, the m
 Real jobs (2 host + 2 DPU ranks, `da`, 2 epochs of 256 samples; DPU rank 1 feeds host rank 1):
 - DPU rank 1 SIGKILLed: the job ends 0, host rank 1 builds its own batches from the step that did
   not arrive, and every epoch's losses, validation sums and weights equal a `--mode none` run's, to the bit;
+- a validation DPU rank SIGKILLed (mv, hybrid): the host ranks validate, the epoch it had not
+  reported included, and the run still equals `none`'s to the bit;
 - a host rank SIGKILLed, and a DPU rank that keeps checkpoints: the job ends non-zero within
   seconds, dpurun naming the dead rank, and no committed checkpoint is damaged;
 - started without fault tolerance, the flag is refused in one line.
@@ -46,7 +48,7 @@ def test_which_deaths_the_run_survives():
     assert judge(["--mode", "none"], two, 2).survivable  # idle
     assert not judge(["--mode", "da"], two, 1).survivable  # a host rank
     validator = judge(["--mode", "mv"], two, 2)
-    assert not validator.survivable and "it validated" in validator.what
+    assert validator.survivable and validator.what == "it validated; the host ranks validate from here on"
     keeper = judge(["--mode", "da", "--ckpt-dir", "/tmp/x", "--ckpt-every", "2"], two, 2)
     assert not keeper.survivable and keeper.what.startswith("it kept the checkpoint state of host rank 0")
     # a fan-out: one augmentation rank feeds both host ranks, the other one is left over
@@ -106,6 +108,33 @@ def test_dead_augmentation_rank_falls_back_to_the_host_bit_exact(bundled_data, t
     assert sorted(got) == sorted(ref) == [0, 1]
     for e in ref:
         for key in ("step_losses", "train_loss", "val_loss_sum", "val_correct", "weights_sha256"):
+            assert got[e][key] == ref[e][key], (e, key)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode,spec,again", [("mv", "dpu:1@8", 1), ("hybrid", "dpu:1@16", 2)])
+def test_dead_validation_rank_moves_validation_to_the_host_bit_exact(bundled_data, tmp_path, baseline, mode, spec,
+                                                                    again):
+    """mv: validation rank 1 (not the one that reports) dies on getting epoch 1's state, while the
+    host ranks train epoch 2. hybrid: the one validation rank dies on getting the last epoch's
+    state, while the host ranks wait for its results. Either way the host ranks validate that epoch
+    again from the state slices they kept, and the run equals `none`'s to the bit, validation sums
+    included."""
+    log = tmp_path / "log"
+    res = dpurun(TWO, [*RUN, "--mode", mode, "--data", str(bundled_data / "cifar10"), "--log-dir", str(log),
+                       "--dpu-failure", "fallback", "--inject", spec], timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    node = _node(res.stdout)
+    assert (f"[dpuoffload] DPU rank 1 (world rank 3, node {node}) died; it validated; the host ranks validate from "
+            "here on (--dpu-failure fallback)") in res.stdout
+    assert (f"[dpuoffload] a DPU validation rank died: the host ranks validate from here on; epoch(s) {again} "
+            "validated again here from the state kept for them (--dpu-failure fallback)") in res.stdout
+    [moved] = [r for r in read_jsonl(log / "failures-rank0.jsonl") if r["event"] == "validation_fallback"]
+    assert moved["revalidated"] == [again - 1]
+    got, ref = epochs(read_jsonl(log / "metrics.jsonl")), epochs(baseline)
+    assert sorted(got) == sorted(ref) == [0, 1]
+    for e in ref:
+        for key in ("step_losses", "weights_sha256", "val_loss_sum", "val_correct", "val_count"):
             assert got[e][key] == ref[e][key], (e, key)
 
 

@@ -11,8 +11,9 @@ With `mpirun --with-ft ulfm` (dpurun adds it) the job goes on and MPI reports th
 - to everyone else through `FailureWatch`: a thread per rank keeps one receive from any source
   posted on its own duplicate of COMM_WORLD, which ULFM completes with `ERR_PROC_FAILED_PENDING`
   when any rank dies (20-60 ms on this box). Deaths the run cannot survive (a host rank without
-  `--recovery`, the last host rank, a DPU rank that validates, keeps checkpoints or trains) end the
-  job in one line naming the rank, instead of leaving survivors waiting on it. A host rank's death
+  `--recovery`, the last host rank, a DPU rank that keeps checkpoints or trains) end the
+  job in one line naming the rank, instead of leaving survivors waiting on it. A dead validation
+  rank moves validation to the host ranks (`host.validation.FallbackValidation`). A host rank's death
   under `--recovery lossy-forward` is survived by the host group itself (`common.train.survivors`);
   under `--recovery rollback` a spare rank takes its seat (`common.train.spares`).
 - Ranks leave without MPI_Finalize under fault tolerance (`common.runtime.fastexit`), so at the end
@@ -107,7 +108,7 @@ def verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan",
                        FALLBACK)
     if work == IDLE:
         return Verdict(True, "it was idle", FALLBACK)
-    return Verdict(False, "it validated (--mode mv/hybrid; a lost validation rank is not survived yet)")
+    return Verdict(True, "it validated; the host ranks validate from here on", FALLBACK)
 
 
 def _host_verdict(dead: int, topo: "Topology", cfg: "RunConfig", gone: frozenset[int]) -> Verdict:

@@ -12,7 +12,9 @@ training, not a signal sent from outside at a moment that races it. A spec names
 
 Where it fires: a host rank right after the optimizer step of that global step; an augmentation DPU
 rank when it starts building that step's batch (it runs up to `--da-buffers` batches ahead of its
-host). DPU ranks that validate or idle have no steps to fail at: naming one is refused at start-up.
+host); a validation DPU rank (`--mode mv`/`hybrid`) when it has received the state of the epoch that
+step belongs to (it validates epoch i while the host ranks train epoch i+1). Idle DPU ranks have no
+steps to fail at: naming one is refused at start-up.
 Pure and torch-free, so `dpurun` checks the specs before launch.
 """
 
@@ -176,6 +178,14 @@ class Injector:
         for inj in self.mine:
             if inj.at(total_steps) == global_step:
                 fire(inj, self.label, global_step)
+
+
+    def check_through(self, steps: range, total_steps: int) -> None:
+        """Fire the injection due at any global step of `steps` (a validation rank: the epoch whose
+        state it just received); the failure is reported at the last of them."""
+        for inj in self.mine:
+            if inj.at(total_steps) in steps:
+                fire(inj, self.label, steps[-1])
 
 
 def fire(inj: Injection, label: str, global_step: int) -> None:

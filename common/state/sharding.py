@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
+from dpuoffload.common.runtime.messages import STATE_HEADER, STATE_HEADER_BYTES
 from dpuoffload.common.train.device import numpy_dtype, to_host
 from dpuoffload.common.train.evaluation import shard_range
 
@@ -134,3 +135,18 @@ def unpack_pieces(buf: np.ndarray, pieces: Sequence[Piece], tensors: Sequence[to
     for i, rowmajor in staged.items():
         tensors[i].copy_(rowmajor)
     return offset
+
+
+def unpack_states(gathered: np.ndarray, plan: ShardPlan, tensors: Sequence[torch.Tensor]) -> list[Mapping[str, int]]:
+    """Unpack every STATE message in `gathered` (host ranks' messages end to end, as an all-gather
+    of them leaves them) into `tensors`; return their headers. The DPU validation ranks rebuild an
+    epoch's state this way, and so do the host ranks when they validate it themselves after a
+    validation rank died (`host.validation.FallbackValidation`)."""
+    heads, offset = [], 0
+    while offset < len(gathered):
+        head = STATE_HEADER.unpack(gathered[offset: offset + STATE_HEADER_BYTES].view(np.int64).copy())
+        start = offset + STATE_HEADER_BYTES
+        unpack_pieces(gathered[start: start + head["nbytes"]], plan.rank_pieces(head["sender"]), tensors)
+        heads.append(head)
+        offset = start + head["nbytes"]
+    return heads
