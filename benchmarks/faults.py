@@ -13,6 +13,10 @@ samples, 2 epochs = 16 steps) with one `--inject` SIGKILL at a random global ste
   validation rank: it dies on getting the state of the epoch of that step. Passes if the job ends 0
   with the failure-free run's final weights and every epoch's validation sums (to the bit), the
   host ranks having validated again what it had not reported. Also: detection time, as above.
+- `dpu-keeper`: in `--mode none` with a checkpoint every 2 steps, DPU rank 0 or 1 (alternately; 0
+  also commits) killed under `--dpu-failure fallback` on getting the state of the first checkpoint
+  at or after the step. Passes if the job ends 0 with the failure-free run's final weights, that
+  checkpoint is not committed, every later one is, and every committed one loads whole.
 - `host-fallback`: host rank 1 killed under `--dpu-failure fallback`. Passes if the job ends 1 with
   dpurun naming host rank 1 as dead. Also: the kill to the end of the job.
 - `dpu-stop`, `host-stop`: the same ranks killed without it (Open MPI ends the job). Passes if dpurun
@@ -46,8 +50,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import BIN, RESULTS, ROOT, job_env, machine, machine_line, make_data, table, write_json  # noqa: E402
+from dpuoffload.common.state import ckptfiles  # noqa: E402
 
-KINDS = ("dpu-fallback", "dpu-validation", "host-fallback", "dpu-stop", "host-stop", "host-lossy", "host-rollback")
+KINDS = ("dpu-fallback", "dpu-validation", "dpu-keeper", "host-fallback", "dpu-stop", "host-stop", "host-lossy",
+         "host-rollback")
 LAUNCH = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe", "--share-cores"]
 STEPS = 16   # 2 epochs of 256 samples, 2 host ranks, batch 16
 EPOCH_STEPS, BATCH = 8, 16
@@ -87,10 +93,14 @@ def named(stderr: str, rank_words: str) -> bool:
 
 def one_try(kind: str, step: int, data: Path, reference: str, ref_val: list[tuple[float, int, int]]) -> dict[str, Any]:
     who = "dpu:1" if kind.startswith("dpu") else "host:1"
+    who = f"dpu:{step % 2}" if kind == "dpu-keeper" else who
+    mode = {"dpu-validation": "mv", "dpu-keeper": "none"}.get(kind, "da")
     with tempfile.TemporaryDirectory(prefix="dpufaults-") as tmp:
-        log = Path(tmp)
-        flags = [*training(data, str(log), "mv" if kind == "dpu-validation" else "da"), "--inject", f"{who}@{step}"]
-        if kind.endswith("fallback") or kind == "dpu-validation":
+        log, ck = Path(tmp) / "log", Path(tmp) / "ck"
+        flags = [*training(data, str(log), mode), "--inject", f"{who}@{step}"]
+        if kind == "dpu-keeper":
+            flags += ["--ckpt-dir", str(ck), "--ckpt-every", "2", "--ckpt-keep", "20"]
+        if kind.endswith("fallback") or kind in ("dpu-validation", "dpu-keeper"):
             flags += ["--dpu-failure", "fallback"]
         if kind == "host-lossy":
             flags += ["--recovery", "lossy-forward"]
@@ -100,9 +110,15 @@ def one_try(kind: str, step: int, data: Path, reference: str, ref_val: list[tupl
         record: dict[str, Any] = {"kind": kind, "step": step, "code": res.returncode}
         injected = next((r["time"] for p in log.glob("failures-rank*.jsonl") for r in read(p)
                          if r["event"] == "injected"), None)
-        if kind in ("dpu-fallback", "dpu-validation"):
+        if kind == "dpu-keeper":
+            torn = step + step % 2  # (the first checkpoint at or after the step)
+            done = [ckptfiles.load(d).meta["position"]["global_step"] for d in ckptfiles.committed(ck)]
+            record["passed"] = done == [s for s in range(2, STEPS + 1, 2) if s != torn]
+            record["committed"] = done
+        if kind in ("dpu-fallback", "dpu-validation", "dpu-keeper"):
             deaths = read(log / "failures.jsonl")
-            record["passed"] = res.returncode == 0 and final_sha(log) == reference and bool(deaths)
+            record["passed"] = record.get("passed", True) and res.returncode == 0 and final_sha(log) == reference \
+                and bool(deaths)
             if kind == "dpu-validation":
                 record["passed"] = record["passed"] and val_sums(log) == ref_val
             if injected and deaths:
@@ -136,7 +152,7 @@ def summarize(records: list[dict[str, Any]], kinds: tuple[str, ...]) -> list[lis
         mine = [r for r in records if r["kind"] == kind]
         passed = sum(r["passed"] for r in mine)
         times = [t for r in mine if (t := r.get("detected_s", r.get("ended_s", r.get("recovered_s"))))]
-        what = {"dpu-fallback": "detected after", "dpu-validation": "detected after",
+        what = {"dpu-fallback": "detected after", "dpu-validation": "detected after", "dpu-keeper": "detected after",
                 "host-lossy": "failed step done after",
                 "host-rollback": "replayed step done after"}.get(kind, "job ended after")
         timing = f"{what}: median {statistics.median(times):.2f} s, max {max(times):.2f} s" if times else "-"

@@ -12,6 +12,13 @@ stops batches or validation for long: receiving and file writes release the GIL.
 - CLONE: forward the messages as received to the clone ranks (host rank k's slice goes to clone
   rank k mod M), never touching disk (DeepClone's forwarding).
 
+Under `--dpu-failure fallback` a keeper may die (checkpoints without clones or DPU memory): the
+checkpoint it was part of is never committed, and from the next hand-off on its host ranks send to
+the surviving keepers (`StateAssignment.survivors`), and the lowest living keeper commits. Every
+hand-off's header names the keepers the host ranks agreed are dead, so each keeper knows whom to
+expect: it keeps a header receive posted for every host rank and learns the routes from the first
+header that lands.
+
 The latest state received stays in memory (`latest`); with `--ckpt-mem-keep K` the K newest
 checkpoints are also kept in DPU memory that outlives the job (`common.state.memstore`), and a
 relaunched job that restarts from them gets each host rank's hand-off back from its keeper
@@ -27,19 +34,20 @@ import shutil
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import numpy as np
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.errors import PeerError
+from dpuoffload.common.errors import PeerError, PeerLost
 from dpuoffload.common.plan.assign import StateAssignment
+from dpuoffload.common.runtime import faults, inject
 from dpuoffload.common.runtime.failure import EXIT_CHECKPOINT_FAILED, PREFIX, abort_job, failure_line
 from dpuoffload.common.runtime.heartbeat import Heartbeat, interval_for
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Topology
-from dpuoffload.common.runtime.waits import wait, wait_all, wait_object
+from dpuoffload.common.runtime.waits import lost_peer, wait, wait_all, wait_object
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.ckptfiles import Received
 from dpuoffload.common.state.memstore import MemoryStore, memory_point, memory_root
@@ -92,6 +100,12 @@ class Keeper:
         self.memory = MemoryStore(memory_root(cfg.ckpt_dir), comm.Get_rank(), cfg.ckpt_mem_keep) \
             if cfg.ckpt_mem_keep and cfg.ckpt_dir else None
         self.hands_off = cfg.checkpointing or (cfg.clone_at is not None and bool(topo.clone_ranks))
+        self.rerouted = faults.survives_keeper_loss(cfg)  # (routes follow each header's lost keepers)
+        self.committer = self.assign.keeper_ranks[0]  # (the lowest living keeper; sends the summary at the end)
+        self.headers: dict[int, tuple[np.ndarray, "MPI.Request"]] = {}  # host rank -> its posted header receive
+        self.torn: list[int] = []   # checkpoint steps lost with a keeper that died
+        self.injector = inject.for_rank(cfg.inject, topo)  # --inject: fail on getting a checkpoint's state
+        self.last_handoff = 0
 
     def start(self) -> None:
         self.thread.start()
@@ -110,7 +124,7 @@ class Keeper:
 
     def loop(self) -> None:
         while True:
-            batch = [self.receive(h) for h in self.hosts]
+            batch = self.receive_rerouted() if self.rerouted else [self.receive(h) for h in self.hosts]
             kinds = {r.head["kind"] for r in batch}
             steps = {r.head["global_step"] for r in batch}
             if len(kinds) != 1 or len(steps) != 1:
@@ -119,6 +133,7 @@ class Keeper:
             kind = StateKind(kinds.pop())
             if kind is StateKind.END:
                 self.stop_beating()
+                self.committer = self.living(batch)[0]
                 self.send_summary()
                 if self.memory is not None:  # the run is over: nothing to restart from
                     self.memory.clear()
@@ -129,9 +144,19 @@ class Keeper:
             self.recycle(self.latest)
             self.latest = batch
             if kind is StateKind.CHECKPOINT:
+                self.check_injection(batch)
                 self.persist(batch)
             elif kind is StateKind.CLONE:
                 self.forward(batch, received=time.time())
+
+    def check_injection(self, batch: list[Received]) -> None:
+        """`--inject dpu:R@STEP` on a keeper: fail on getting the first checkpoint at or after STEP,
+        before writing it (a checkpoint torn by a dead keeper). An augmentation or validation rank
+        may fail earlier, at its own work."""
+        step, per_epoch = batch[0].head["global_step"], batch[0].meta.get("steps_per_epoch")
+        if self.injector and per_epoch:
+            self.injector.check_through(range(self.last_handoff + 1, step + 1), per_epoch * self.cfg.epochs)
+        self.last_handoff = step
 
     def stop_beating(self) -> None:
         if self.standby is not None:
@@ -139,10 +164,41 @@ class Keeper:
             self.standby = None
 
     def receive(self, host: int) -> Received:
-        world = self.topo.world
         header = CKPT_HEADER.empty()
-        wait(world.Irecv(header, source=host, tag=Tag.CKPT), None, f"state from {self.topo.describe(host)}",
+        wait(self.topo.world.Irecv(header, source=host, tag=Tag.CKPT), None, f"state from {self.topo.describe(host)}",
              max_sleep=HANDOFF_POLL_MAX_SLEEP, on_poll=self.standby.poll if self.standby else None)
+        return self.receive_parts(host, header)
+
+    def receive_rerouted(self) -> list[Received]:
+        """The next hand-off, from whichever host ranks this keeper keeps now: a header receive is
+        posted for every host rank (a host rank sends only to its keeper of the moment, and its
+        next message here is always a header), and the first header that lands says which keepers
+        are dead, hence which host ranks send here this time."""
+        for h in self.assign.keepers:
+            if h not in self.headers:
+                header = CKPT_HEADER.empty()
+                self.headers[h] = (header, self.topo.world.Irecv(header, source=h, tag=Tag.CKPT))
+        sleep = 0.0
+        while not (landed := [h for h, (_, req) in self.headers.items() if req.Test()]):
+            time.sleep(sleep)  # (no deadline: checkpoints may be hours apart)
+            sleep = min(max(2 * sleep, 1e-4), HANDOFF_POLL_MAX_SLEEP)
+        # (the earliest hand-off that landed: a host rank may already be a hand-off ahead of another)
+        heads = {h: CKPT_HEADER.unpack(self.headers[h][0]) for h in landed}
+        first = min(heads.values(), key=_handoff_order)
+        lost = self.assign.lost_of(first["lost_keepers"])
+        hosts = self.assign.hosts_kept_by(self.topo.world_rank, lost)
+        stray = [h for h, head in heads.items() if h not in hosts and _handoff_order(head) == _handoff_order(first)]
+        if stray:
+            raise PeerError(f"{self.topo.describe(stray[0])} handed its state here, but with the keepers "
+                            f"{sorted(lost)} dead this keeper keeps {hosts}")
+        for h in hosts:
+            wait(self.headers[h][1], self.cfg.peer_timeout, f"the hand-off header of {self.topo.describe(h)}",
+                 max_sleep=SLICE_POLL_MAX_SLEEP)
+        return [self.receive_parts(h, self.headers.pop(h)[0]) for h in hosts]
+
+    def receive_parts(self, host: int, header: np.ndarray) -> Received:
+        """The rest of `host`'s hand-off, after its header."""
+        world = self.topo.world
         head = dict(CKPT_HEADER.unpack(header))
         if head["kind"] in (StateKind.END, StateKind.PREPARE):  # a header only
             return Received(head, byte_buffer(0), byte_buffer(0))
@@ -197,8 +253,8 @@ class Keeper:
     def prepare(self, batch: list[Received]) -> None:
         """PREPARE: fault in a receive buffer per host rank now, and pass the size on to the clone
         ranks, so the first hand-off lands in warm memory (DPU cores fault pages slowly)."""
-        for host, r in zip(self.hosts, batch):
-            self.spare[host] = byte_buffer(r.head["shared_nbytes"], touch=True)
+        for r in batch:
+            self.spare[self.host_of(r)] = byte_buffer(r.head["shared_nbytes"], touch=True)
         if self.topo.clone_ranks and self.cfg.clone_at is not None:
             reqs = [self.topo.world.Isend(CKPT_HEADER.pack(**r.head), dest=self.assign.clone_target(host),
                                           tag=Tag.CLONE) for host, r in zip(self.hosts, batch)]
@@ -212,8 +268,12 @@ class Keeper:
     def recycle(self, batch: Optional[list[Received]]) -> None:
         """The previous hand-off's buffers become the spares of the next one (double buffering:
         `latest` stays intact while the next hand-off arrives)."""
-        for host, r in zip(self.hosts, batch or []):
-            self.spare.setdefault(host, r.shared)
+        for r in batch or []:
+            self.spare.setdefault(self.host_of(r), r.shared)
+
+    def host_of(self, r: Received) -> int:
+        """The world rank of the host rank that handed `r` over."""
+        return self.topo.host_ranks[r.head["sender"]]
 
     # ------------------------------------------------------------------------- checkpoint
     def persist(self, batch: list[Received]) -> None:
@@ -226,11 +286,22 @@ class Keeper:
         except OSError as e:
             report["error"] = f"{self.topo.describe()}: {type(e).__name__}: {e}"
         report["write_s"] = time.perf_counter() - t0
-        if self.comm.Get_rank() == 0:
-            self.commit(batch[0].meta, [report] + self.gather_reports(step))
-        else:
-            req = self.comm.isend(report, dest=0, tag=Tag.CKPT_REPORT)
-            wait_object(req, self.cfg.peer_timeout, "keeper 0 to take the checkpoint report")
+        living = self.living(batch)
+        if self.topo.world_rank == living[0]:
+            self.commit(batch[0].meta, [report] + self.gather_reports(step, living[1:]))
+            return
+        req = self.topo.world.isend(report, dest=living[0], tag=Tag.CKPT_REPORT)
+        try:
+            with lost_peer("the committing keeper to take the checkpoint report"):
+                wait_object(req, self.cfg.peer_timeout, "the committing keeper to take the checkpoint report")
+        except PeerLost:  # (it died: this checkpoint is never committed; the next one has another committer)
+            if not self.rerouted:
+                raise
+
+    def living(self, batch: list[Received]) -> list[int]:
+        """The keepers alive as this hand-off's header says, lowest (the committer) first."""
+        lost = self.assign.lost_of(batch[0].head["lost_keepers"])
+        return [k for k in self.assign.keeper_ranks if k not in lost]
 
     def write(self, batch: list[Received]) -> dict[str, Any]:
         meta = batch[0].meta
@@ -245,11 +316,21 @@ class Keeper:
             files[ckptfiles.local_name(k)] = ckptfiles.write_atomic(directory / ckptfiles.local_name(k), r.local)
         return files
 
-    def gather_reports(self, step: int) -> list[dict[str, Any]]:
+    def gather_reports(self, step: int, keepers: list[int]) -> list[dict[str, Any]]:
+        """The other keepers' reports of checkpoint `step`; a keeper that died before reporting (under
+        `--dpu-failure fallback`) is an error report, so the checkpoint is not committed."""
         reports = []
-        for source in range(1, self.comm.Get_size()):
-            req = self.comm.irecv(source=source, tag=Tag.CKPT_REPORT)
-            report = wait_object(req, self.cfg.peer_timeout, f"keeper {source}'s report of checkpoint step {step}")
+        for source in keepers:
+            what = f"{self.topo.describe(source)}'s report of checkpoint step {step}"
+            req = self.topo.world.irecv(source=source, tag=Tag.CKPT_REPORT)
+            try:
+                with lost_peer(what):
+                    report = wait_object(req, self.cfg.peer_timeout, what)
+            except PeerLost:
+                if not self.rerouted:
+                    raise
+                report = {"step": step, "files": {}, "write_s": 0.0, "died": True,
+                          "error": f"{self.topo.describe(source)} died before writing its part"}
             if report["step"] != step:
                 raise PeerError(f"keeper {source} reported checkpoint step {report['step']}, expected {step}")
             reports.append(report)
@@ -276,6 +357,14 @@ class Keeper:
             previous = ckptfiles.committed(self.cfg.ckpt_dir)
             kept = (f"the last complete checkpoint is {previous[-1]}" if previous
                     else "there is no complete checkpoint yet")
+            if all(r.get("died") for r in reports if r["error"]):  # (a dead keeper, survived: not a failed write)
+                self.torn.append(step)
+                record["torn"] = True
+                print(f"{PREFIX} checkpoint at step {step} NOT saved ({'; '.join(errors)}); the next ones go to the "
+                      f"living keepers (--dpu-failure fallback), {kept}", file=sys.stderr, flush=True)
+                self.records.append(record)
+                self.log.write(record)
+                return
             self.outcomes[step] = False
             if self.cfg.ckpt_errors == "fail":
                 self.stop_job(step, errors)
@@ -309,12 +398,12 @@ class Keeper:
                     f"{self.newest_intact()}")
         done = ckptfiles.committed(self.cfg.ckpt_dir)
         return {"taken": len(self.outcomes), "failed": failed, "newest": str(done[-1]) if done else None,
-                "line": line}
+                "line": line, "torn": self.torn}
 
     def send_summary(self) -> None:
         """Keeper 0 -> host rank 0, after the last hand-off: the run's checkpoint outcome, which host
         rank 0 reports last and turns into the exit code (`host.checkpoint.StateHandoff.finish`)."""
-        if not self.cfg.checkpointing or self.comm.Get_rank() != 0:
+        if not self.cfg.checkpointing or self.topo.world_rank != self.committer:
             return
         req = self.topo.world.isend(self.summary(), dest=self.topo.host_ranks[0], tag=Tag.CKPT_SUMMARY)
         wait_object(req, self.cfg.peer_timeout, "host rank 0 to take the checkpoint summary")
@@ -336,3 +425,8 @@ class Keeper:
                              "received_time": received, "forwarded_time": time.time()})
         self.log.write(self.records[-1])
 
+
+def _handoff_order(head: Mapping[str, int]) -> float:
+    """Where a hand-off falls in the sequence every host rank goes through: PREPARE, the state
+    hand-offs by global step, END."""
+    return float("inf") if head["kind"] == StateKind.END else head["global_step"]

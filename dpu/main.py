@@ -61,10 +61,12 @@ def prepare(cfg: RunConfig, topo: Topology) -> DpuJob:
 
 
 def check_injections(cfg: RunConfig, topo: Topology, work: str) -> None:
-    """`--inject dpu:R@STEP` fires when the rank builds that step's batch (augmentation) or gets the
-    state of that step's epoch (validation): an idle rank has nothing to fail at."""
+    """`--inject dpu:R@STEP` fires when the rank builds that step's batch (augmentation), gets the
+    state of that step's epoch (validation) or of the first checkpoint from that step on (a keeper):
+    an idle rank that keeps nothing has nothing to fail at."""
     named = [i for i in inject.for_rank(cfg.inject, topo).mine if i.who == "dpu"]
-    if named and work not in (DA, MV):
+    keeps = cfg.checkpointing and bool(StateAssignment.of(topo).hosts_kept_by(topo.world_rank))
+    if named and work not in (DA, MV) and not keeps:
         raise ConfigError(f"--inject {named[0]}: {topo.describe()} is idle in this run (--mode {cfg.mode}), so it "
                           "has no training steps to fail at; name an augmentation or validation DPU rank, or a "
                           "host rank")

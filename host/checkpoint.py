@@ -19,17 +19,19 @@ position (epoch + 1, 0), so a resumed run never has to redo half of an epoch's e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import numpy as np
 from torch import nn
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.errors import PeerError
+from dpuoffload.common.errors import PeerError, PeerLost
 from dpuoffload.common.plan.assign import StateAssignment
+from dpuoffload.common.runtime import faults
 from dpuoffload.common.runtime.failure import EXIT_CHECKPOINT_FAILED, PREFIX
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.metrics import JsonlLog
@@ -134,7 +136,10 @@ class StateHandoff:
         `steps_per_epoch` None: the script counts its own steps."""
         self.cfg, self.topo, self.model, self.optimizer, self.scheduler = cfg, topo, model, optimizer, scheduler
         self.steps_per_epoch = steps_per_epoch
-        self.keeper = StateAssignment.of(topo).keeper_of(topo.world_rank)
+        self.assign = StateAssignment.of(topo)
+        self.keeper = self.assign.keeper_of(topo.world_rank)
+        self.fallback = cfg.dpu_failure == "fallback"  # a dead keeper: the next hand-offs go to a living one
+        self.lost: frozenset[int] = frozenset()        # the keepers the host ranks agreed are dead
         self.rank, self.size = topo.side_rank, topo.side_comm.Get_size()
         self.inflight: list[tuple["MPI.Request", Any]] = []   # requests and the buffers they read
         self.zero_pending: list["MPI.Request"] = []   # zero-copy sends straight from tensor memory
@@ -186,15 +191,19 @@ class StateHandoff:
         """Zero-copy: the keeper must have the bytes of the last slice before the weights change."""
         if self.zero_pending:
             t0 = time.perf_counter()
-            wait_all(self.zero_pending, self.cfg.peer_timeout,
-                     f"{self.topo.describe(self.keeper)} to receive the state slice", max_sleep=ZERO_POLL_MAX_SLEEP)
+            with self.keeper_may_die():
+                wait_all(self.zero_pending, self.cfg.peer_timeout,
+                         f"{self.topo.describe(self.keeper)} to receive the state slice", max_sleep=ZERO_POLL_MAX_SLEEP)
             self.zero_pending, self.zero_views = [], []
             self.blocked[-1] += time.perf_counter() - t0
 
     def finish(self) -> None:
         """Tell the keeper no more state comes, and wait until everything sent was received."""
         self.before_optimizer_step()
-        self._post(CKPT_HEADER.pack(kind=StateKind.END, global_step=-1, sender=self.rank, senders=self.size))
+        self._complete()
+        self._route()
+        self._post(CKPT_HEADER.pack(kind=StateKind.END, global_step=-1, sender=self.rank, senders=self.size,
+                                    lost_keepers=self.assign.lost_mask(self.lost)))
         self._complete()
         if self.cfg.checkpointing and self.rank == 0:
             self.summary = self._receive_summary()
@@ -202,7 +211,7 @@ class StateHandoff:
     def _receive_summary(self) -> dict[str, Any]:
         """Keeper 0's account of the run's checkpoints (it sends it after the END hand-off). No
         deadline: the last checkpoint may still be being written; a dead keeper ends the job."""
-        keeper0 = min(StateAssignment.of(self.topo).keepers.values())  # (rank 0 of the keepers' communicator)
+        keeper0 = min(k for k in self.assign.keeper_ranks if k not in self.lost)  # (the one that commits)
         req = self.topo.world.irecv(source=keeper0, tag=Tag.CKPT_SUMMARY)
         return wait_object(req, None, "keeper 0's summary of the checkpoints")
 
@@ -221,6 +230,7 @@ class StateHandoff:
         t0 = time.perf_counter()
         self.before_optimizer_step()
         self._complete()  # the previous hand-off's buffers are reused below
+        self._route()
         tensors = shared_tensors(self.model, self.optimizer)
         catalog = catalog_of(tensors)
         plan = plan_shards([t.numel() for t in tensors.values()], self.size, DEFAULT_THRESHOLD)
@@ -233,7 +243,8 @@ class StateHandoff:
         shared_nbytes = packed_nbytes(list(tensors.values()), pieces)
         self._post(CKPT_HEADER.pack(kind=kind, global_step=pos.global_step, sender=self.rank, senders=self.size,
                                     meta_nbytes=len(meta), small_nbytes=small.nbytes, shared_nbytes=shared_nbytes,
-                                    shared_parts=len(pieces) if self.cfg.ckpt_copy == "zero" else 1))
+                                    shared_parts=len(pieces) if self.cfg.ckpt_copy == "zero" else 1,
+                                    lost_keepers=self.assign.lost_mask(self.lost)))
         self._post(small)
         if self.cfg.ckpt_copy == "zero":
             self._send_zero_copy(list(tensors.values()), pieces)
@@ -254,13 +265,14 @@ class StateHandoff:
         tell the keeper the hand-off size (PREPARE), so neither the first hand-off's copy here nor
         its receive there pays ~50k page faults (0.5 s for 188 MB on this VM)."""
         self.prepared = True
+        self._route()
         tensors = list(shared_tensors(self.model, self.optimizer).values())
         plan = plan_shards([t.numel() for t in tensors], self.size, DEFAULT_THRESHOLD)
         nbytes = packed_nbytes(tensors, plan.rank_pieces(self.rank))
         if self.cfg.ckpt_copy == "staged":
             self.staging = byte_buffer(nbytes, touch=True)
         self._post(CKPT_HEADER.pack(kind=StateKind.PREPARE, global_step=-1, sender=self.rank, senders=self.size,
-                                    shared_nbytes=nbytes))
+                                    shared_nbytes=nbytes, lost_keepers=self.assign.lost_mask(self.lost)))
 
     def _send_zero_copy(self, tensors: list, pieces: tuple) -> None:
         """One message per piece, straight from tensor memory (contiguous, so large pieces take
@@ -274,6 +286,38 @@ class StateHandoff:
         self.inflight.append((self.topo.world.Isend(buf, dest=self.keeper, tag=Tag.CKPT), buf))
 
     def _complete(self) -> None:
-        for req, _ in self.inflight:
-            wait(req, self.cfg.peer_timeout, f"{self.topo.describe(self.keeper)} to receive the state slices")
+        with self.keeper_may_die():
+            for req, _ in self.inflight:
+                wait(req, self.cfg.peer_timeout, f"{self.topo.describe(self.keeper)} to receive the state slices")
         self.inflight.clear()
+
+    @contextlib.contextmanager
+    def keeper_may_die(self) -> Iterator[None]:
+        """`--dpu-failure fallback`: a keeper that died with a hand-off in flight takes that
+        checkpoint with it (it is never committed); the next hand-off goes to a living keeper."""
+        try:
+            yield
+        except PeerLost:
+            if not self.fallback:
+                raise
+
+    def _route(self) -> None:
+        """`--dpu-failure fallback`, before each hand-off: the host ranks (which all hand off at the
+        same steps) agree on the keepers known dead, and this rank sends to its keeper among the
+        living (`StateAssignment.keeper_of`). Collective over the host ranks."""
+        if not self.fallback:
+            return
+        from mpi4py import MPI
+
+        known = self.lost | (faults.dead_ranks() & set(self.assign.keeper_ranks))
+        lost = self.assign.lost_of(self.topo.side_comm.allreduce(self.assign.lost_mask(known), op=MPI.BOR))
+        if lost == self.lost:
+            return
+        if len(lost) == len(self.assign.keeper_ranks):
+            raise PeerError("every checkpoint keeper DPU rank died: no rank is left to take the state")
+        self.lost, keeper = lost, self.assign.keeper_of(self.topo.world_rank, lost)
+        if keeper != self.keeper:
+            print(f"{PREFIX} {self.topo.describe()}: its checkpoint keeper {self.topo.describe(self.keeper)} died; "
+                  f"its state goes to {self.topo.describe(keeper)} from here on (--dpu-failure fallback)", flush=True)
+            faults.note({"event": "keeper_moved", "dead": self.keeper, "keeper": keeper, "time": time.time()})
+        self.keeper = keeper

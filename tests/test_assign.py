@@ -24,6 +24,19 @@ def test_fan_out_keepers_and_what_each_keeps():
     assert a.hosts_kept_by(0) == ()  # a host rank keeps nothing
 
 
+def test_a_dead_keepers_host_ranks_go_to_the_least_loaded_living_keeper():
+    # 6 host ranks, 3 keepers of 2 each (6: hosts 0,1; 7: hosts 2,3; 8: hosts 4,5); keeper 7 dies
+    a = assignment([(H, "n0")] * 6 + [(D, "n0")] * 3)
+    assert a.keeper_ranks == (6, 7, 8)
+    lost = frozenset({7})
+    assert [a.keeper_of(h, lost) for h in range(6)] == [6, 6, 6, 8, 8, 8]  # host 2 -> 6 (tie: lowest), 3 -> 8
+    assert a.hosts_kept_by(6, lost) == (0, 1, 2) and a.hosts_kept_by(7, lost) == () and a.hosts_kept_by(8, lost) == (
+        3, 4, 5)
+    assert a.lost_mask(lost) == 0b010 and a.lost_of(0b010) == lost and a.lost_of(0) == frozenset()
+    assert a.survivors(frozenset({6, 7, 8})) == {}  # nobody left to keep anything
+    assert [a.keeper_of(h) for h in range(6)] == [6, 6, 7, 7, 8, 8]  # (nothing lost: the pairing's keepers)
+
+
 def test_more_dpus_than_hosts_the_first_paired_dpu_keeps():
     a = assignment([(H, "n0"), (D, "n0"), (D, "n0")])
     assert a.keeper_of(0) == 1

@@ -6,7 +6,10 @@ Real jobs (2 host + 2 DPU ranks, `da`, 2 epochs of 256 samples; DPU rank 1 feeds
   not arrive, and every epoch's losses, validation sums and weights equal a `--mode none` run's, to the bit;
 - a validation DPU rank SIGKILLed (mv, hybrid): the host ranks validate, the epoch it had not
   reported included, and the run still equals `none`'s to the bit;
-- a host rank SIGKILLed, and a DPU rank that keeps checkpoints: the job ends non-zero within
+- a checkpoint keeper SIGKILLed on getting a checkpoint's state (keeper 0, which commits, or 1): that
+  checkpoint is never committed, the next ones are (the other keeper takes the state), training is
+  unchanged, and a resume from a checkpoint written after the death is bit-exact;
+- a host rank SIGKILLed, and a keeper under --ckpt-mem-keep: the job ends non-zero within
   seconds, dpurun naming the dead rank, and no committed checkpoint is damaged;
 - started without fault tolerance, the flag is refused in one line.
 """
@@ -50,7 +53,14 @@ def test_which_deaths_the_run_survives():
     validator = judge(["--mode", "mv"], two, 2)
     assert validator.survivable and validator.what == "it validated; the host ranks validate from here on"
     keeper = judge(["--mode", "da", "--ckpt-dir", "/tmp/x", "--ckpt-every", "2"], two, 2)
-    assert not keeper.survivable and keeper.what.startswith("it kept the checkpoint state of host rank 0")
+    assert keeper.survivable and keeper.what.startswith(
+        "it kept the checkpoint state of host rank 0 (world rank 0, node n0) (the living keepers take it from the next "
+        "checkpoint)")
+    mem = judge(["--mode", "da", "--ckpt-dir", "/tmp/x", "--ckpt-every", "2", "--ckpt-mem-keep", "1"], two, 2)
+    assert not mem.survivable and "without clones or --ckpt-mem-keep" in mem.what
+    cfg = parse_run_config(["--dpu-failure", "fallback", "--mode", "none", "--ckpt-dir", "/tmp/x", "--ckpt-every", "2"])
+    topo = topo_of(two)
+    assert not verdict(3, topo, cfg, plan_offload(topo.ranks, cfg), frozenset({2, 3})).survivable  # no keeper left
     # a fan-out: one augmentation rank feeds both host ranks, the other one is left over
     fan = judge(["--mode", "hybrid", "--dpu-da-ranks", "1", "--dpu-mv-ranks", "1"], two, 2)
     assert fan.survivable and "host rank 0 (world rank 0, node n0), host rank 1" in fan.what
@@ -157,16 +167,51 @@ def test_dead_host_rank_ends_the_job_naming_it(bundled_data, tmp_path):
 
 
 @pytest.mark.mpi
-def test_dead_keeper_ends_the_job_and_no_checkpoint_is_damaged(bundled_data, tmp_path):
+def test_dead_keeper_with_dpu_memory_ends_the_job_and_no_checkpoint_is_damaged(bundled_data, tmp_path):
     ck = tmp_path / "ck"
     res = dpurun(TWO, [*RUN, "--mode", "da", "--data", str(bundled_data / "cifar10"), "--dpu-failure", "fallback",
-                       "--ckpt-dir", str(ck), "--ckpt-every", "2", "--inject", "dpu:1@7"], timeout=300)
+                       "--ckpt-dir", str(ck), "--ckpt-every", "2", "--ckpt-mem-keep", "1", "--inject", "dpu:1@7"],
+                 timeout=300)
     assert res.returncode == 1, res.stdout + res.stderr
     said = [x for x in res.stderr.splitlines() if x.startswith("dpurun: world rank")]
     assert said and said[0].startswith("dpurun: world rank 3 = DPU rank 1 (DPU program) died: it kept the checkpoint "
                                        "state of host rank 1"), res.stderr
+    assert "(a lost keeper is survived only with checkpoints, without clones or --ckpt-mem-keep)" in said[0]
     for done in ckptfiles.committed(ck):  # every committed checkpoint still loads, whole
         assert ckptfiles.load(done).meta["position"]["global_step"] % 2 == 0
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("keeper", [0, 1])
+def test_dead_keeper_tears_one_checkpoint_and_the_next_ones_commit(bundled_data, tmp_path, baseline, keeper):
+    """`--mode none` (the DPU ranks only keep checkpoints); keeper `keeper` dies on getting step 6's
+    state. Step 6 is never committed; its host rank's state goes to the other keeper from then on
+    (keeper 0 is also the one that commits: keeper 1 takes that over too), every later checkpoint
+    commits, and the run trains as without the death. Resumed from step 8 (both shards written by
+    the surviving keeper when keeper 0 died), training ends on the same weights, to the bit."""
+    ck, log = tmp_path / "ck", tmp_path / "log"
+    data = ["--data", str(bundled_data / "cifar10")]
+    res = dpurun(TWO, [*RUN, "--mode", "none", *data, "--dpu-failure", "fallback", "--log-dir", str(log),
+                       "--ckpt-dir", str(ck), "--ckpt-every", "2", "--ckpt-keep", "20", "--inject", f"dpu:{keeper}@6"],
+                 timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    node = _node(res.stdout)
+    assert (f"[dpuoffload] host rank {keeper} (world rank {keeper}, node {node}): its checkpoint keeper DPU rank "
+            f"{keeper} (world rank {keeper + 2}, node {node}) died; its state goes to DPU rank {1 - keeper} (world "
+            f"rank {3 - keeper}, node {node}) from here on (--dpu-failure fallback)") in res.stdout
+    if keeper == 1:  # (keeper 0, the committer, reports the torn checkpoint)
+        assert (f"checkpoint at step 6 NOT saved (DPU rank 1 (world rank 3, node {node}) died before writing its "
+                "part); the next ones go to the living keepers") in res.stderr
+    steps = [ckptfiles.load(d).meta["position"]["global_step"] for d in ckptfiles.committed(ck)]
+    assert steps == [2, 4, 8, 10, 12, 14, 16]
+    got, ref = epochs(read_jsonl(log / "metrics.jsonl")), epochs(baseline)
+    assert all(got[e]["weights_sha256"] == ref[e]["weights_sha256"] for e in ref)
+    if keeper == 0:
+        again = tmp_path / "again"
+        res = dpurun(TWO, [*RUN, "--mode", "none", *data, "--resume", str(ckptfiles.step_dir(ck, 8)),
+                           "--log-dir", str(again)], timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert epochs(read_jsonl(again / "metrics.jsonl"))[1]["weights_sha256"] == ref[1]["weights_sha256"]
 
 
 @pytest.mark.mpi

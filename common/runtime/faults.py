@@ -84,7 +84,6 @@ def verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan",
     """Pure: whether the run survives the death of world rank `dead` (`gone`: every rank known
     dead, `dead` included) under `--dpu-failure fallback` and `--recovery`."""
     from dpuoffload.common.plan.assign import StateAssignment
-    from dpuoffload.common.plan.offload import DA, IDLE
 
     if dead not in topo.dpu_ranks:
         return _host_verdict(dead, topo, cfg, gone)
@@ -95,10 +94,33 @@ def verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan",
         return Verdict(False, "a lost DPU rank ends the job without --dpu-failure fallback")
     if cfg.mode.dpu_trains:
         return Verdict(False, f"DPU ranks train in --mode {cfg.mode}: a replica is lost")
-    kept = StateAssignment.of(topo).hosts_kept_by(dead)
+    assign = StateAssignment.of(topo)
+    kept = assign.hosts_kept_by(dead)
     if kept and (cfg.checkpointing or cfg.clone_at is not None):
-        return Verdict(False, "it kept the checkpoint state of " + ", ".join(topo.describe(h) for h in kept)
-                       + " (a lost keeper is not survived yet)")
+        whose = "it kept the checkpoint state of " + ", ".join(topo.describe(h) for h in kept)
+        if not survives_keeper_loss(cfg):
+            return Verdict(False, whose + " (a lost keeper is survived only with checkpoints, without clones or "
+                                          "--ckpt-mem-keep)")
+        if all(k in gone for k in assign.keeper_ranks):
+            return Verdict(False, whose + " (and no other keeper is left)")
+        work = _work_verdict(dead, topo, cfg, plan)
+        return Verdict(work.survivable, whose + " (the living keepers take it from the next checkpoint); "
+                       + work.what, FALLBACK)
+    return _work_verdict(dead, topo, cfg, plan)
+
+
+def survives_keeper_loss(cfg: "RunConfig") -> bool:
+    """Whether a dead checkpoint keeper is survived: under `--dpu-failure fallback`, with
+    checkpoints, but neither clones (a clone rank waits for its own keeper's forward) nor
+    `--ckpt-mem-keep` (DPU memory is filed per keeper, for the relaunch)."""
+    return cfg.dpu_failure == "fallback" and cfg.clone_at is None and not cfg.ckpt_mem_keep
+
+
+def _work_verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan") -> Verdict:
+    """What the loss of DPU rank `dead`'s offloaded work (augmentation, validation, none) means."""
+    from dpuoffload.common.plan.offload import DA, IDLE
+
+    fed = plan.fed_by(dead)
     work = plan.work.get(dead, IDLE)
     if work == DA:
         if not fed:

@@ -13,8 +13,10 @@ training, not a signal sent from outside at a moment that races it. A spec names
 Where it fires: a host rank right after the optimizer step of that global step; an augmentation DPU
 rank when it starts building that step's batch (it runs up to `--da-buffers` batches ahead of its
 host); a validation DPU rank (`--mode mv`/`hybrid`) when it has received the state of the epoch that
-step belongs to (it validates epoch i while the host ranks train epoch i+1). Idle DPU ranks have no
-steps to fail at: naming one is refused at start-up.
+step belongs to (it validates epoch i while the host ranks train epoch i+1); a DPU rank that keeps
+checkpoints when it gets the state of the first checkpoint from that step on, before writing it (an
+augmentation or validation rank may fail earlier, at its own work). DPU ranks that idle and keep
+nothing have no steps to fail at: naming one is refused at start-up.
 Pure and torch-free, so `dpurun` checks the specs before launch.
 """
 

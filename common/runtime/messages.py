@@ -91,8 +91,10 @@ class StateKind(IntEnum):
 # `shared_nbytes` bytes: the sender's pieces of the sharded tensors (`common.sharding`, catalog order), in
 # `shared_parts` messages: 1 (staged: one packed buffer) or one per piece (zero-copy: each piece straight from
 # tensor memory, so Open MPI's single-copy path lets the receiver pull it while the sender computes).
+# `lost_keepers`: the keepers the host ranks agreed are dead (`StateAssignment.lost_mask`), which routes
+# this hand-off (`--dpu-failure fallback`; 0 otherwise).
 CKPT_HEADER = HeaderLayout("ckpt", Tag.CKPT, ("kind", "global_step", "sender", "senders", "meta_nbytes",
-                                              "small_nbytes", "shared_nbytes", "shared_parts"))
+                                              "small_nbytes", "shared_nbytes", "shared_parts", "lost_keepers"))
 
 # The METRICS message: float64 [epoch, loss sum, correct, count] over the DPU ranks' validation part.
 METRICS_FIELDS = ("epoch", "loss_sum", "correct", "count")
