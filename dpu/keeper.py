@@ -16,8 +16,8 @@ Under `--dpu-failure fallback` a keeper may die (checkpoints without clones or D
 checkpoint it was part of is never committed, and from the next hand-off on its host ranks send to
 the surviving keepers (`StateAssignment.survivors`), and the lowest living keeper commits. Every
 hand-off's header names the keepers the host ranks agreed are dead, so each keeper knows whom to
-expect: it keeps a header receive posted for every host rank and learns the routes from the first
-header that lands.
+expect: it keeps a header receive posted for every host rank and learns the routes from the
+headers that land.
 
 The latest state received stays in memory (`latest`); with `--ckpt-mem-keep K` the K newest
 checkpoints are also kept in DPU memory that outlives the job (`common.state.memstore`), and a
@@ -153,8 +153,9 @@ class Keeper:
         """`--inject dpu:R@STEP` on a keeper: fail on getting the first checkpoint at or after STEP,
         before writing it (a checkpoint torn by a dead keeper). An augmentation or validation rank
         may fail earlier, at its own work."""
-        step, per_epoch = batch[0].head["global_step"], batch[0].meta.get("steps_per_epoch")
-        if self.injector and per_epoch:
+        step = batch[0].head["global_step"]
+        per_epoch = batch[0].meta.get("steps_per_epoch") if self.injector else None  # (None: a script's steps)
+        if per_epoch:
             self.injector.check_through(range(self.last_handoff + 1, step + 1), per_epoch * self.cfg.epochs)
         self.last_handoff = step
 
@@ -172,8 +173,8 @@ class Keeper:
     def receive_rerouted(self) -> list[Received]:
         """The next hand-off, from whichever host ranks this keeper keeps now: a header receive is
         posted for every host rank (a host rank sends only to its keeper of the moment, and its
-        next message here is always a header), and the first header that lands says which keepers
-        are dead, hence which host ranks send here this time."""
+        next message here is always a header), and the earliest hand-off among the headers that
+        landed says which keepers are dead, hence which host ranks send here this time."""
         for h in self.assign.keepers:
             if h not in self.headers:
                 header = CKPT_HEADER.empty()
