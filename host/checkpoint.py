@@ -138,7 +138,7 @@ class StateHandoff:
         self.steps_per_epoch = steps_per_epoch
         self.assign = StateAssignment.of(topo)
         self.keeper = self.assign.keeper_of(topo.world_rank)
-        self.fallback = cfg.dpu_failure == "fallback"  # a dead keeper: the next hand-offs go to a living one
+        self.fallback = faults.survives_keeper_loss(cfg)  # a dead keeper: the next hand-offs go to a living one
         self.lost: frozenset[int] = frozenset()        # the keepers the host ranks agreed are dead
         self.rank, self.size = topo.side_rank, topo.side_comm.Get_size()
         self.inflight: list[tuple["MPI.Request", Any]] = []   # requests and the buffers they read
@@ -209,8 +209,9 @@ class StateHandoff:
             self.summary = self._receive_summary()
 
     def _receive_summary(self) -> dict[str, Any]:
-        """Keeper 0's account of the run's checkpoints (it sends it after the END hand-off). No
-        deadline: the last checkpoint may still be being written; a dead keeper ends the job."""
+        """The committing keeper's account of the run's checkpoints (keeper 0, or the lowest living
+        keeper after deaths; it sends it after the END hand-off). No deadline: the last checkpoint
+        may still be being written."""
         keeper0 = min(k for k in self.assign.keeper_ranks if k not in self.lost)  # (the one that commits)
         req = self.topo.world.irecv(source=keeper0, tag=Tag.CKPT_SUMMARY)
         return wait_object(req, None, "keeper 0's summary of the checkpoints")
