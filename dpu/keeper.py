@@ -300,8 +300,9 @@ class Keeper:
                 raise
 
     def living(self, batch: list[Received]) -> list[int]:
-        """The keepers alive as this hand-off's header says, lowest (the committer) first."""
-        lost = self.assign.lost_of(batch[0].head["lost_keepers"])
+        """The keepers alive as this hand-off's header says, lowest (the committer) first (all of
+        them where a keeper's loss is not survived: its death ends the job)."""
+        lost = self.assign.lost_of(batch[0].head["lost_keepers"]) if self.rerouted else frozenset()
         return [k for k in self.assign.keeper_ranks if k not in lost]
 
     def write(self, batch: list[Received]) -> dict[str, Any]:
@@ -341,10 +342,13 @@ class Keeper:
         step = meta["position"]["global_step"]
         directory = ckptfiles.step_dir(self.cfg.ckpt_dir, step)
         errors = [r["error"] for r in reports if r["error"]]
+        files = {name: info for r in reports for name, info in r["files"].items()}
+        missing = ckptfiles.missing_senders(files, meta["host_ranks"])
+        if missing and not errors:  # (never a manifest without every host rank's files, whatever the routes)
+            errors.append(f"no files of host rank(s) {missing} were written")
         t0 = time.perf_counter()
         if not errors:
             try:
-                files = {name: info for r in reports for name, info in r["files"].items()}
                 ckptfiles.write_manifest(directory, meta, files, ckptfiles.plan_for(meta))
             except OSError as e:
                 errors.append(f"{self.topo.describe()}: writing the manifest: {type(e).__name__}: {e}")

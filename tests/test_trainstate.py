@@ -200,3 +200,8 @@ def test_clone_overrides_parse_and_reject_unknown_keys():
         clone_config(RunConfig(clone_at=5, clone_override=("model=resnet56",)))
     with pytest.raises(ConfigError, match="is not a valid lr"):
         clone_config(RunConfig(clone_at=5, clone_override=("lr=fast",)))
+
+
+def test_a_checkpoint_commits_only_with_every_host_ranks_files():
+    files = {ckptfiles.shard_name(0): {}, ckptfiles.local_name(0): {}, ckptfiles.local_name(1): {}}
+    assert ckptfiles.missing_senders(files, 2) == [1] and ckptfiles.missing_senders(files, 1) == []

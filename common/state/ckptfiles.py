@@ -78,6 +78,12 @@ def shard_blob(catalog: Catalog, plan: ShardPlan, sender: int, payload: np.ndarr
     return st_save(tensors, metadata=dict(meta))
 
 
+def missing_senders(files: Mapping[str, Any], senders: int) -> list[int]:
+    """The host ranks (of `senders`) whose shard or local file is not among `files`: a checkpoint
+    is committed only when none is missing, whichever keepers wrote what."""
+    return [k for k in range(senders) if not {shard_name(k), local_name(k)} <= files.keys()]
+
+
 def write_manifest(directory: Path, meta: Mapping[str, Any], files: Mapping[str, Mapping[str, Any]],
                    plan: ShardPlan) -> None:
     """Manifest (where every piece lives, every file's checksum), then the commit marker."""
