@@ -32,6 +32,7 @@ from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import lost_peer, wait
 from dpuoffload.common.state.sharding import (
+    allgather_bytes,
     byte_buffer,
     packed_nbytes,
     plan_shards,
@@ -169,11 +170,7 @@ class Validator:
         machines (no --oversubscribe, so no yielding) two such ranks took 0.8 of this box's 2 cores
         from the host ranks, and `mv` ran at 2.2x `none`'s epoch. So they wait in a sleeping barrier."""
         arrive(self.comm, "the other DPU validation ranks")
-        counts = self.comm.allgather(len(mine))
-        out = byte_buffer(sum(counts))
-        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
-        self.comm.Allgatherv(np.frombuffer(mine, dtype=np.uint8), [out, counts, displs, _byte_type()])
-        return out
+        return allgather_bytes(self.comm, np.frombuffer(mine, dtype=np.uint8))
 
     def rebuild(self, epoch: Optional[int], gathered: np.ndarray) -> tuple[int, float]:
         """Unpack every host rank's slices into the model; return the epoch and its DPU share f."""
@@ -197,12 +194,6 @@ class Validator:
             msg = np.array([epoch, *total], dtype=np.float64)
             req = self.topo.world.Isend(msg, dest=self.topo.host_ranks[0], tag=Tag.METRICS)
             wait(req, self.cfg.peer_timeout, "host rank 0 to receive the validation results")
-
-
-def _byte_type():
-    from mpi4py import MPI
-
-    return MPI.BYTE
 
 
 class ShutdownReceived(Exception):

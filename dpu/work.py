@@ -8,9 +8,9 @@ never import torch: see `common/runtime/startup.init_torch`).
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any, Optional, Protocol
 
-import numpy as np
 from mpi4py import MPI
 
 from dpuoffload.common.config import RunConfig
@@ -60,8 +60,8 @@ def validation(cfg: RunConfig, topo: Topology, plan: OffloadPlan, work_comm: MPI
     steps = steps_per_epoch(len(data.train), len(topo.host_ranks), cfg.batch_size, cfg.drop_last)
     start = start_position(find_resume(cfg, len(topo.host_ranks), steps))
     spans = epoch_spans(steps, cfg.epochs, start, cfg.stop_at_step)
-    firsts = start.global_step + np.cumsum([0] + [s.stop - s.start for s in spans])
-    span_steps = {s.epoch: range(int(first) + 1, int(last) + 1) for s, first, last in zip(spans, firsts, firsts[1:])}
+    done = list(itertools.accumulate((s.stop - s.start for s in spans), initial=start.global_step))
+    span_steps = {s.epoch: range(first + 1, last + 1) for s, first, last in zip(spans, done, done[1:])}
     return Validator(cfg, topo, work_comm, build_model(cfg, data.num_classes), data.val, hosts,
                      [s.epoch for s in spans if s.completes], span_steps, steps * cfg.epochs, plan.mv_ranks)
 

@@ -37,6 +37,7 @@ from dpuoffload.common.runtime.messages import (
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.waits import is_failure, wait
 from dpuoffload.common.state.sharding import (
+    allgather_bytes,
     pack_pieces,
     packed_nbytes,
     plan_shards,
@@ -257,6 +258,8 @@ class FallbackValidation:
     def fall_back(self, epoch: Optional[int]) -> None:
         """Collective: validate here what the DPU ranks did not report, and everything from now on."""
         first = self.comm.Get_rank() == 0
+        if first:  # (results that came meanwhile need no second evaluation)
+            self.done += self.poll()
         redo = self.comm.bcast(sorted(item[0] for item in self.off.pending) if first else None, root=0)
         host_part = {item[0]: item[1] for item in self.off.pending}
         for e in redo:
@@ -279,13 +282,7 @@ class FallbackValidation:
     def validate_kept(self, epoch: int) -> Sums:
         """The DPU part of `epoch`'s validation, here: the host ranks' kept messages rebuild that
         epoch's state (parameters and buffers) in a copy of the model."""
-        from mpi4py import MPI
-
-        staging = self.kept[epoch].staging
-        counts = self.comm.allgather(len(staging))
-        gathered = np.empty(sum(counts), dtype=np.uint8)
-        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
-        self.comm.Allgatherv(staging, [gathered, counts, displs, MPI.BYTE])
+        gathered = allgather_bytes(self.comm, self.kept[epoch].staging)
         if self.shadow is None:
             self.shadow = copy.deepcopy(self.off.model)
         unpack_states(gathered, self.off.plan, state_tensors(self.shadow.state_dict()))

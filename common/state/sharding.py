@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -21,6 +21,9 @@ import torch
 from dpuoffload.common.runtime.messages import STATE_HEADER, STATE_HEADER_BYTES
 from dpuoffload.common.train.device import numpy_dtype, to_host
 from dpuoffload.common.train.evaluation import shard_range
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 DEFAULT_THRESHOLD = 4096  # elements; below this a slice costs more in bookkeeping than it saves
 
@@ -135,6 +138,18 @@ def unpack_pieces(buf: np.ndarray, pieces: Sequence[Piece], tensors: Sequence[to
     for i, rowmajor in staged.items():
         tensors[i].copy_(rowmajor)
     return offset
+
+
+def allgather_bytes(comm: "MPI.Comm", mine: np.ndarray) -> np.ndarray:
+    """Every rank's byte buffer of any length, end to end on every rank (one raw Allgatherv): how
+    the STATE messages of all host ranks reach every rank that rebuilds the state from them."""
+    from mpi4py import MPI
+
+    counts = comm.allgather(len(mine))
+    out = byte_buffer(sum(counts))
+    displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+    comm.Allgatherv(mine, [out, counts, displs, MPI.BYTE])
+    return out
 
 
 def unpack_states(gathered: np.ndarray, plan: ShardPlan, tensors: Sequence[torch.Tensor]) -> list[Mapping[str, int]]:
