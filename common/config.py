@@ -254,8 +254,13 @@ class RunConfig:
                               "lossy-forward")
         if self.recovery == "stop":
             return
-        refused = [(self.mode not in (Mode.NONE, Mode.DA), f"--mode {self.mode} (use none or da: validation DPU "
-                    "ranks and naive replicas are not survived yet)"),
+        validators = self.mode in (Mode.MV, Mode.HYBRID)
+        refused = [(self.mode not in (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID), f"--mode {self.mode} (use none, "
+                    "da, mv or hybrid: naive replicas are not survived yet)"),
+                   (validators and self.dpu_failure == "fallback", f"--dpu-failure fallback in --mode {self.mode} "
+                    "(a dead DPU validation rank and a dead host rank are not survived in one run yet: drop one)"),
+                   (validators and self.mv_dpu_fraction == "auto", "--mv-dpu-fraction auto (it measures on host "
+                    "rank 0 at the start: give the DPU share as a number)"),
                    (self.allreduce in ("horovod", "torch"), f"--allreduce {self.allreduce} (Horovod and "
                     "torch.distributed cannot shrink their group: leave --allreduce out, or use mpi)"),
                    (self.ckpt_every is not None or self.ckpt_every_epoch or self.clone_at is not None,

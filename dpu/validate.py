@@ -7,6 +7,11 @@ DPU part of the validation set (the first f, unshuffled), reduce (loss sum, corr
 their communicator, and rank 0 sends the sums to host rank 0. Waits for the next state have no
 deadline (an epoch may take hours); a dead host rank makes Open MPI end the job.
 
+Under `--recovery lossy-forward`/`rollback` the host group that sends an epoch's state can lose
+ranks or seat spares: each validation rank then takes whatever STATE messages come (as many as
+their headers say, the slices planned for the sender count they carry), and rank 0 sends the
+results to every sender (`host.validation.SurvivingValidation`).
+
 Under `--dpu-failure fallback` a dead validation rank is survived: the others stop validating
 (whoever learns of it first revokes their communicator, which wakes the rest from its
 collectives), and the host ranks validate from then on (`host.validation.FallbackValidation`).
@@ -27,15 +32,15 @@ from dpuoffload.common.errors import PeerError, PeerLost
 from dpuoffload.common.plan.validation_split import dpu_count
 from dpuoffload.common.runtime import faults, inject
 from dpuoffload.common.runtime.failure import arrive
-from dpuoffload.common.runtime.messages import CONTROL, STATE_HEADER_BYTES, ControlKind, Tag
+from dpuoffload.common.runtime.messages import CONTROL, STATE_HEADER, STATE_HEADER_BYTES, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
-from dpuoffload.common.runtime.waits import lost_peer, wait
+from dpuoffload.common.runtime.waits import is_failure, lost_peer, wait
 from dpuoffload.common.state.sharding import (
     allgather_bytes,
     byte_buffer,
+    cached_plan,
     packed_nbytes,
-    plan_shards,
     state_digest,
     state_tensors,
     unpack_states,
@@ -72,9 +77,12 @@ class Validator:
         self.validators = frozenset(validators)
         self.injector = inject.for_rank(cfg.inject, topo)
         self.tensors = state_tensors(model.state_dict())
-        self.plan = plan_shards([t.numel() for t in self.tensors], len(topo.host_ranks))
-        self.sizes = [STATE_HEADER_BYTES + packed_nbytes(self.tensors, self.plan.rank_pieces(k))
+        plan = cached_plan(tuple(t.numel() for t in self.tensors), len(topo.host_ranks))
+        self.sizes = [STATE_HEADER_BYTES + packed_nbytes(self.tensors, plan.rank_pieces(k))
                       for k in range(len(topo.host_ranks))]
+        self.surviving = cfg.recovery != "stop"   # the senders of an epoch's state can change
+        self.early: dict[int, list[np.ndarray]] = {}   # (--recovery) messages of a later epoch, received
+        self.sources: tuple[int, ...] = ()   # world ranks that sent the epoch's state (the results go back there)
         self.timer = PhaseTimer()
 
     def run(self) -> list[dict[str, Any]]:
@@ -123,7 +131,7 @@ class Validator:
         to stop waiting)."""
         self.timer.reset()
         with self.timer.phase("wait_state"):
-            received = self.receive(on_poll)
+            received = self.receive_surviving(epoch, on_poll) if self.surviving else self.receive(on_poll)
         if epoch in self.steps:
             self.injector.check_through(self.steps[epoch], self.total_steps)
         t0 = time.perf_counter()
@@ -162,6 +170,61 @@ class Validator:
             raise
         return b"".join(b.tobytes() for b in bufs)
 
+    def receive_surviving(self, epoch: Optional[int], on_poll: Optional[Callable[[], None]] = None) -> bytes:
+        """Under --recovery: this epoch's STATE messages from whichever ranks send them (the host
+        group may have shrunk, or seated a spare, since the start), as many as their header's
+        `to_me` says, in arrival order. A message of a later epoch (the host ranks may be an epoch
+        ahead) is kept for it. If a sender dies before its message came whole the epoch cannot be
+        validated, and the job ends saying so (`stalled`)."""
+        from mpi4py import MPI
+
+        got = self.early.pop(epoch, []) if epoch is not None else []
+        expect = max(1, _head(got[0])["to_me"]) if got else None
+        status, last = MPI.Status(), time.monotonic()
+        while expect is None or len(got) < expect:
+            msg = self._probe(status)
+            if msg is None:
+                if on_poll is not None:
+                    on_poll()
+                self.stalled(epoch, len(got), expect, last)
+                time.sleep(STATE_POLL_MAX_SLEEP)
+                continue
+            source, buf = status.Get_source(), byte_buffer(status.Get_count(MPI.BYTE))
+            wait(msg.Irecv(buf), self.cfg.peer_timeout, f"the model state from {self.topo.describe(source)}")
+            head, last = _head(buf), time.monotonic()
+            if epoch is not None and head["epoch"] != epoch:
+                self.early.setdefault(head["epoch"], []).append(buf)
+                continue
+            epoch = head["epoch"] if epoch is None else epoch
+            got.append(buf)
+            expect = max(1, head["to_me"])
+        return b"".join(b.tobytes() for b in got)
+
+    def _probe(self, status: "MPI.Status") -> Optional["MPI.Message"]:
+        """A STATE message from any rank, if one is there. ULFM fails a wildcard probe once a rank
+        has died until this rank acknowledges the deaths it knows of; it does so and probes again."""
+        from mpi4py import MPI
+
+        try:
+            return self.topo.world.improbe(source=MPI.ANY_SOURCE, tag=Tag.STATE, status=status)
+        except MPI.Exception as e:
+            if not is_failure(e):
+                raise
+            self.topo.world.Ack_failed()
+            return None
+
+    def stalled(self, epoch: Optional[int], n: int, expect: Optional[int], last: float) -> None:
+        """End the wait if part of an epoch's state came, the rest has not for --peer-timeout, and
+        a host or spare rank died: the senders send at the same moment, so a dead one's part will
+        not come."""
+        if not n or expect is None or time.monotonic() - last < self.cfg.peer_timeout:
+            return
+        dead = sorted(faults.dead_ranks() & {*self.topo.host_ranks, *self.topo.spare_ranks})
+        if dead:
+            raise PeerError(f"epoch {epoch}: {n} of the {expect} model state messages due here came, and "
+                            f"{', '.join(self.topo.describe(r) for r in dead)} died: the rest cannot come, so this "
+                            "epoch cannot be validated (a host rank died while handing its state over)")
+
     def allgather(self, mine: bytes) -> np.ndarray:
         """Every validation rank's received slices, on every validation rank (raw Allgatherv).
 
@@ -174,15 +237,18 @@ class Validator:
 
     def rebuild(self, epoch: Optional[int], gathered: np.ndarray) -> tuple[int, float]:
         """Unpack every host rank's slices into the model; return the epoch and its DPU share f."""
-        heads = unpack_states(gathered, self.plan, self.tensors)
+        heads = unpack_states(gathered, self.tensors)
         epoch = heads[0]["epoch"] if epoch is None and heads else epoch
         wrong = [h["epoch"] for h in heads if h["epoch"] != epoch]
         if wrong:
             raise PeerError(f"model state of epoch {wrong[0]} arrived while validating epoch {epoch}")
-        shares, seen = {h["dpu_share_ppm"] for h in heads}, {h["sender"] for h in heads}
-        if len(seen) != len(self.topo.host_ranks) or len(shares) != 1:
-            raise PeerError(f"epoch {epoch}: state slices from host ranks {sorted(seen)} with shares {shares}; "
-                            f"expected all {len(self.topo.host_ranks)} host ranks and one share")
+        slices = [h for h in heads if h["sender"] >= 0]
+        shares, seen = {h["dpu_share_ppm"] for h in heads}, {h["sender"] for h in slices}
+        senders = {h["senders"] for h in heads}
+        if len(senders) != 1 or seen != set(range(min(senders))) or len(shares) != 1:
+            raise PeerError(f"epoch {epoch}: state slices from host ranks {sorted(seen)} of {sorted(senders)} with "
+                            f"shares {shares}; expected one slice from every sender and one share")
+        self.sources = tuple(sorted(h["source"] for h in slices))
         return int(epoch), shares.pop() / 1e6  # type: ignore[arg-type]
 
     def report(self, epoch: int, sums: np.ndarray) -> None:
@@ -190,10 +256,25 @@ class Validator:
 
         total = np.zeros_like(sums)
         self.comm.Reduce(sums, total, op=MPI.SUM, root=0)
-        if self.comm.Get_rank() == 0:
-            msg = np.array([epoch, *total], dtype=np.float64)
+        if self.comm.Get_rank() != 0:
+            return
+        msg = np.array([epoch, *total], dtype=np.float64)
+        if not self.surviving:
             req = self.topo.world.Isend(msg, dest=self.topo.host_ranks[0], tag=Tag.METRICS)
             wait(req, self.cfg.peer_timeout, "host rank 0 to receive the validation results")
+            return
+        # --recovery: to every rank that sent the state (host rank 0 may die before they come); a
+        # sender that died since is skipped (the survivors agree on the results among themselves)
+        reqs = [(r, self.topo.world.Isend(msg, dest=r, tag=Tag.METRICS)) for r in self.sources]
+        for r, req in reqs:
+            try:
+                wait(req, self.cfg.peer_timeout, f"{self.topo.describe(r)} to receive the validation results")
+            except PeerLost:
+                pass
+
+
+def _head(buf: np.ndarray) -> Mapping[str, int]:
+    return STATE_HEADER.unpack(buf[:STATE_HEADER_BYTES].view(np.int64).copy())
 
 
 class ShutdownReceived(Exception):

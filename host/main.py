@@ -28,7 +28,7 @@ from dpuoffload.common.state.trainstate import describe_position, epoch_spans
 from dpuoffload.common.train.allreduce import build_sync, resolve_backend
 from dpuoffload.common.train.autoselect import report_measured
 from dpuoffload.common.train.device import Compute, resolve_device
-from dpuoffload.common.train.evaluation import LocalValidation, SharePolicy, Validation
+from dpuoffload.common.train.evaluation import LocalValidation
 from dpuoffload.common.train.loop import Trainer, TrainJob
 from dpuoffload.common.train.naive import build_naive_feed, measure_profile, naive_backend
 from dpuoffload.common.train.spares import Rollback, SparePool
@@ -38,7 +38,7 @@ from dpuoffload.host.clone import check_clone_flags, clone_config, describe_over
 from dpuoffload.host.extensions import CloneAdopter, HostExtensions
 from dpuoffload.host.library import attach, current
 from dpuoffload.host.spare import run_spare, spare_feed
-from dpuoffload.host.validation import AutoShare, FallbackValidation, OffloadedValidation, fixed_share
+from dpuoffload.host.validation import build_validation
 
 
 def prepare(cfg: RunConfig, topo: Topology, extensions: HostExtensions) -> TrainJob:
@@ -74,23 +74,6 @@ def check_state_flags(cfg: RunConfig, topo: Topology, job: TrainJob) -> None:
     check_clone_flags(cfg, topo, start.global_step + sum(s.stop - s.start for s in spans))
     if cfg.checkpointing or cfg.clone_at is not None:
         StateAssignment.of(topo).keeper_of(topo.world_rank)
-
-
-def build_validation(cfg: RunConfig, topo: Topology, job: TrainJob,
-                     group: Any = None) -> tuple[Validation, Optional[SharePolicy]]:
-    """Validation on the host ranks (over `group`, default their communicator), or handed to the
-    DPU validation ranks (mv, hybrid)."""
-    val, bs = job.data.val, cfg.val_batch_size
-    if not job.plan.mv_ranks:
-        return LocalValidation(job.model, val, bs, topo.side_comm if group is None else group), None
-    leader = job.plan.mv_ranks[0]
-    fallback = cfg.dpu_failure == "fallback"  # (a dead validation rank: the host ranks validate from then on)
-    offloaded = OffloadedValidation(job.model, val, bs, topo, job.plan.mv_target[topo.world_rank], leader,
-                                    cfg.peer_timeout, keep=fallback)
-    validation = FallbackValidation(offloaded, job.plan.mv_ranks, cfg.peer_timeout) if fallback else offloaded
-    if cfg.mv_dpu_fraction == "auto":
-        return validation, AutoShare(topo, job.model, val, bs, leader, len(job.plan.mv_ranks), cfg.peer_timeout)
-    return validation, fixed_share(float(cfg.mv_dpu_fraction))
 
 
 def report_auto(auto: dict[str, Any], records: list[dict[str, Any]], cfg: RunConfig) -> None:

@@ -24,13 +24,13 @@ from dpuoffload.common.runtime import faults
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.state.trainstate import describe_position
 from dpuoffload.common.train.allreduce import build_sync
-from dpuoffload.common.train.evaluation import LocalValidation
 from dpuoffload.common.train.loop import Trainer, TrainJob
 from dpuoffload.common.train.spares import Rollback, SparePool, unpack_state
 from dpuoffload.common.train.survivors import SurvivorGroup
 from dpuoffload.host.extensions import LoaderFeed
 from dpuoffload.host.library import Job
 from dpuoffload.host.loader import local_loader
+from dpuoffload.host.validation import build_validation
 
 
 def spare_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded, seat: int,
@@ -58,9 +58,9 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob) -> int:
     feed = job.feed = spare_feed(cfg, topo, job.train, call.seat, job.plan)
     group = SurvivorGroup(topo, cfg.peer_timeout, spares=pool)
     sync = build_sync("mpi", group, cfg.peer_timeout, job.compute.device)
-    validation = LocalValidation(job.model, job.data.val, cfg.val_batch_size, group)
-    trainer = Trainer(cfg, topo, job, sync, validation, group=group, joining=True)
-    position = unpack_state(call.state, trainer.model, trainer.optimizer, trainer.scheduler)
+    validation, share = build_validation(cfg, topo, job, group)
+    trainer = Trainer(cfg, topo, job, sync, validation, share, group=group, joining=True)
+    position, trainer.partial = unpack_state(call.state, trainer.model, trainer.optimizer, trainer.scheduler)
     trainer.resume_at(position, None)
     trainer.recovery = Rollback(group, trainer, job.feed.steps(), cfg.epochs)
     what = "replays the failed step from" if call.replay else "starts at"

@@ -17,7 +17,7 @@ import copy
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, cast
 
 import numpy as np
 from torch import nn
@@ -37,10 +37,11 @@ from dpuoffload.common.runtime.messages import (
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.waits import is_failure, wait
 from dpuoffload.common.state.sharding import (
+    Piece,
     allgather_bytes,
+    cached_plan,
     pack_pieces,
     packed_nbytes,
-    plan_shards,
     state_tensors,
     unpack_states,
 )
@@ -59,6 +60,9 @@ from dpuoffload.common.train.evaluation import (
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+    from dpuoffload.common.config import RunConfig
+    from dpuoffload.common.train.loop import TrainJob
 
 
 
@@ -95,46 +99,91 @@ class AutoShare:
 
 class OffloadedValidation:
     def __init__(self, model: nn.Module, val_set: Dataset, batch_size: int, topo: Topology,
-                 dpu: int, dpu_leader: int, timeout: float, keep: bool = False) -> None:
-        """`keep`: stage each epoch's state in a fresh buffer and never wait for the last send, so
-        `FallbackValidation` can keep the message until the epoch's DPU results are in."""
+                 mv_target: Mapping[int, int], mv_ranks: Sequence[int], timeout: float, keep: bool = False,
+                 group: Any = None) -> None:
+        """`mv_target`: host world rank -> its validation rank; `keep`: stage each epoch's state in a
+        fresh buffer and never wait for the last send, so `FallbackValidation` can keep the message
+        until the epoch's DPU results are in. `group`: the host ranks' `SurvivorGroup` under
+        --recovery (`SurvivingValidation`): each epoch's slices follow the group as it is then (its
+        size, and the seats its ranks fill), and every sender gets the results."""
         self.model, self.val_set, self.batch_size, self.topo = model, val_set, batch_size, topo
-        self.comm, self.dpu, self.dpu_leader, self.timeout = topo.side_comm, dpu, dpu_leader, timeout
-        tensors = state_tensors(model.state_dict())
-        self.plan = plan_shards([t.numel() for t in tensors], self.comm.Get_size())
-        self.pieces = self.plan.rank_pieces(self.comm.Get_rank())
-        self.staging = np.zeros(STATE_HEADER_BYTES + packed_nbytes(tensors, self.pieces), dtype=np.uint8)
+        self.comm = topo.side_comm if group is None else group
+        self.surviving = group is not None
+        self.mv_target, self.mv_ranks, self.dpu_leader, self.timeout = mv_target, tuple(mv_ranks), mv_ranks[0], timeout
+        self.numels = tuple(t.numel() for t in state_tensors(model.state_dict()))
+        self.staging = np.zeros(STATE_HEADER_BYTES + packed_nbytes(state_tensors(model.state_dict()), self.pieces()),
+                                dtype=np.uint8)
+        self.sent = self.staging[:0]  # the last STATE message (a view of `staging`)
         self.send_req: Optional["MPI.Request"] = None
+        self.notices: list[tuple[np.ndarray, "MPI.Request"]] = []
         self.pending: deque[tuple[int, Sums, np.ndarray, "MPI.Request"]] = deque()
         self.keep = keep
         self.confirmed = -1  # host rank 0: the last epoch whose DPU results were merged
+
+    def pieces(self) -> tuple[Piece, ...]:
+        """This rank's slices, in the plan for the group's size now."""
+        return cached_plan(self.numels, self.comm.Get_size()).rank_pieces(self.comm.Get_rank())
+
+    def seat_hosts(self) -> list[int]:
+        """World ranks of the host ranks whose seats the group's ranks fill, in group rank order: a
+        spare in a dead host rank's seat sends to that rank's validation rank."""
+        return [self.topo.host_ranks[s] for s in getattr(self.comm, "alive", range(self.comm.Get_size()))]
+
+    @property
+    def dpu(self) -> int:
+        """The validation rank this rank's STATE message goes to."""
+        if not self.surviving:
+            return self.mv_target[self.topo.world_rank]
+        return self.mv_target[self.seat_hosts()[self.comm.Get_rank()]]
 
     def epoch_end(self, epoch: int, dpu_share: float) -> None:
         self.send_state(epoch, dpu_share)
         self.validate_host_part(epoch, dpu_share)
 
     def validate_host_part(self, epoch: int, dpu_share: float) -> None:
-        """Evaluate the host ranks' part (the 1 - f tail); host rank 0 posts the receive of the DPU part's sums."""
+        """Evaluate the host ranks' part (the 1 - f tail); host rank 0 (every rank under --recovery)
+        posts the receive of the DPU part's sums."""
         n = len(self.val_set)
         tail = range(dpu_count(n, dpu_share), n)
         mine = shard_range(len(tail), self.comm.Get_rank(), self.comm.Get_size())
         indices = tail[mine.start: mine.stop]
         host_sums = allreduce_sums(self.comm, evaluate_sums(self.model, self.val_set, indices, self.batch_size))
-        if self.comm.Get_rank() == 0:
+        if self.comm.Get_rank() == 0 or self.surviving:
             buf = np.zeros(len(METRICS_FIELDS), dtype=np.float64)
             req = self.topo.world.Irecv(buf, source=self.dpu_leader, tag=Tag.METRICS)
             self.pending.append((epoch, host_sums, buf, req))
 
     def send_state(self, epoch: int, dpu_share: float) -> None:
         """Stage this rank's slices (the only blocking part) and send them without waiting."""
+        dpu, pieces = self.dpu, self.pieces()
+        tensors = state_tensors(self.model.state_dict())
+        need = STATE_HEADER_BYTES + packed_nbytes(tensors, pieces)
         if self.keep:
-            self.staging = np.zeros_like(self.staging)  # (the last one is kept by its owner)
+            self.staging = np.zeros(need, dtype=np.uint8)  # (the last one is kept by its owner)
         elif self.send_req is not None:
-            wait(self.send_req, self.timeout, f"{self.topo.describe(self.dpu)} to receive the model state")
-        nbytes = pack_pieces(state_tensors(self.model.state_dict()), self.pieces, self.staging[STATE_HEADER_BYTES:])
+            wait(self.send_req, self.timeout, f"{self.topo.describe(dpu)} to receive the model state")
+        if len(self.staging) < need:  # (the group shrank: a larger slice)
+            self.staging = np.zeros(need, dtype=np.uint8)
+        nbytes = pack_pieces(tensors, pieces, self.staging[STATE_HEADER_BYTES:])
+        seats = [self.mv_target.get(h) for h in self.seat_hosts()] if self.surviving else list(self.mv_target.values())
         self.staging[:STATE_HEADER_BYTES].view(np.int64)[:] = STATE_HEADER.pack(
-            epoch=epoch, sender=self.comm.Get_rank(), nbytes=nbytes, dpu_share_ppm=round(dpu_share * 1e6))
-        self.send_req = self.topo.world.Isend(self.staging, dest=self.dpu, tag=Tag.STATE)
+            epoch=epoch, sender=self.comm.Get_rank(), nbytes=nbytes, dpu_share_ppm=round(dpu_share * 1e6),
+            senders=self.comm.Get_size(), to_me=seats.count(dpu), source=self.topo.world_rank)
+        self.sent = self.staging[:STATE_HEADER_BYTES + nbytes]
+        self.send_req = self.topo.world.Isend(self.sent, dest=dpu, tag=Tag.STATE)
+        if self.surviving and self.comm.Get_rank() == 0:
+            self.send_notices(epoch, dpu_share, [v for v in self.mv_ranks if v not in seats])
+
+    def send_notices(self, epoch: int, dpu_share: float, idle: Sequence[int]) -> None:
+        """Under --recovery: tell each validation rank that no seat sends to this epoch (its host
+        ranks died) that the epoch's state is out, in a header-only message."""
+        for buf, req in self.notices:
+            wait(req, self.timeout, "a validation rank to take the state notice")
+        self.notices = []
+        for v in idle:
+            buf = STATE_HEADER.pack(epoch=epoch, sender=-1, nbytes=0, dpu_share_ppm=round(dpu_share * 1e6),
+                                    senders=self.comm.Get_size(), to_me=0, source=self.topo.world_rank)
+            self.notices.append((buf, self.topo.world.Isend(buf, dest=v, tag=Tag.STATE)))
 
     def ready(self) -> list[tuple[int, Sums]]:
         out = []
@@ -148,9 +197,14 @@ class OffloadedValidation:
             epoch, _, _, req = self.pending[0]
             wait(req, self.timeout, f"epoch {epoch + 1} validation results from the DPU validation ranks")
             out.append(self._merge(self.pending.popleft()))
+        self.finish_sends()
+        return out
+
+    def finish_sends(self) -> None:
         if self.send_req is not None and not self.keep:
             wait(self.send_req, self.timeout, f"{self.topo.describe(self.dpu)} to receive the model state")
-        return out
+        for _, req in self.notices:
+            wait(req, self.timeout, "a validation rank to take the state notice")
 
     def _merge(self, item: tuple[int, Sums, np.ndarray, "MPI.Request"]) -> tuple[int, Sums]:
         epoch, host_sums, buf, _ = item
@@ -201,7 +255,7 @@ class FallbackValidation:
             self.local.epoch_end(epoch)
             return
         self.off.send_state(epoch, dpu_share)
-        self.kept[epoch] = KeptState(dpu_share, self.off.staging, cast("MPI.Request", self.off.send_req))
+        self.kept[epoch] = KeptState(dpu_share, self.off.sent, cast("MPI.Request", self.off.send_req))
         self.off.validate_host_part(epoch, dpu_share)
 
     def ready(self) -> list[tuple[int, Sums]]:
@@ -285,7 +339,7 @@ class FallbackValidation:
         gathered = allgather_bytes(self.comm, self.kept[epoch].staging)
         if self.shadow is None:
             self.shadow = copy.deepcopy(self.off.model)
-        unpack_states(gathered, self.off.plan, state_tensors(self.shadow.state_dict()))
+        unpack_states(gathered, state_tensors(self.shadow.state_dict()))
         n_dpu = dpu_count(len(self.off.val_set), self.kept[epoch].share)
         mine = shard_range(n_dpu, self.comm.Get_rank(), self.comm.Get_size())
         return allreduce_sums(self.comm, evaluate_sums(self.shadow, self.off.val_set, mine, self.off.batch_size))
@@ -316,6 +370,77 @@ def _cancel(req: "MPI.Request") -> None:
             raise
 
 
+class SurvivingValidation:
+    """`--recovery lossy-forward`/`rollback` with DPU validation ranks (mv, hybrid): `OffloadedValidation`
+    over a host group that loses ranks or seats spares.
+
+    Each epoch's state goes from the group as it is at the epoch's end (slices planned for its
+    size, each to the validation rank of its sender's seat; `dpu.validate` reads the sender count
+    from the headers), and the results come back to every sender rather than to host rank 0 alone,
+    which may die before they come. Which rank got them then differs (a spare seated since has
+    none of its own), so after each epoch the host ranks agree in one allreduce (MAX) of every
+    epoch's host and DPU sums, a rank that lacks one contributing zeros (sums are never negative),
+    and each returns an epoch once both parts are in somewhere. The epoch records a spare needs
+    came with its state (`common.train.spares.pack_state`).
+    """
+
+    def __init__(self, offloaded: OffloadedValidation, epochs: int, timeout: float) -> None:
+        self.off, self.comm, self.epochs, self.timeout = offloaded, offloaded.comm, epochs, timeout
+        self.host: dict[int, Sums] = {}   # epoch -> the host part's sums, on the ranks that validated it
+        self.dpu: dict[int, Sums] = {}    # epoch -> the DPU part's sums, on the ranks they came to
+        self.returned: set[int] = set()
+
+    def epoch_end(self, epoch: int, dpu_share: float) -> None:
+        self.off.epoch_end(epoch, dpu_share)
+        self.host[epoch] = self.off.pending[-1][1]
+
+    def ready(self) -> list[tuple[int, Sums]]:
+        return self.agree()[0]
+
+    def finish(self) -> list[tuple[int, Sums]]:
+        """Collective: wait until every epoch's DPU results are in somewhere and every rank's own
+        receive of them completed (the validation rank waits for its sends)."""
+        deadline, out = time.monotonic() + self.timeout, []
+        while True:
+            done, due = self.agree()
+            out += done
+            if not due:
+                break
+            if time.monotonic() > deadline:
+                raise PeerError(f"timed out after {self.timeout:.0f} s waiting for the validation results of the "
+                                "DPU validation ranks (raise --peer-timeout if they are slow)")
+            time.sleep(FINISH_POLL_S)
+        self.off.finish_sends()
+        return out
+
+    def agree(self) -> tuple[list[tuple[int, Sums]], bool]:
+        """Collective over the host group: the epochs whose results are complete now (each returned
+        once), and whether results are still due anywhere."""
+        from mpi4py import MPI
+
+        self.collect()
+        mine = np.zeros((self.epochs + 1, 8), dtype=np.float64)
+        for epoch, sums in self.host.items():
+            mine[epoch, :4] = [1, *sums]
+        for epoch, sums in self.dpu.items():
+            mine[epoch, 4:] = [1, *sums]
+        mine[self.epochs, 0] = len(self.off.pending)
+        got = np.empty_like(mine)
+        self.comm.Allreduce(mine, got, op=MPI.MAX)
+        complete = [e for e in range(self.epochs) if got[e, 0] and got[e, 4] and e not in self.returned]
+        self.returned.update(complete)
+        due = bool(got[self.epochs, 0]) or bool(np.any(got[:self.epochs, 0] > got[:self.epochs, 4]))
+        return [(e, got[e, 1:4] + got[e, 5:]) for e in complete], due
+
+    def collect(self) -> None:
+        """This rank's DPU results that came (in epoch order: one sender, one tag)."""
+        while self.off.pending and self.off.pending[0][3].Test():
+            epoch, _, buf, _ = self.off.pending.popleft()
+            if int(buf[0]) != epoch:
+                raise RuntimeError(f"DPU validation results for epoch {int(buf[0])} arrived, expected {epoch}")
+            self.dpu[epoch] = buf[1:].copy()
+
+
 class JobValidation:
     """The public API's `job.validate`: one epoch's validation on the DPU validation ranks (`--mode
     mv`/`hybrid`, `OffloadedValidation`) or on the host ranks (`LocalValidation`), same sums.
@@ -338,8 +463,7 @@ class JobValidation:
             topo, plan = cast(Topology, topo), cast(OffloadPlan, plan)
             if topo.side_rank == 0:
                 send_setup(topo, plan.mv_ranks, ValidatorSetup(model, val_set, batch_size), timeout)
-            self.inner = OffloadedValidation(model, val_set, batch_size, topo, plan.mv_target[topo.world_rank],
-                                             plan.mv_ranks[0], timeout)
+            self.inner = OffloadedValidation(model, val_set, batch_size, topo, plan.mv_target, plan.mv_ranks, timeout)
         else:
             self.inner = LocalValidation(model, val_set, batch_size, comm)
 
@@ -383,3 +507,25 @@ def send_setup(topo: Topology, mv_ranks: Sequence[int], setup: ValidatorSetup, t
     reqs = [topo.world.isend(data, dest=d, tag=Tag.VALIDATOR) for d in mv_ranks]
     for d, req in zip(mv_ranks, reqs):
         wait(req, timeout, f"{topo.describe(d)} to take the model and validation set")
+
+
+def build_validation(cfg: "RunConfig", topo: Topology, job: "TrainJob",
+                     group: Any = None) -> tuple[Validation, Optional[SharePolicy]]:
+    """Validation on the host ranks (over `group`, default their communicator), or handed to the
+    DPU validation ranks (mv, hybrid). `group` a `SurvivorGroup` (--recovery): the state slices and
+    the results follow the group as it shrinks or seats spares."""
+    val, bs = job.data.val, cfg.val_batch_size
+    if not job.plan.mv_ranks:
+        return LocalValidation(job.model, val, bs, topo.side_comm if group is None else group), None
+    leader = job.plan.mv_ranks[0]
+    fallback = cfg.dpu_failure == "fallback"  # (a dead validation rank: the host ranks validate from then on)
+    offloaded = OffloadedValidation(job.model, val, bs, topo, job.plan.mv_target, job.plan.mv_ranks,
+                                    cfg.peer_timeout, keep=fallback, group=group)
+    validation: Validation = offloaded
+    if group is not None:
+        validation = SurvivingValidation(offloaded, cfg.epochs, cfg.peer_timeout)
+    elif fallback:
+        validation = FallbackValidation(offloaded, job.plan.mv_ranks, cfg.peer_timeout)
+    if cfg.mv_dpu_fraction == "auto":
+        return validation, AutoShare(topo, job.model, val, bs, leader, len(job.plan.mv_ranks), cfg.peer_timeout)
+    return validation, fixed_share(float(cfg.mv_dpu_fraction))

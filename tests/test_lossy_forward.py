@@ -33,7 +33,8 @@ def order(n: int, replicas: int, rank: int, epoch: int) -> list[int]:
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--mode", "mv"], "cannot go with --mode mv"),
+    (["--mode", "mv", "--dpu-failure", "fallback"], "cannot go with --dpu-failure fallback in --mode mv"),
+    (["--mode", "hybrid", "--mv-dpu-fraction", "auto"], "cannot go with --mv-dpu-fraction auto"),
     (["--mode", "naive"], "cannot go with --mode naive"),
     (["--allreduce", "horovod"], "Horovod and torch.distributed cannot shrink their group"),
     (["--ckpt-dir", "/tmp/x", "--ckpt-every", "2"], "checkpoints or clones"),

@@ -53,7 +53,7 @@ def test_state_message_restores_the_trainer_to_the_bit():
     dst = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
     opt2 = build_optimizer(cfg, dst)
     sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: lr_factor("cosine", s, 10))
-    assert unpack_state(blob, dst, opt2, sched2) == Position(0, 3, 3)
+    assert unpack_state(blob, dst, opt2, sched2) == (Position(0, 3, 3), {})
     for a, b in zip(src.state_dict().values(), dst.state_dict().values()):
         assert torch.equal(a, b)
     for p, q in zip(src.parameters(), dst.parameters()):
@@ -84,8 +84,8 @@ def test_launch_checks_name_the_missing_half(launcher, training, message):
 def test_flag_errors():
     with pytest.raises(ConfigError, match="a run has one or the other"):
         cli.parse_launcher_args(["--spare-ranks", "1", "--clone-ranks", "1"])
-    with pytest.raises(ConfigError, match="--recovery rollback cannot go with --mode mv"):
-        parse_run_config(["--recovery", "rollback", "--mode", "mv"])
+    with pytest.raises(ConfigError, match="--recovery rollback cannot go with --mode naive"):
+        parse_run_config(["--recovery", "rollback", "--mode", "naive"])
     with pytest.raises(ConfigError, match="add --recovery lossy-forward"):
         parse_run_config(["--recovery", "rollback", "--reassign"])
     assert parse_run_config(["--recovery", "rollback"]).allreduce == "mpi"

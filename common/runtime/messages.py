@@ -68,7 +68,13 @@ CONTROL = HeaderLayout("control", Tag.CONTROL, ("kind", "epoch", "step", "value"
 
 # The STATE message: this header (int64) followed by the sender's packed slices (bytes), in one buffer.
 # `dpu_share_ppm` is the fraction of the validation set the DPU ranks evaluate, in parts per million.
-STATE_HEADER = HeaderLayout("state", Tag.STATE, ("epoch", "sender", "nbytes", "dpu_share_ppm"))
+# `sender` is the sender's rank among the `senders` host ranks that hand this epoch's state over (the
+# slices follow `plan_shards(..., senders)`), `source` its world rank (the results go back there under
+# --recovery), `to_me` how many STATE messages of this epoch the receiving validation rank gets (under
+# --recovery the host group can shrink or take a spare in, so the receiver cannot know it in advance; a
+# validation rank no host rank sends to gets a header-only notice, `sender` -1, instead).
+STATE_HEADER = HeaderLayout("state", Tag.STATE, ("epoch", "sender", "nbytes", "dpu_share_ppm", "senders", "to_me",
+                                                 "source"))
 STATE_HEADER_BYTES = 8 * len(STATE_HEADER.fields)
 
 

@@ -11,6 +11,7 @@ now, and by checkpoints and clones later: one mechanism, several consumers.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
@@ -69,6 +70,13 @@ def plan_shards(numels: Sequence[int], n_ranks: int, threshold: int = DEFAULT_TH
         per_rank[r].append(Piece(t, 0, numels[t]))
         load[r] += numels[t]
     return ShardPlan(tuple(numels), tuple(tuple(sorted(p, key=lambda x: (x.tensor, x.start))) for p in per_rank))
+
+
+@functools.lru_cache(maxsize=8)
+def cached_plan(numels: tuple[int, ...], n_ranks: int) -> ShardPlan:
+    """`plan_shards` for senders that all compute the same plan again and again (one per group size:
+    under --recovery the host group that sends the state can shrink)."""
+    return plan_shards(numels, n_ranks)
 
 
 def state_tensors(state: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -152,16 +160,20 @@ def allgather_bytes(comm: "MPI.Comm", mine: np.ndarray) -> np.ndarray:
     return out
 
 
-def unpack_states(gathered: np.ndarray, plan: ShardPlan, tensors: Sequence[torch.Tensor]) -> list[Mapping[str, int]]:
+def unpack_states(gathered: np.ndarray, tensors: Sequence[torch.Tensor]) -> list[Mapping[str, int]]:
     """Unpack every STATE message in `gathered` (host ranks' messages end to end, as an all-gather
-    of them leaves them) into `tensors`; return their headers. The DPU validation ranks rebuild an
+    of them leaves them) into `tensors`, each by the plan of its header's sender count; return
+    their headers (header-only notices, sender -1, included). The DPU validation ranks rebuild an
     epoch's state this way, and so do the host ranks when they validate it themselves after a
     validation rank died (`host.validation.FallbackValidation`)."""
     heads, offset = [], 0
+    numels = tuple(t.numel() for t in tensors)
     while offset < len(gathered):
         head = STATE_HEADER.unpack(gathered[offset: offset + STATE_HEADER_BYTES].view(np.int64).copy())
         start = offset + STATE_HEADER_BYTES
-        unpack_pieces(gathered[start: start + head["nbytes"]], plan.rank_pieces(head["sender"]), tensors)
+        if head["sender"] >= 0:
+            pieces = cached_plan(numels, head["senders"]).rank_pieces(head["sender"])
+            unpack_pieces(gathered[start: start + head["nbytes"]], pieces, tensors)
         heads.append(head)
         offset = start + head["nbytes"]
     return heads

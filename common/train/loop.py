@@ -226,8 +226,8 @@ class Trainer:
         records: list[dict[str, Any]] = []
         for span in epoch_spans(self.feed.steps(), self.cfg.epochs, self.start, self.cfg.stop_at_step):
             self.run_epoch(span)
-            records += [self.complete(e, sums) for e, sums in self.validation.ready()]
-        records += [self.complete(e, sums) for e, sums in self.validation.finish()]
+            records += self.complete_all(self.validation.ready())
+        records += self.complete_all(self.validation.finish())
         self.reports.close()
         self.hooks.finish()
         final = {"event": "end", "weights_sha256": state_digest(self.model), "global_step": self.global_step,
@@ -265,6 +265,11 @@ class Trainer:
     def dpu_share(self, train_time: float) -> float:
         """Fraction of the validation set the DPU ranks evaluate this epoch (0 without mv)."""
         return self.share_policy(train_time) if self.share_policy is not None else 0.0
+
+    def complete_all(self, results: list[tuple[int, np.ndarray]]) -> list[dict[str, Any]]:
+        """`complete` each epoch of `results` this rank keeps a record of (a spare seated under
+        --recovery rollback has none of the epochs before it joined, unless they came with its state)."""
+        return [self.complete(e, sums) for e, sums in results if e in self.partial]
 
     def complete(self, epoch: int, val_sums: np.ndarray) -> dict[str, Any]:
         """Merge validation results into the epoch's record; host rank 0 logs and prints it."""

@@ -33,7 +33,7 @@ import statistics
 import struct
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional
 
 import numpy as np
 import torch
@@ -131,16 +131,21 @@ class CallIn:
 
 
 # ------------------------------------------------------------------------------------------- state
-def pack_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, position: Position) -> bytes:
-    """The trainer's state at `position` as one message: [8-byte size][shared safetensors][local]."""
+def pack_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, position: Position,
+               records: Optional[Mapping[int, Mapping[str, Any]]] = None) -> bytes:
+    """The trainer's state at `position` as one message: [8-byte size][shared safetensors][local].
+    `records`: the epoch records still waiting for their DPU validation results (the spare may
+    become host rank 0, which logs them when the results come)."""
     tensors = {k: v.contiguous() for k, v in shared_tensors(model, optimizer).items()}
-    meta = capture_meta(position, catalog_of(tensors), optimizer, scheduler, model, {})
+    pending = {str(e): r for e, r in (records or {}).items()}
+    meta = capture_meta(position, catalog_of(tensors), optimizer, scheduler, model, {"pending_records": pending})
     shared = st_save(tensors, metadata={"meta": json.dumps(meta)})
     return struct.pack("<Q", len(shared)) + shared + capture_local(model, EpochProgress())
 
 
-def unpack_state(blob: bytes, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> Position:
-    """Restore `pack_state`'s message into live objects; return its position."""
+def unpack_state(blob: bytes, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: Any) -> tuple[Position, dict[int, dict[str, Any]]]:
+    """Restore `pack_state`'s message into live objects; return its position and epoch records."""
     (n,) = struct.unpack("<Q", blob[:8])
     shared_blob = blob[8: 8 + n]
     (header,) = struct.unpack("<Q", shared_blob[:8])
@@ -148,7 +153,7 @@ def unpack_state(blob: bytes, model: torch.nn.Module, optimizer: torch.optim.Opt
     local = parse_local(blob[8 + n:])
     restore(model, optimizer, scheduler, meta, st_load(shared_blob), local)
     set_rng(local.rng)
-    return position_of(meta)
+    return position_of(meta), {int(e): r for e, r in meta.get("pending_records", {}).items()}
 
 
 # -------------------------------------------------------------------------------------------- pool
@@ -339,7 +344,7 @@ class Rollback:
 
     def _state(self, position: Position) -> Callable[[], tuple[Position, bytes]]:
         t = self.trainer
-        return lambda: (position, pack_state(t.model, t.optimizer, t.scheduler, position))
+        return lambda: (position, pack_state(t.model, t.optimizer, t.scheduler, position, t.partial))
 
     @contextlib.contextmanager
     def replayable(self) -> Iterator[None]:
