@@ -174,3 +174,27 @@ def test_dead_host_rank_zero_in_da_with_reassign(bundled_data, tmp_path):
     assert rec["lost_ids"] == order(288, 3, 0, 0)[3 * 16: 4 * 16] and rec["survivors"] == [1, 2]
     per_epoch = [[r["samples"] for r in read_jsonl(log / f"phases-rank{w}.jsonl")] for w in (1, 2)]
     assert [sum(s) for s in zip(*per_epoch)] == [288 - 3 * 16 - 16, 288]  # (the dead rank trained 3 steps)
+
+
+@pytest.mark.mpi
+def test_validation_ranks_follow_the_shrunk_group(bundled_data, tmp_path):
+    """--mode mv, each of 2 host ranks paired with its own DPU validation rank; host rank 0 dies in
+    epoch 2, while epoch 1's results are still due (they went to both senders): the survivor
+    logs them, epochs 2 and 3 come from it alone (the dead rank's validation rank gets a
+    header-only notice), and every epoch's weights and validation sums equal --mode none's under
+    the same failure, to the bit."""
+    launch = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe"]
+    train = ["--preset", "debug", "--no-progress", "--epochs", "3", "--data", str(bundled_data / "cifar10"),
+             "--train-subset", "256", "--recovery", "lossy-forward", "--inject", "host:0@10"]
+    logs = {m: tmp_path / m for m in ("mv", "none")}
+    for mode, log in logs.items():
+        res = dpurun(launch, [*train, "--mode", mode, "--log-dir", str(log)], timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "host rank 0 (world rank 0, node" in res.stdout and "died at global step 11 (epoch 2, step 3)" in \
+            res.stdout
+        assert [res.stdout.count(f"epoch {e}/3 |") for e in (1, 2, 3)] == [1, 1, 1]
+    got, want = (epochs(read_jsonl(logs[m] / "metrics.jsonl")) for m in ("mv", "none"))
+    for epoch in (0, 1, 2):
+        for key in ("weights_sha256", "val_loss_sum", "val_correct", "val_count", "train_loss"):
+            assert got[epoch][key] == want[epoch][key], (epoch, key)  # (step_losses: the logging rank's own)
+        assert got[epoch]["val_count"] == 256 and got[epoch]["val_dpu_share"] == 1.0

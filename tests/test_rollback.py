@@ -186,3 +186,20 @@ def test_no_spare_left_ends_the_job_naming_the_fix(bundled_data, tmp_path):
     assert res.returncode != 0
     assert "no spare rank is left to take host rank 2's seat" in res.stderr
     assert "spare rank 0 (host program (spare))" in res.stderr or "host rank 0 (host program)" in res.stderr
+
+
+@pytest.mark.mpi
+def test_spare_in_seat_zero_gets_the_validation_still_due(bundled_data, tmp_path, reference):
+    """--mode hybrid (one DPU rank augments, one validates); host rank 0 dies in epoch 2 while
+    epoch 1 is validated on the DPU side: the spare takes seat 0 (and the metrics log), epoch 1's
+    record came with its state and gets the DPU results, equal to the failure-free run's to the
+    bit; epoch 2's state goes from the spare and host rank 1 and is validated whole."""
+    res = rollback_run(bundled_data, tmp_path, "host:0@10", ["--host-ranks", "2", "--dpu-ranks", "2",
+                                                               "--oversubscribe", "--spare-ranks", "1"], "hybrid")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "takes host rank 0's seat: it replays the failed step from epoch 2, step 2 done" in res.stdout
+    assert [res.stdout.count(f"epoch {e}/2 |") for e in (1, 2)] == [1, 1]
+    got, want = epochs(read_jsonl(tmp_path / "metrics.jsonl")), epochs(reference)
+    for key in ("weights_sha256", "val_loss_sum", "val_correct", "train_loss"):
+        assert got[0][key] == want[0][key], key  # (step_losses: host rank 1's, who packed the spare's state)
+    assert got[1]["val_count"] == 256 and got[1]["val_dpu_share"] == 1.0

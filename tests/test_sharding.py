@@ -232,3 +232,30 @@ def test_state_digest_sees_an_off_by_one_in_an_int64_buffer():
     m.state_dict()["bn1.num_batches_tracked"].add_(1)
     assert state_digest(m) != before
     assert state_digest(model("resnet20", seed=0)) == before
+
+
+def test_states_of_a_shrunk_group_and_a_notice_unpack_whole():
+    """Under --recovery an epoch's STATE messages come from however many host ranks are left, each
+    header naming the plan's sender count, with header-only notices (sender -1) among them: the
+    receivers rebuild the whole state from any such set, in any order."""
+    from dpuoffload.common.runtime.messages import STATE_HEADER, STATE_HEADER_BYTES
+    from dpuoffload.common.state.sharding import cached_plan, unpack_states
+
+    torch.manual_seed(0)
+    src = [torch.randn(300), torch.randn(5, 7), torch.randn(2000), torch.zeros(0), torch.randn(3)]
+    numels = tuple(t.numel() for t in src)
+    messages = []
+    for sender in range(3):
+        pieces = cached_plan(numels, 3).rank_pieces(sender)
+        body = np.zeros(packed_nbytes(src, pieces), dtype=np.uint8)
+        n = pack_pieces(src, pieces, body)
+        head = STATE_HEADER.pack(epoch=4, sender=sender, nbytes=n, dpu_share_ppm=500_000, senders=3, to_me=1,
+                                 source=10 + sender).view(np.uint8)
+        messages.append(np.concatenate([head, body]))
+    notice = STATE_HEADER.pack(epoch=4, sender=-1, nbytes=0, dpu_share_ppm=500_000, senders=3, to_me=0, source=10)
+    messages.insert(1, notice.view(np.uint8))
+    assert len(messages[1]) == STATE_HEADER_BYTES
+    dst = [torch.zeros_like(t) for t in src]
+    heads = unpack_states(np.concatenate(messages[::-1]), dst)
+    assert [h["sender"] for h in heads] == [2, 1, -1, 0]
+    assert all(torch.equal(a, b) for a, b in zip(src, dst))
