@@ -29,6 +29,12 @@ samples, 2 epochs = 16 steps) with one `--inject` SIGKILL at a random global ste
   Passes if the job ends 0 with the failure-free run's final weights (to the bit) and a recovery
   record naming world rank 1. Also: the kill to the end of the replayed step (or to the spare's
   call-in, when the death fell in an epoch's end work).
+- `host-lossy-mv`, `host-rollback-mv`: the same two in `--mode mv` (each host rank's DPU rank
+  validates), host rank 0 or 1 killed (alternately; 0 holds the metrics log and may die while an
+  epoch's DPU results are due). Pass if the job ends 0 with one recovery record and each epoch's
+  record logged once, validated whole (every sample counted); for rollback with host rank 1 killed
+  also the failure-free run's final weights and every epoch's validation sums, to the bit (host
+  rank 0's death loses its BatchNorm statistics of that epoch).
 
 Prints one table (passed out of tries; median and max times) and writes `results/faults.json`. The
 test suite runs one try of each (tests/test_dpu_failure.py, tests/test_faults.py).
@@ -53,7 +59,7 @@ from benchmarks.harness import BIN, RESULTS, ROOT, job_env, machine, machine_lin
 from dpuoffload.common.state import ckptfiles  # noqa: E402
 
 KINDS = ("dpu-fallback", "dpu-validation", "dpu-keeper", "host-fallback", "dpu-stop", "host-stop", "host-lossy",
-         "host-rollback")
+         "host-rollback", "host-lossy-mv", "host-rollback-mv")
 LAUNCH = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe", "--share-cores"]
 STEPS = 16   # 2 epochs of 256 samples, 2 host ranks, batch 16
 EPOCH_STEPS, BATCH = 8, 16
@@ -93,8 +99,8 @@ def named(stderr: str, rank_words: str) -> bool:
 
 def one_try(kind: str, step: int, data: Path, reference: str, ref_val: list[tuple[float, int, int]]) -> dict[str, Any]:
     who = "dpu:1" if kind.startswith("dpu") else "host:1"
-    who = f"dpu:{step % 2}" if kind == "dpu-keeper" else who
-    mode = {"dpu-validation": "mv", "dpu-keeper": "none"}.get(kind, "da")
+    who = f"dpu:{step % 2}" if kind == "dpu-keeper" else f"host:{step % 2}" if kind.endswith("-mv") else who
+    mode = {"dpu-validation": "mv", "dpu-keeper": "none"}.get(kind, "mv" if kind.endswith("-mv") else "da")
     with tempfile.TemporaryDirectory(prefix="dpufaults-") as tmp:
         log, ck = Path(tmp) / "log", Path(tmp) / "ck"
         flags = [*training(data, str(log), mode), "--inject", f"{who}@{step}"]
@@ -102,11 +108,11 @@ def one_try(kind: str, step: int, data: Path, reference: str, ref_val: list[tupl
             flags += ["--ckpt-dir", str(ck), "--ckpt-every", "2", "--ckpt-keep", "20"]
         if kind.endswith("fallback") or kind in ("dpu-validation", "dpu-keeper"):
             flags += ["--dpu-failure", "fallback"]
-        if kind == "host-lossy":
+        if kind.startswith("host-lossy"):
             flags += ["--recovery", "lossy-forward"]
-        if kind == "host-rollback":  # (the reference's Horovod allreduce and rollback's MPI one agree to the bit)
+        if kind.startswith("host-rollback"):  # (the reference's Horovod allreduce and rollback's MPI one agree)
             flags += ["--recovery", "rollback"]
-        res, ended = run(flags, ("--spare-ranks", "1") if kind == "host-rollback" else ())
+        res, ended = run(flags, ("--spare-ranks", "1") if kind.startswith("host-rollback") else ())
         record: dict[str, Any] = {"kind": kind, "step": step, "code": res.returncode}
         injected = next((r["time"] for p in log.glob("failures-rank*.jsonl") for r in read(p)
                          if r["event"] == "injected"), None)
@@ -123,6 +129,14 @@ def one_try(kind: str, step: int, data: Path, reference: str, ref_val: list[tupl
                 record["passed"] = record["passed"] and val_sums(log) == ref_val
             if injected and deaths:
                 record["detected_s"] = deaths[0]["learnt_time"] - injected
+        elif kind.endswith("-mv"):
+            recs = [r for r in read(log / "metrics.jsonl") if r["event"] == "recovery"]
+            counts = [r["val_count"] for r in read(log / "metrics.jsonl") if r["event"] == "epoch"]
+            record["passed"] = res.returncode == 0 and len(recs) == 1 and counts == [256, 256]
+            if kind == "host-rollback-mv" and who == "host:1":
+                record["passed"] = record["passed"] and final_sha(log) == reference and val_sums(log) == ref_val
+            if injected and recs:
+                record["recovered_s"] = recs[-1]["reported_time"] - injected
         elif kind == "host-lossy":
             recs = [r for r in read(log / "metrics.jsonl") if r["event"] == "recovery"]
             left = (EPOCH_STEPS - step % EPOCH_STEPS) % EPOCH_STEPS * BATCH  # (killed after an epoch's last step: 0)
@@ -153,8 +167,9 @@ def summarize(records: list[dict[str, Any]], kinds: tuple[str, ...]) -> list[lis
         passed = sum(r["passed"] for r in mine)
         times = [t for r in mine if (t := r.get("detected_s", r.get("ended_s", r.get("recovered_s"))))]
         what = {"dpu-fallback": "detected after", "dpu-validation": "detected after", "dpu-keeper": "detected after",
-                "host-lossy": "failed step done after",
-                "host-rollback": "replayed step done after"}.get(kind, "job ended after")
+                "host-lossy": "failed step done after", "host-lossy-mv": "failed step done after",
+                "host-rollback": "replayed step done after",
+                "host-rollback-mv": "replayed step done after"}.get(kind, "job ended after")
         timing = f"{what}: median {statistics.median(times):.2f} s, max {max(times):.2f} s" if times else "-"
         rows.append([kind, f"{passed} / {len(mine)}", sorted(r["step"] for r in mine), timing])
     return rows

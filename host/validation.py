@@ -378,7 +378,7 @@ class SurvivingValidation:
     size, each to the validation rank of its sender's seat; `dpu.validate` reads the sender count
     from the headers), and the results come back to every sender rather than to host rank 0 alone,
     which may die before they come. Which rank got them then differs (a spare seated since has
-    none of its own), so after each epoch the host ranks agree in one allreduce (MAX) of every
+    none of its own), so at each epoch's end the host ranks agree in one allreduce (MAX) of every
     epoch's host and DPU sums, a rank that lacks one contributing zeros (sums are never negative),
     and each returns an epoch once both parts are in somewhere. The epoch records a spare needs
     came with its state (`common.train.spares.pack_state`).
@@ -389,18 +389,23 @@ class SurvivingValidation:
         self.host: dict[int, Sums] = {}   # epoch -> the host part's sums, on the ranks that validated it
         self.dpu: dict[int, Sums] = {}    # epoch -> the DPU part's sums, on the ranks they came to
         self.returned: set[int] = set()
+        self.done: list[tuple[int, Sums]] = []
 
     def epoch_end(self, epoch: int, dpu_share: float) -> None:
+        """Hand the epoch off and agree on the results so far, here: a spare may take a vacant seat
+        right after the epoch's end work, and it joins the group's collectives at the next step."""
         self.off.epoch_end(epoch, dpu_share)
         self.host[epoch] = self.off.pending[-1][1]
+        self.done += self.agree()[0]
 
     def ready(self) -> list[tuple[int, Sums]]:
-        return self.agree()[0]
+        out, self.done = self.done, []
+        return out
 
     def finish(self) -> list[tuple[int, Sums]]:
         """Collective: wait until every epoch's DPU results are in somewhere and every rank's own
         receive of them completed (the validation rank waits for its sends)."""
-        deadline, out = time.monotonic() + self.timeout, []
+        deadline, out = time.monotonic() + self.timeout, self.ready()
         while True:
             done, due = self.agree()
             out += done

@@ -252,15 +252,18 @@ class Trainer:
         with self.timer.phase("validation"):
             self.sync.broadcast_buffers_(self.model)
             self.validation.epoch_end(epoch, share)
+        # (kept before a spare may be seated: its state carries the records still waiting for results)
+        self.partial[epoch] = record = self.train_record(epoch, train_sums, losses, (time.perf_counter() - t0,
+                                                                                     train_time), share)
         self.recovered(epoch, -1)  # (a host rank lost in the epoch's end work)
         self.handoff(lambda: self.hooks.after_epoch(Position(epoch + 1, 0, self.global_step)))
         epoch_time = time.perf_counter() - t0
+        record.update(epoch_time=epoch_time, phase_shares=self.timer.shares(epoch_time))
         self.phase_log.write({"epoch": epoch, "world_rank": self.topo.world_rank, "role": self.topo.role.name.lower(),
                               "epoch_time": epoch_time, "steps": span.stop - span.start,
                               "phases": dict(self.timer.totals), "batch_digest": batch_digest,
                               "samples": samples, "first_global_step": self.global_step - len(self.step_times) + 1,
                               "step_times": self.step_times})
-        self.partial[epoch] = self.train_record(epoch, train_sums, losses, (epoch_time, train_time), share)
 
     def dpu_share(self, train_time: float) -> float:
         """Fraction of the validation set the DPU ranks evaluate this epoch (0 without mv)."""
