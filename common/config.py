@@ -263,8 +263,15 @@ class RunConfig:
                     "rank 0 at the start: give the DPU share as a number)"),
                    (self.allreduce in ("horovod", "torch"), f"--allreduce {self.allreduce} (Horovod and "
                     "torch.distributed cannot shrink their group: leave --allreduce out, or use mpi)"),
-                   (self.ckpt_every is not None or self.ckpt_every_epoch or self.clone_at is not None,
-                    "checkpoints or clones (a dead host rank's state shards would be missing)"),
+                   (self.clone_at is not None, "clones (the clone ranks wait for every host rank's slice)"),
+                   (self.recovery == "rollback" and (self.ckpt_every is not None or self.ckpt_every_epoch),
+                    "checkpoints (a spare's slices do not reach the dead host rank's keeper yet: use --recovery "
+                    "lossy-forward)"),
+                   (self.ckpt_mem_keep > 0, "--ckpt-mem-keep (DPU memory is filed per host rank, for a relaunch "
+                    "with all of them)"),
+                   (self.dpu_failure == "fallback" and (self.ckpt_every is not None or self.ckpt_every_epoch),
+                    "--dpu-failure fallback with checkpoints (a dead keeper and a dead host rank are not survived "
+                    "in one run yet: drop one)"),
                    (self.trace, "--trace (its end-of-run gather needs every rank)"),
                    (bool(self.inject_simulate), "--inject-simulate (simulated and real failures: one at a time)"),
                    (self.script is not None, "a training script (the built-in trainer only, so far)")]

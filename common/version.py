@@ -6,8 +6,8 @@ __version__ = "0.1.0"
 PROTOCOL_VERSION = 7  # 2: StateKind.HEARTBEAT (keeper -> clone rank while the clone stands by); 3: API loader streams;
 # 4: OpenLoader.host_share (--da-host-share: the host builds some steps, plans skip them); 5: Tag.RESTORE /
 # StateKind.RESTORE (restart from DPU memory); 6: CKPT_HEADER.lost_keepers (a dead keeper's host ranks rerouted);
-# 7: STATE_HEADER.senders/to_me/source (validation DPU ranks under --recovery: the host group that sends an
-# epoch's state can change)
+# 7: STATE_HEADER.senders/to_me/source and CKPT_HEADER.seat/to_me/leader (validation ranks and keepers under
+# --recovery: the host group that hands the state over can change)
 
 # The public host-side API (`import dpuoffload`: init, Job, DpuLoader, seeded), semantic versioning:
 # a name or behaviour the README documents changes incompatibly only with a new major version.

@@ -47,7 +47,7 @@ from dpuoffload.common.runtime.heartbeat import Heartbeat, interval_for
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Topology
-from dpuoffload.common.runtime.waits import lost_peer, wait, wait_all, wait_object
+from dpuoffload.common.runtime.waits import is_failure, lost_peer, wait, wait_all, wait_object
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.ckptfiles import Received
 from dpuoffload.common.state.memstore import MemoryStore, memory_point, memory_root
@@ -101,6 +101,10 @@ class Keeper:
             if cfg.ckpt_mem_keep and cfg.ckpt_dir else None
         self.hands_off = cfg.checkpointing or (cfg.clone_at is not None and bool(topo.clone_ranks))
         self.rerouted = faults.survives_keeper_loss(cfg)  # (routes follow each header's lost keepers)
+        self.surviving = cfg.recovery != "stop"   # host ranks may die: hand-offs from the living, or a notice
+        self.gone: set[int] = set()     # (--recovery) host ranks known dead here: no header receive for them
+        self.missed: list[int] = []     # (--recovery) host ranks whose part of this hand-off did not come
+        self.early: dict[int, list[dict[str, Any]]] = {}   # (--recovery, committer) reports of a later step
         self.committer = self.assign.keeper_ranks[0]  # (the lowest living keeper; sends the summary at the end)
         self.headers: dict[int, tuple[np.ndarray, "MPI.Request"]] = {}  # host rank -> its posted header receive
         self.torn: list[int] = []   # checkpoint steps lost with a keeper that died
@@ -124,7 +128,8 @@ class Keeper:
 
     def loop(self) -> None:
         while True:
-            batch = self.receive_rerouted() if self.rerouted else [self.receive(h) for h in self.hosts]
+            rerouted = self.rerouted or self.surviving
+            batch = self.receive_rerouted() if rerouted else [self.receive(h) for h in self.hosts]
             kinds = {r.head["kind"] for r in batch}
             steps = {r.head["global_step"] for r in batch}
             if len(kinds) != 1 or len(steps) != 1:
@@ -134,15 +139,18 @@ class Keeper:
             if kind is StateKind.END:
                 self.stop_beating()
                 self.committer = self.living(batch)[0]
-                self.send_summary()
+                if self.surviving and self.cfg.checkpointing:
+                    self.end_reports()
+                self.send_summary(batch[0].head["leader"] if self.surviving else self.topo.host_ranks[0])
                 if self.memory is not None:  # the run is over: nothing to restart from
                     self.memory.clear()
                 return
+            batch = [r for r in batch if r.head["sender"] >= 0] if kind is not StateKind.CHECKPOINT else batch
             if kind is StateKind.PREPARE:
                 self.prepare(batch)
                 continue
             self.recycle(self.latest)
-            self.latest = batch
+            self.latest = [r for r in batch if r.head["sender"] >= 0]
             if kind is StateKind.CHECKPOINT:
                 self.check_injection(batch)
                 self.persist(batch)
@@ -154,7 +162,8 @@ class Keeper:
         before writing it (a checkpoint torn by a dead keeper). An augmentation or validation rank
         may fail earlier, at its own work."""
         step = batch[0].head["global_step"]
-        per_epoch = batch[0].meta.get("steps_per_epoch") if self.injector else None  # (None: a script's steps)
+        real = [r for r in batch if r.head["sender"] >= 0]
+        per_epoch = real[0].meta.get("steps_per_epoch") if self.injector and real else None  # (None: a script's)
         if per_epoch:
             self.injector.check_through(range(self.last_handoff + 1, step + 1), per_epoch * self.cfg.epochs)
         self.last_handoff = step
@@ -176,16 +185,18 @@ class Keeper:
         next message here is always a header), and the earliest hand-off among the headers that
         landed says which keepers are dead, hence which host ranks send here this time."""
         for h in self.assign.keepers:
-            if h not in self.headers:
+            if h not in self.headers and h not in self.gone:
                 header = CKPT_HEADER.empty()
                 self.headers[h] = (header, self.topo.world.Irecv(header, source=h, tag=Tag.CKPT))
         sleep = 0.0
-        while not (landed := [h for h, (_, req) in self.headers.items() if req.Test()]):
+        while not (landed := [h for h in list(self.headers) if self._landed(h)]):
             time.sleep(sleep)  # (no deadline: checkpoints may be hours apart)
             sleep = min(max(2 * sleep, 1e-4), HANDOFF_POLL_MAX_SLEEP)
         # (the earliest hand-off that landed: a host rank may already be a hand-off ahead of another)
         heads = {h: CKPT_HEADER.unpack(self.headers[h][0]) for h in landed}
         first = min(heads.values(), key=_handoff_order)
+        if self.surviving:
+            return self.receive_surviving(first, heads)
         lost = self.assign.lost_of(first["lost_keepers"])
         hosts = self.assign.hosts_kept_by(self.topo.world_rank, lost)
         stray = [h for h, head in heads.items() if h not in hosts and _handoff_order(head) == _handoff_order(first)]
@@ -196,6 +207,42 @@ class Keeper:
             wait(self.headers[h][1], self.cfg.peer_timeout, f"the hand-off header of {self.topo.describe(h)}",
                  max_sleep=SLICE_POLL_MAX_SLEEP)
         return [self.receive_parts(h, self.headers.pop(h)[0]) for h in hosts]
+
+    def _landed(self, host: int) -> bool:
+        """Whether `host`'s posted header receive completed. Under --recovery, one that reports its
+        host rank dead is dropped: no receive is posted for that rank again."""
+        from mpi4py import MPI
+
+        try:
+            return bool(self.headers[host][1].Test())
+        except MPI.Exception as e:
+            if not (self.surviving and is_failure(e)):
+                raise
+            self.headers.pop(host)
+            self.gone.add(host)
+            return False
+
+    def receive_surviving(self, first: Mapping[str, int], heads: Mapping[int, Mapping[str, int]]) -> list[Received]:
+        """--recovery: the hand-off `first` belongs to, from this keeper's host ranks still alive (or
+        the notice that none of them hands it off). A host rank that dies before its part came is
+        noted in `missed`: that checkpoint cannot be committed."""
+        if first["sender"] < 0:
+            source = next(h for h, head in heads.items() if head == first)
+            self.headers.pop(source)
+            return [Received(dict(first), byte_buffer(0), byte_buffer(0))]
+        batch, self.missed = [], []
+        for h in [h for h in self.hosts if h not in self.gone]:
+            try:
+                wait(self.headers[h][1], self.cfg.peer_timeout, f"the hand-off header of {self.topo.describe(h)}",
+                     max_sleep=SLICE_POLL_MAX_SLEEP)
+                batch.append(self.receive_parts(h, self.headers.pop(h)[0]))
+            except PeerLost:
+                self.headers.pop(h, None)
+                self.gone.add(h)
+                self.missed.append(h)
+        if len(batch) < first["to_me"] and not self.missed:  # (a death this keeper had learnt of before)
+            self.missed = [h for h in self.hosts if h in self.gone]
+        return batch or [Received({**first, "sender": -1}, byte_buffer(0), byte_buffer(0))]
 
     def receive_parts(self, host: int, header: np.ndarray) -> Received:
         """The rest of `host`'s hand-off, after its header."""
@@ -273,23 +320,30 @@ class Keeper:
             self.spare.setdefault(self.host_of(r), r.shared)
 
     def host_of(self, r: Received) -> int:
-        """The world rank of the host rank that handed `r` over."""
-        return self.topo.host_ranks[r.head["sender"]]
+        """The world rank of the host rank that handed `r` over (the one in whose seat it trains)."""
+        return self.topo.host_ranks[r.head["seat"]]
 
     # ------------------------------------------------------------------------- checkpoint
     def persist(self, batch: list[Received]) -> None:
         t0 = time.perf_counter()
-        self.remember(batch)
+        real = [r for r in batch if r.head["sender"] >= 0]   # (none: a notice under --recovery)
+        self.remember(real)
         step = batch[0].head["global_step"]
-        report: dict[str, Any] = {"keeper": self.comm.Get_rank(), "step": step, "files": {}, "error": None}
+        report: dict[str, Any] = {"keeper": self.comm.Get_rank(), "step": step, "files": {}, "error": None,
+                                  "meta": real[0].meta if real and self.surviving else None}
         try:
-            report["files"] = self.write(batch)
+            report["files"] = self.write(real) if real else {}
         except OSError as e:
             report["error"] = f"{self.topo.describe()}: {type(e).__name__}: {e}"
+        if self.missed and not report["error"]:
+            report.update(error=", ".join(self.topo.describe(h) for h in self.missed) + " died before handing its "
+                          "state over", host_died=True)
         report["write_s"] = time.perf_counter() - t0
         living = self.living(batch)
         if self.topo.world_rank == living[0]:
-            self.commit(batch[0].meta, [report] + self.gather_reports(step, living[1:]))
+            reports = [report] + self.gather_reports(step, living[1:])
+            meta = real[0].meta if real else next(r["meta"] for r in reports if r.get("meta"))
+            self.commit(meta, reports)
             return
         req = self.topo.world.isend(report, dest=living[0], tag=Tag.CKPT_REPORT)
         try:
@@ -324,6 +378,9 @@ class Keeper:
         reports = []
         for source in keepers:
             what = f"{self.topo.describe(source)}'s report of checkpoint step {step}"
+            if self.surviving:
+                reports.append(self.surviving_report(source, step, what))
+                continue
             req = self.topo.world.irecv(source=source, tag=Tag.CKPT_REPORT)
             try:
                 with lost_peer(what):
@@ -337,6 +394,48 @@ class Keeper:
                 raise PeerError(f"keeper {source} reported checkpoint step {report['step']}, expected {step}")
             reports.append(report)
         return reports
+
+    def surviving_report(self, source: int, step: int, what: str) -> dict[str, Any]:
+        """--recovery: keeper `source`'s report of `step`. If its host ranks died before handing
+        that step over, it never heard of it and reports a later step (or the end) first: that one
+        is kept for its turn and this step is missing their part. So while they are all dead the
+        wait has no deadline: some later report comes."""
+        early = self.early.setdefault(source, [])
+        report = early.pop(0) if early else self.receive_report(source, what)
+        if report.get("end") or report["step"] > step:
+            early.insert(0, report)
+            hosts = ", ".join(self.topo.describe(h) for h in self.assign.hosts_kept_by(source))
+            return {"step": step, "files": {}, "write_s": 0.0, "host_died": True,
+                    "error": f"{hosts} died before handing the state of step {step} over"}
+        return report
+
+    def receive_report(self, source: int, what: str) -> dict[str, Any]:
+        req = self.topo.world.irecv(source=source, tag=Tag.CKPT_REPORT)
+        deadline = time.monotonic() + self.cfg.peer_timeout
+        while True:
+            done, report = req.test()
+            if done:
+                return report
+            if all(h in faults.dead_ranks() for h in self.assign.hosts_kept_by(source)):
+                deadline = float("inf")
+            if time.monotonic() > deadline:
+                raise PeerError(f"timed out after {self.cfg.peer_timeout:.0f} s waiting for {what}")
+            time.sleep(HANDOFF_POLL_MAX_SLEEP)
+
+    def end_reports(self) -> None:
+        """--recovery, at the end: every keeper tells the committer it is done, which settles the
+        checkpoints a keeper never heard of (`surviving_report`)."""
+        if self.topo.world_rank != self.committer:
+            req = self.topo.world.isend({"end": True, "step": -1}, dest=self.committer, tag=Tag.CKPT_REPORT)
+            wait_object(req, self.cfg.peer_timeout, "the committing keeper to take the end report")
+            return
+        for source in self.assign.keeper_ranks:
+            if source != self.committer:
+                early = self.early.setdefault(source, [])
+                report = early.pop(0) if early else self.receive_report(source, f"{self.topo.describe(source)}'s "
+                                                                                 "end report")
+                if not report.get("end"):
+                    raise PeerError(f"{self.topo.describe(source)} reported step {report['step']} after the end")
 
     def commit(self, meta: dict[str, Any], reports: list[dict[str, Any]]) -> None:
         step = meta["position"]["global_step"]
@@ -362,11 +461,14 @@ class Keeper:
             previous = ckptfiles.committed(self.cfg.ckpt_dir)
             kept = (f"the last complete checkpoint is {previous[-1]}" if previous
                     else "there is no complete checkpoint yet")
-            if all(r.get("died") for r in reports if r["error"]):  # (a dead keeper, survived: not a failed write)
+            if all(r.get("died") or r.get("host_died") for r in reports if r["error"]):  # (a death survived)
                 self.torn.append(step)
                 record["torn"] = True
-                print(f"{PREFIX} checkpoint at step {step} NOT saved ({'; '.join(errors)}); the next ones go to the "
-                      f"living keepers (--dpu-failure fallback), {kept}", file=sys.stderr, flush=True)
+                after = ("the next ones come from the surviving host ranks (--recovery)" if any(
+                    r.get("host_died") for r in reports) else "the next ones go to the living keepers (--dpu-failure "
+                         "fallback)")
+                print(f"{PREFIX} checkpoint at step {step} NOT saved ({'; '.join(errors)}); {after}, {kept}",
+                      file=sys.stderr, flush=True)
                 self.records.append(record)
                 self.log.write(record)
                 return
@@ -405,12 +507,13 @@ class Keeper:
         return {"taken": len(self.outcomes), "failed": failed, "newest": str(done[-1]) if done else None,
                 "line": line, "torn": self.torn}
 
-    def send_summary(self) -> None:
-        """Keeper 0 -> host rank 0, after the last hand-off: the run's checkpoint outcome, which host
-        rank 0 reports last and turns into the exit code (`host.checkpoint.StateHandoff.finish`)."""
+    def send_summary(self, leader: int) -> None:
+        """Keeper 0 -> host rank 0 (world rank `leader`: another one once host rank 0 died under
+        --recovery), after the last hand-off: the run's checkpoint outcome, which host rank 0
+        reports last and turns into the exit code (`host.checkpoint.StateHandoff.finish`)."""
         if not self.cfg.checkpointing or self.topo.world_rank != self.committer:
             return
-        req = self.topo.world.isend(self.summary(), dest=self.topo.host_ranks[0], tag=Tag.CKPT_SUMMARY)
+        req = self.topo.world.isend(self.summary(), dest=leader, tag=Tag.CKPT_SUMMARY)
         wait_object(req, self.cfg.peer_timeout, "host rank 0 to take the checkpoint summary")
 
     # ----------------------------------------------------------------------------- clone

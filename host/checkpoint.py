@@ -54,6 +54,7 @@ from dpuoffload.common.state.trainstate import (
     set_rng,
     shared_tensors,
 )
+from dpuoffload.common.train.survivors import SurvivorGroup
 
 ZERO_POLL_MAX_SLEEP = 0.0005  # the next optimizer step waits on these: poll often
 
@@ -131,16 +132,18 @@ class StateHandoff:
     """Decides when state is due and sends it; the trainer calls the hooks below."""
 
     def __init__(self, cfg: RunConfig, topo: Topology, model: Optional[nn.Module], optimizer: Any, scheduler: Any,
-                 steps_per_epoch: Optional[int]) -> None:
+                 steps_per_epoch: Optional[int], group: Any = None) -> None:
         """`model`/`optimizer` None: a script's job binds them at its first `job.checkpoint` (`bind`);
-        `steps_per_epoch` None: the script counts its own steps."""
+        `steps_per_epoch` None: the script counts its own steps. `group`: the host ranks'
+        `SurvivorGroup` under --recovery lossy-forward: each hand-off is sliced among the host
+        ranks alive then, and keepers whose host ranks all died get a notice instead."""
         self.cfg, self.topo, self.model, self.optimizer, self.scheduler = cfg, topo, model, optimizer, scheduler
         self.steps_per_epoch = steps_per_epoch
         self.assign = StateAssignment.of(topo)
         self.keeper = self.assign.keeper_of(topo.world_rank)
         self.fallback = faults.survives_keeper_loss(cfg)  # a dead keeper: the next hand-offs go to a living one
         self.lost: frozenset[int] = frozenset()        # the keepers the host ranks agreed are dead
-        self.rank, self.size = topo.side_rank, topo.side_comm.Get_size()
+        self.comm: Any = topo.side_comm if group is None else group
         self.inflight: list[tuple["MPI.Request", Any]] = []   # requests and the buffers they read
         self.zero_pending: list["MPI.Request"] = []   # zero-copy sends straight from tensor memory
         self.zero_views: list[np.ndarray] = []
@@ -154,7 +157,33 @@ class StateHandoff:
     @classmethod
     def for_trainer(cls, cfg: RunConfig, topo: Topology, trainer: Any) -> "StateHandoff":
         """The hand-off of `trainer`'s model, optimizer and schedule (a `host.extensions.HooksFactory`)."""
-        return cls(cfg, topo, trainer.model, trainer.optimizer, trainer.scheduler, trainer.feed.steps())
+        group = trainer.comm if isinstance(trainer.comm, SurvivorGroup) else None
+        return cls(cfg, topo, trainer.model, trainer.optimizer, trainer.scheduler, trainer.feed.steps(), group)
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+    @property
+    def size(self) -> int:
+        return self.comm.Get_size()
+
+    def header(self, kind: StateKind, global_step: int, **sizes: int) -> np.ndarray:
+        """This rank's hand-off header: who sends (rank, seat, the group's size and rank 0) and to
+        whom the others send (`to_me`). Under --recovery, rank 0 also sends a header-only notice to
+        every keeper that no living host rank hands off to, so each keeper hears of every hand-off."""
+        seats = list(getattr(self.comm, "alive", range(self.size)))
+        hosts = [self.topo.host_ranks[s] for s in seats]
+        keepers = [self.assign.keeper_of(h, self.lost) for h in hosts]
+        common = dict(kind=kind, global_step=global_step, senders=self.size, leader=hosts[0],
+                      lost_keepers=self.assign.lost_mask(self.lost))
+        if isinstance(self.comm, SurvivorGroup) and self.rank == 0:
+            for k in self.assign.keeper_ranks:
+                if k not in keepers and k not in self.lost:
+                    notice = CKPT_HEADER.pack(**common, sender=-1, seat=-1, to_me=0)
+                    self.inflight.append((self.topo.world.Isend(notice, dest=k, tag=Tag.CKPT), notice))
+        return CKPT_HEADER.pack(**common, **sizes, sender=self.rank, seat=seats[self.rank],
+                                to_me=keepers.count(self.keeper))
 
     def bind(self, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
         """The objects the next hand-offs read (a script passes them to every `job.checkpoint`)."""
@@ -202,8 +231,7 @@ class StateHandoff:
         self.before_optimizer_step()
         self._complete()
         self._route()
-        self._post(CKPT_HEADER.pack(kind=StateKind.END, global_step=-1, sender=self.rank, senders=self.size,
-                                    lost_keepers=self.assign.lost_mask(self.lost)))
+        self._post(self.header(StateKind.END, -1))
         self._complete()
         if self.cfg.checkpointing and self.rank == 0:
             self.summary = self._receive_summary()
@@ -242,10 +270,9 @@ class StateHandoff:
             **({} if user is None else {"user": user})})).encode()
         small = np.frombuffer(meta + capture_local(self.model, progress), dtype=np.uint8)
         shared_nbytes = packed_nbytes(list(tensors.values()), pieces)
-        self._post(CKPT_HEADER.pack(kind=kind, global_step=pos.global_step, sender=self.rank, senders=self.size,
-                                    meta_nbytes=len(meta), small_nbytes=small.nbytes, shared_nbytes=shared_nbytes,
-                                    shared_parts=len(pieces) if self.cfg.ckpt_copy == "zero" else 1,
-                                    lost_keepers=self.assign.lost_mask(self.lost)))
+        self._post(self.header(kind, pos.global_step, meta_nbytes=len(meta), small_nbytes=small.nbytes,
+                               shared_nbytes=shared_nbytes,
+                               shared_parts=len(pieces) if self.cfg.ckpt_copy == "zero" else 1))
         self._post(small)
         if self.cfg.ckpt_copy == "zero":
             self._send_zero_copy(list(tensors.values()), pieces)
@@ -272,8 +299,7 @@ class StateHandoff:
         nbytes = packed_nbytes(tensors, plan.rank_pieces(self.rank))
         if self.cfg.ckpt_copy == "staged":
             self.staging = byte_buffer(nbytes, touch=True)
-        self._post(CKPT_HEADER.pack(kind=StateKind.PREPARE, global_step=-1, sender=self.rank, senders=self.size,
-                                    shared_nbytes=nbytes, lost_keepers=self.assign.lost_mask(self.lost)))
+        self._post(self.header(StateKind.PREPARE, -1, shared_nbytes=nbytes))
 
     def _send_zero_copy(self, tensors: list, pieces: tuple) -> None:
         """One message per piece, straight from tensor memory (contiguous, so large pieces take
@@ -311,7 +337,9 @@ class StateHandoff:
         from mpi4py import MPI
 
         known = self.lost | (faults.dead_ranks() & set(self.assign.keeper_ranks))
-        lost = self.assign.lost_of(self.topo.side_comm.allreduce(self.assign.lost_mask(known), op=MPI.BOR))
+        mine, agreed = np.array([self.assign.lost_mask(known)], dtype=np.int64), np.zeros(1, dtype=np.int64)
+        self.comm.Allreduce(mine, agreed, op=MPI.BOR)
+        lost = self.assign.lost_of(int(agreed[0]))
         if lost == self.lost:
             return
         if len(lost) == len(self.assign.keeper_ranks):

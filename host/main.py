@@ -131,7 +131,7 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
 def report_end(cfg: RunConfig, topo: Topology, trainer: Trainer) -> int:
     """Host rank 0's last words: where a --stop-at-step run continues from, and lost checkpoints
     (non-zero exit: a run that ends without its checkpoints must not look like a success)."""
-    if topo.side_rank != 0:
+    if not trainer.is_leader:  # (host rank 0, or the lowest survivor after its death under --recovery)
         return 0
     handoff = trainer.hooks if isinstance(trainer.hooks, StateHandoff) else None
     summary = handoff.summary if handoff is not None else None

@@ -55,13 +55,14 @@ def test_flags_and_fault_tolerance():
         require_ft(cfg)  # (this process was not started by mpirun --with-ft ulfm)
 
 
-def judge(flags, layout, dead, gone=()):
+def judge(flags, layout, dead, gone=(), seated=None):
     from dpuoffload.common.plan.offload import plan_offload
     from dpuoffload.common.runtime.faults import verdict
 
     cfg = parse_run_config(flags)
     topo = topo_of(layout)
-    return verdict(dead, topo, cfg, plan_offload(topo.ranks, cfg), frozenset({dead, *gone}))
+    return verdict(dead, topo, cfg, plan_offload(topo.ranks, cfg), frozenset({dead, *gone}),
+                   None if seated is None else frozenset(seated))
 
 
 def test_which_host_deaths_are_survived():

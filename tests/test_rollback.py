@@ -97,7 +97,31 @@ def test_which_deaths_rollback_survives():
     host = judge(rb, layout, 1)
     assert host.survivable and host.what == "it trained; a spare rank takes its seat"
     assert judge(rb, layout, 3).survivable  # a spare
-    assert not judge(rb, layout, 1, gone=[0]).survivable  # no survivor left to hand the state on
+    # by the seats (what host and spare ranks know): no seated survivor left to hand the state on...
+    last = judge(rb, layout, 1, gone=[0], seated=[0, 1])
+    assert not last.survivable and last.what == "it was the last host rank in a seat (no rank is left to hand a " \
+        "spare the state)"
+    # ...or the spare seated in host rank 1's place is left, though both original host ranks died
+    assert judge(rb, layout, 0, gone=[1], seated=[0, 3]).survivable
+    seated_spare = judge(rb, layout, 3, gone=[1], seated=[0, 3])
+    assert seated_spare.survivable and seated_spare.what == "it trained; a spare rank takes its seat"
+    assert not judge(rb, layout, 3, gone=[0, 1], seated=[0, 3]).survivable
+    # a DPU rank does not know the seats: only the loss of every host and spare rank is fatal there
+    assert judge(rb, layout, 1, gone=[0]).survivable
+    assert not judge(rb, layout, 3, gone=[0, 1]).survivable
+
+
+@pytest.mark.mpi
+def test_both_original_host_ranks_dead_a_seated_spare_goes_on(bundled_data, tmp_path):
+    """Host rank 1 dies, spare 0 takes its seat; then host rank 0 dies and spare 1 takes seat 0
+    with spare 0's state: the run ends normally although no original host rank is left."""
+    res = rollback_run(bundled_data, tmp_path, "host:1@3,host:0@9", [*LAUNCH, "--spare-ranks", "2"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "took host rank 0's seat with spare rank 0 (world rank 3, node" in res.stdout
+    assert [res.stdout.count(f"epoch {e}/2 |") for e in (1, 2)] == [1, 1]
+    recs = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["event"] == "recovery"]
+    assert [(r["lost_world_ranks"], r["replaced_by"], r["state_from"]) for r in recs] == \
+        [([1], [[3, 1]], 0), ([0], [[4, 0]], 3)]
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import numpy as np
 
@@ -80,13 +80,15 @@ class Verdict:
 
 
 def verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan",
-            gone: frozenset[int] = frozenset()) -> Verdict:
+            gone: frozenset[int] = frozenset(), seated: Optional[frozenset[int]] = None) -> Verdict:
     """Pure: whether the run survives the death of world rank `dead` (`gone`: every rank known
-    dead, `dead` included) under `--dpu-failure fallback` and `--recovery`."""
+    dead, `dead` included) under `--dpu-failure fallback` and `--recovery`. `seated`: under
+    --recovery rollback, the world ranks in host rank seats (original or spare) as a host or
+    spare rank knows them; None where they are not known (a DPU rank)."""
     from dpuoffload.common.plan.assign import StateAssignment
 
     if dead not in topo.dpu_ranks:
-        return _host_verdict(dead, topo, cfg, gone)
+        return _host_verdict(dead, topo, cfg, gone, seated)
     fed = plan.fed_by(dead)
     if cfg.recovery != "stop" and fed and all(h in gone for h in fed):
         return Verdict(True, "it fed only host ranks that died with it")
@@ -133,20 +135,46 @@ def _work_verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadP
     return Verdict(True, "it validated; the host ranks validate from here on", FALLBACK)
 
 
-def _host_verdict(dead: int, topo: "Topology", cfg: "RunConfig", gone: frozenset[int]) -> Verdict:
-    if cfg.recovery == "rollback" and dead in topo.spare_ranks:
-        return Verdict(True, "it was a spare rank (one that had taken a seat is replaced in turn)",
-                       "--recovery rollback")
+def _host_verdict(dead: int, topo: "Topology", cfg: "RunConfig", gone: frozenset[int],
+                  seated: Optional[frozenset[int]] = None) -> Verdict:
+    if cfg.recovery == "rollback":
+        return _rollback_verdict(dead, topo, gone, seated)
     if cfg.recovery == "stop" or dead not in topo.host_ranks:
         return Verdict(False, "it trained (--recovery lossy-forward or rollback survive host ranks; dpurun "
                               "--restarts N relaunches after a lost host rank)")
     left = [h for h in topo.host_ranks if h not in gone]
-    if not left:  # (under rollback too: no survivor holds the state a spare needs)
+    if not left:
         return Verdict(False, "it was the last host rank")
-    if cfg.recovery == "rollback":
-        return Verdict(True, "it trained; a spare rank takes its seat", "--recovery rollback")
     return Verdict(True, f"it trained; the {len(left)} surviving host rank(s) go on without it",
                    f"--recovery {cfg.recovery}")
+
+
+def _rollback_verdict(dead: int, topo: "Topology", gone: frozenset[int], seated: Optional[frozenset[int]]) -> Verdict:
+    """--recovery rollback: a death is survived while a seated rank lives to hand a spare the state
+    (a spare seated in a dead host rank's place counts: the original host ranks may all be gone).
+    Without the seats (a DPU rank), only the loss of every host and spare rank is judged fatal
+    here; the host and spare ranks, who know the seats, end the job otherwise."""
+    left = [r for r in (seated if seated is not None else (*topo.host_ranks, *topo.spare_ranks)) if r not in gone]
+    if not left:
+        return Verdict(False, "it was the last host rank in a seat (no rank is left to hand a spare the state)")
+    if dead in topo.spare_ranks and (seated is None or dead not in seated):
+        return Verdict(True, "it was a spare rank (one that had taken a seat is replaced in turn)",
+                       "--recovery rollback")
+    return Verdict(True, "it trained; a spare rank takes its seat", "--recovery rollback")
+
+
+_seats: Optional[Callable[[], frozenset[int]]] = None
+
+
+def track_seats(seats: Callable[[], frozenset[int]]) -> None:
+    """Register where this rank reads the seated world ranks (`common.train.spares.SparePool`), so
+    its failure watch judges a death under --recovery rollback by the seats, not the start."""
+    global _seats
+    _seats = seats
+
+
+def seated() -> Optional[frozenset[int]]:
+    return _seats() if _seats is not None else None
 
 
 class FailureWatch:
@@ -227,7 +255,7 @@ class FailureWatch:
     def _judge(self, rank: int) -> None:
         if self._over():
             return
-        v = verdict(rank, self.topo, self.cfg, self.plan, frozenset(self.dead))
+        v = verdict(rank, self.topo, self.cfg, self.plan, frozenset(self.dead), seated())
         if v.survivable:
             if self._first_survivor():  # one line per death, from one rank
                 by = f" ({v.by})" if v.by else ""
@@ -284,7 +312,7 @@ def death_behind(wait_s: float = 1.0) -> Optional[str]:
     while True:
         gone = frozenset(_watch.dead)
         for rank in sorted(gone):
-            v = verdict(rank, _watch.topo, _watch.cfg, _watch.plan, gone)
+            v = verdict(rank, _watch.topo, _watch.cfg, _watch.plan, gone, seated())
             if not v.survivable:
                 return death_line(_watch.topo, rank, v)
         if time.monotonic() > deadline:

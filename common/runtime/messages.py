@@ -98,9 +98,14 @@ class StateKind(IntEnum):
 # `shared_parts` messages: 1 (staged: one packed buffer) or one per piece (zero-copy: each piece straight from
 # tensor memory, so Open MPI's single-copy path lets the receiver pull it while the sender computes).
 # `lost_keepers`: the keepers the host ranks agreed are dead (`StateAssignment.lost_mask`), which routes
-# this hand-off (`--dpu-failure fallback`; 0 otherwise).
+# this hand-off (`--dpu-failure fallback`; 0 otherwise). `sender` is the sender's rank among the `senders`
+# host ranks handing this state over and `seat` the host rank whose place it trains in (they differ once
+# `--recovery lossy-forward` shrank the host group); `to_me` how many hand-offs of this step the receiving
+# keeper gets, and `leader` the world rank of the senders' rank 0 (it takes the checkpoint summary). Under
+# --recovery a keeper none of whose host ranks is left gets a header-only notice instead (`sender` -1).
 CKPT_HEADER = HeaderLayout("ckpt", Tag.CKPT, ("kind", "global_step", "sender", "senders", "meta_nbytes",
-                                              "small_nbytes", "shared_nbytes", "shared_parts", "lost_keepers"))
+                                              "small_nbytes", "shared_nbytes", "shared_parts", "lost_keepers",
+                                              "seat", "to_me", "leader"))
 
 # The METRICS message: float64 [epoch, loss sum, correct, count] over the DPU ranks' validation part.
 METRICS_FIELDS = ("epoch", "loss_sum", "correct", "count")

@@ -42,6 +42,7 @@ from safetensors.torch import save as st_save
 
 from dpuoffload.common.data.feeds import Batch
 from dpuoffload.common.errors import ConfigError, PeerLost
+from dpuoffload.common.runtime import faults
 from dpuoffload.common.runtime.failure import PREFIX
 from dpuoffload.common.runtime.waits import wait, wait_all
 from dpuoffload.common.state.trainstate import (
@@ -179,6 +180,11 @@ class SparePool:
         self.members = tuple(range(self.size0))   # living pool start ranks, in pool rank order
         self.vacant: tuple[int, ...] = ()
         self.active = self._split()
+        faults.track_seats(self.seated_world)
+
+    def seated_world(self) -> frozenset[int]:
+        """World ranks of the members in seats now (read by the failure watch's thread)."""
+        return frozenset(self.world_of[m] for m in self.seats)
 
     # -- what every member agrees on ---------------------------------------------------------
     @property
@@ -222,8 +228,7 @@ class SparePool:
         return lost, tuple(self.world_of[m] for m in sorted(set(before) - set(self.members)))
 
     def _apply(self, cmd: Command) -> None:
-        for member, seat in cmd.calls:
-            self.seats[member] = seat
+        self.seats = {**self.seats, **dict(cmd.calls)}  # (a new dict: the failure watch's thread reads it)
         self.vacant = tuple(s for s in self.vacant if s not in {seat for _, seat in cmd.calls})
         self.active = self._split()
 
