@@ -226,11 +226,12 @@ class Keeper:
         """--recovery: the hand-off `first` belongs to, from this keeper's host ranks still alive (or
         the notice that none of them hands it off). A host rank that dies before its part came is
         noted in `missed`: that checkpoint cannot be committed."""
+        self.missed = []
         if first["sender"] < 0:
             source = next(h for h, head in heads.items() if head == first)
             self.headers.pop(source)
             return [Received(dict(first), byte_buffer(0), byte_buffer(0))]
-        batch, self.missed = [], []
+        batch = []
         for h in [h for h in self.hosts if h not in self.gone]:
             try:
                 wait(self.headers[h][1], self.cfg.peer_timeout, f"the hand-off header of {self.topo.describe(h)}",
@@ -341,7 +342,8 @@ class Keeper:
         report["write_s"] = time.perf_counter() - t0
         living = self.living(batch)
         if self.topo.world_rank == living[0]:
-            reports = [report] + self.gather_reports(step, living[1:])
+            others = self.settle_missed(step, living[1:]) if self.surviving else self.gather_reports(step, living[1:])
+            reports = [report] + others
             meta = real[0].meta if real else next(r["meta"] for r in reports if r.get("meta"))
             self.commit(meta, reports)
             return
@@ -395,14 +397,33 @@ class Keeper:
             reports.append(report)
         return reports
 
-    def surviving_report(self, source: int, step: int, what: str) -> dict[str, Any]:
-        """--recovery: keeper `source`'s report of `step`. If its host ranks died before handing
-        that step over, it never heard of it and reports a later step (or the end) first: that one
-        is kept for its turn and this step is missing their part. So while they are all dead the
-        wait has no deadline: some later report comes."""
+    def settle_missed(self, step: int, keepers: list[int]) -> list[dict[str, Any]]:
+        """--recovery, the committer at its hand-off `step` (or at the end, `step` None): the other
+        keepers' reports of it. A report of an earlier step is of one this keeper never heard of
+        (its host ranks died before handing it over): that checkpoint is torn, and is settled
+        first (never committed, its directory removed)."""
+        missed: dict[int, list[dict[str, Any]]] = {}
+        reports = []
+        for source in keepers:
+            what = f"{self.topo.describe(source)}'s report of checkpoint step {step}"
+            while (report := self.surviving_report(source, step, what))["step"] not in (step, -1):
+                missed.setdefault(report["step"], []).append(report)
+            reports.append(report)
+        mine = ", ".join(self.topo.describe(h) for h in self.hosts)
+        for early, theirs in sorted(missed.items()):
+            meta = next(r["meta"] for r in theirs if r.get("meta"))
+            self.commit(meta, theirs + [{"step": early, "files": {}, "write_s": 0.0, "host_died": True,
+                                         "error": f"{mine} died before handing the state of step {early} over"}])
+        return reports
+
+    def surviving_report(self, source: int, step: Optional[int], what: str) -> dict[str, Any]:
+        """--recovery: keeper `source`'s next report up to `step` (None: to the end). If its host
+        ranks died before handing `step` over, it never heard of it and reports a later step (or
+        the end) first: that one is kept for its turn and this step is missing their part. So
+        while they are all dead the wait has no deadline: some later report comes."""
         early = self.early.setdefault(source, [])
         report = early.pop(0) if early else self.receive_report(source, what)
-        if report.get("end") or report["step"] > step:
+        if step is not None and (report.get("end") or report["step"] > step):
             early.insert(0, report)
             hosts = ", ".join(self.topo.describe(h) for h in self.assign.hosts_kept_by(source))
             return {"step": step, "files": {}, "write_s": 0.0, "host_died": True,
@@ -429,13 +450,7 @@ class Keeper:
             req = self.topo.world.isend({"end": True, "step": -1}, dest=self.committer, tag=Tag.CKPT_REPORT)
             wait_object(req, self.cfg.peer_timeout, "the committing keeper to take the end report")
             return
-        for source in self.assign.keeper_ranks:
-            if source != self.committer:
-                early = self.early.setdefault(source, [])
-                report = early.pop(0) if early else self.receive_report(source, f"{self.topo.describe(source)}'s "
-                                                                                 "end report")
-                if not report.get("end"):
-                    raise PeerError(f"{self.topo.describe(source)} reported step {report['step']} after the end")
+        self.settle_missed(None, [k for k in self.assign.keeper_ranks if k != self.committer])
 
     def commit(self, meta: dict[str, Any], reports: list[dict[str, Any]]) -> None:
         step = meta["position"]["global_step"]
