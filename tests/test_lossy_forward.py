@@ -17,6 +17,7 @@ from dpuoffload.common.config import parse_run_config
 from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.runtime.faults import require_ft
+from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.train.survivors import LossyForward, Shrink, Takeover
 from tests.mpijobs import dpurun, read_jsonl
 from tests.test_dpu_failure import D, H, epochs, topo_of
@@ -37,7 +38,10 @@ def order(n: int, replicas: int, rank: int, epoch: int) -> list[int]:
     (["--mode", "hybrid", "--mv-dpu-fraction", "auto"], "cannot go with --mv-dpu-fraction auto"),
     (["--mode", "naive"], "cannot go with --mode naive"),
     (["--allreduce", "horovod"], "Horovod and torch.distributed cannot shrink their group"),
-    (["--ckpt-dir", "/tmp/x", "--ckpt-every", "2"], "checkpoints or clones"),
+    (["--ckpt-dir", "/tmp/x", "--ckpt-every", "2", "--ckpt-mem-keep", "1"], "cannot go with --ckpt-mem-keep"),
+    (["--ckpt-dir", "/tmp/x", "--ckpt-every", "2", "--dpu-failure", "fallback"],
+     "cannot go with --dpu-failure fallback with checkpoints"),
+    (["--clone-at", "4"], "cannot go with clones"),
     (["--inject-simulate", "host:1@3"], "simulated and real failures: one at a time"),
 ])
 def test_refused_combinations(flags, message):
@@ -199,3 +203,35 @@ def test_validation_ranks_follow_the_shrunk_group(bundled_data, tmp_path):
         for key in ("weights_sha256", "val_loss_sum", "val_correct", "val_count", "train_loss"):
             assert got[epoch][key] == want[epoch][key], (epoch, key)  # (step_losses: the logging rank's own)
         assert got[epoch]["val_count"] == 256 and got[epoch]["val_dpu_share"] == 1.0
+
+
+@pytest.mark.mpi
+def test_checkpoints_go_on_from_the_survivors(bundled_data, tmp_path):
+    """--mode da, a checkpoint every 3 steps; host rank 0 is killed right after step 6's optimizer
+    step, before handing step 6 over: that checkpoint is never committed (its keeper never heard
+    of it: the committer settles it by name), steps 9 and 12 come from the survivor alone and load
+    whole, the weights equal the same failure's run without checkpoints, and a relaunch with both
+    host ranks resumes from the survivor's checkpoint (re-sliced)."""
+    launch = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe"]
+    train = [*RUN, "--data", str(bundled_data / "cifar10"), "--train-subset", "256", "--mode", "da",
+             "--stop-at-step", "12"]
+    ck, log, plain = tmp_path / "ck", tmp_path / "log", tmp_path / "plain"
+    res = dpurun(launch, [*train, "--log-dir", str(log), "--recovery", "lossy-forward", "--inject", "host:0@6",
+                          "--ckpt-dir", str(ck), "--ckpt-every", "3", "--ckpt-keep", "10"], timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "checkpoint at step 6 NOT saved (host rank 0 (world rank 0, node" in res.stderr
+    assert "died before handing the state of step 6 over); the next ones come from the surviving host ranks" in \
+        res.stderr
+    done = ckptfiles.committed(ck)
+    assert [d.name for d in done] == ["step-000000003", "step-000000009", "step-000000012"]
+    assert [ckptfiles.load(d).meta["host_ranks"] for d in done] == [2, 1, 1]
+    ref = dpurun(launch, [*train, "--log-dir", str(plain), "--recovery", "lossy-forward", "--inject", "host:0@6"],
+                 timeout=300)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    end = [[r["weights_sha256"] for r in read_jsonl(d / "metrics.jsonl") if r["event"] == "end"] for d in (log, plain)]
+    assert end[0] == end[1]
+    again = dpurun(launch, [*RUN, "--data", str(bundled_data / "cifar10"), "--train-subset", "256", "--mode", "da",
+                            "--log-dir", str(tmp_path / "again"), "--ckpt-dir", str(ck), "--resume", "latest"],
+                   timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "step-000000012 (re-sliced from 1 host rank(s)" in again.stdout

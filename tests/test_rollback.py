@@ -86,6 +86,9 @@ def test_flag_errors():
         cli.parse_launcher_args(["--spare-ranks", "1", "--clone-ranks", "1"])
     with pytest.raises(ConfigError, match="--recovery rollback cannot go with --mode naive"):
         parse_run_config(["--recovery", "rollback", "--mode", "naive"])
+    with pytest.raises(ConfigError, match="--recovery rollback cannot go with checkpoints .* use --recovery "
+                                          "lossy-forward"):
+        parse_run_config(["--recovery", "rollback", "--ckpt-dir", "/tmp/x", "--ckpt-every", "2"])
     with pytest.raises(ConfigError, match="add --recovery lossy-forward"):
         parse_run_config(["--recovery", "rollback", "--reassign"])
     assert parse_run_config(["--recovery", "rollback"]).allreduce == "mpi"
