@@ -35,6 +35,10 @@ samples, 2 epochs = 16 steps) with one `--inject` SIGKILL at a random global ste
   record logged once, validated whole (every sample counted); for rollback with host rank 1 killed
   also the failure-free run's final weights and every epoch's validation sums, to the bit (host
   rank 0's death loses its BatchNorm statistics of that epoch).
+- `host-lossy-ckpt`: `--recovery lossy-forward` in `--mode da` with a checkpoint every 2 steps, host
+  rank 0 or 1 killed (alternately by step pair) right after the step's optimizer step. Passes if
+  the job ends 0 and exactly the checkpoints due are committed and load whole: all of 2..16 but the
+  killed step's own when it falls on a checkpoint (the rank died before handing it over).
 
 Prints one table (passed out of tries; median and max times) and writes `results/faults.json`. The
 test suite runs one try of each (tests/test_dpu_failure.py, tests/test_faults.py).
@@ -59,7 +63,7 @@ from benchmarks.harness import BIN, RESULTS, ROOT, job_env, machine, machine_lin
 from dpuoffload.common.state import ckptfiles  # noqa: E402
 
 KINDS = ("dpu-fallback", "dpu-validation", "dpu-keeper", "host-fallback", "dpu-stop", "host-stop", "host-lossy",
-         "host-rollback", "host-lossy-mv", "host-rollback-mv")
+         "host-rollback", "host-lossy-mv", "host-rollback-mv", "host-lossy-ckpt")
 LAUNCH = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe", "--share-cores"]
 STEPS = 16   # 2 epochs of 256 samples, 2 host ranks, batch 16
 EPOCH_STEPS, BATCH = 8, 16
@@ -100,11 +104,12 @@ def named(stderr: str, rank_words: str) -> bool:
 def one_try(kind: str, step: int, data: Path, reference: str, ref_val: list[tuple[float, int, int]]) -> dict[str, Any]:
     who = "dpu:1" if kind.startswith("dpu") else "host:1"
     who = f"dpu:{step % 2}" if kind == "dpu-keeper" else f"host:{step % 2}" if kind.endswith("-mv") else who
+    who = f"host:{step // 2 % 2}" if kind == "host-lossy-ckpt" else who
     mode = {"dpu-validation": "mv", "dpu-keeper": "none"}.get(kind, "mv" if kind.endswith("-mv") else "da")
     with tempfile.TemporaryDirectory(prefix="dpufaults-") as tmp:
         log, ck = Path(tmp) / "log", Path(tmp) / "ck"
         flags = [*training(data, str(log), mode), "--inject", f"{who}@{step}"]
-        if kind == "dpu-keeper":
+        if kind in ("dpu-keeper", "host-lossy-ckpt"):
             flags += ["--ckpt-dir", str(ck), "--ckpt-every", "2", "--ckpt-keep", "20"]
         if kind.endswith("fallback") or kind in ("dpu-validation", "dpu-keeper"):
             flags += ["--dpu-failure", "fallback"]
@@ -129,6 +134,13 @@ def one_try(kind: str, step: int, data: Path, reference: str, ref_val: list[tupl
                 record["passed"] = record["passed"] and val_sums(log) == ref_val
             if injected and deaths:
                 record["detected_s"] = deaths[0]["learnt_time"] - injected
+        elif kind == "host-lossy-ckpt":
+            done = [ckptfiles.load(d).meta["position"]["global_step"] for d in ckptfiles.committed(ck)]
+            record["committed"] = done
+            record["passed"] = res.returncode == 0 and done == [s for s in range(2, STEPS + 1, 2) if s != step]
+            recs = [r for r in read(log / "metrics.jsonl") if r["event"] == "recovery"]
+            if injected and recs:
+                record["recovered_s"] = recs[0]["reported_time"] - injected
         elif kind.endswith("-mv"):
             recs = [r for r in read(log / "metrics.jsonl") if r["event"] == "recovery"]
             counts = [r["val_count"] for r in read(log / "metrics.jsonl") if r["event"] == "epoch"]
@@ -168,6 +180,7 @@ def summarize(records: list[dict[str, Any]], kinds: tuple[str, ...]) -> list[lis
         times = [t for r in mine if (t := r.get("detected_s", r.get("ended_s", r.get("recovered_s"))))]
         what = {"dpu-fallback": "detected after", "dpu-validation": "detected after", "dpu-keeper": "detected after",
                 "host-lossy": "failed step done after", "host-lossy-mv": "failed step done after",
+                "host-lossy-ckpt": "failed step done after",
                 "host-rollback": "replayed step done after",
                 "host-rollback-mv": "replayed step done after"}.get(kind, "job ended after")
         timing = f"{what}: median {statistics.median(times):.2f} s, max {max(times):.2f} s" if times else "-"

@@ -19,6 +19,12 @@ hand-off's header names the keepers the host ranks agreed are dead, so each keep
 expect: it keeps a header receive posted for every host rank and learns the routes from the
 headers that land.
 
+Under `--recovery lossy-forward` host ranks may die: each hand-off is sliced among the living ones,
+a keeper none of whose host ranks is left gets a header-only notice instead (so every keeper hears
+of every checkpoint), and a keeper drops a host rank whose header receive reports it dead. A host
+rank that dies between a checkpoint's step and its hand-off tears that checkpoint; keeper 0 settles
+it by name (`settle_missed`) and commits the next ones.
+
 The latest state received stays in memory (`latest`); with `--ckpt-mem-keep K` the K newest
 checkpoints are also kept in DPU memory that outlives the job (`common.state.memstore`), and a
 relaunched job that restarts from them gets each host rank's hand-off back from its keeper
