@@ -415,7 +415,7 @@ class Keeper:
             while (report := self.surviving_report(source, step, what))["step"] not in (step, -1):
                 missed.setdefault(report["step"], []).append(report)
             reports.append(report)
-        mine = ", ".join(self.topo.describe(h) for h in self.hosts)
+        mine = ", ".join(self.topo.describe(h) for h in self.hosts if h in self.gone | faults.dead_ranks())
         for early, theirs in sorted(missed.items()):
             meta = next(r["meta"] for r in theirs if r.get("meta"))
             self.commit(meta, theirs + [{"step": early, "files": {}, "write_s": 0.0, "host_died": True,

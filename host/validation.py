@@ -165,14 +165,15 @@ class OffloadedValidation:
         if len(self.staging) < need:  # (the group shrank: a larger slice)
             self.staging = np.zeros(need, dtype=np.uint8)
         nbytes = pack_pieces(tensors, pieces, self.staging[STATE_HEADER_BYTES:])
-        seats = [self.mv_target.get(h) for h in self.seat_hosts()] if self.surviving else list(self.mv_target.values())
+        hosts = self.seat_hosts() if self.surviving else list(self.mv_target)
+        targets = [self.mv_target.get(h) for h in hosts]  # (each sender's validation rank)
         self.staging[:STATE_HEADER_BYTES].view(np.int64)[:] = STATE_HEADER.pack(
             epoch=epoch, sender=self.comm.Get_rank(), nbytes=nbytes, dpu_share_ppm=round(dpu_share * 1e6),
-            senders=self.comm.Get_size(), to_me=seats.count(dpu), source=self.topo.world_rank)
+            senders=self.comm.Get_size(), to_me=targets.count(dpu), source=self.topo.world_rank)
         self.sent = self.staging[:STATE_HEADER_BYTES + nbytes]
         self.send_req = self.topo.world.Isend(self.sent, dest=dpu, tag=Tag.STATE)
         if self.surviving and self.comm.Get_rank() == 0:
-            self.send_notices(epoch, dpu_share, [v for v in self.mv_ranks if v not in seats])
+            self.send_notices(epoch, dpu_share, [v for v in self.mv_ranks if v not in targets])
 
     def send_notices(self, epoch: int, dpu_share: float, idle: Sequence[int]) -> None:
         """Under --recovery: tell each validation rank that no seat sends to this epoch (its host
