@@ -249,6 +249,11 @@ class FallbackValidation:
         self.abandoned: list["MPI.Request"] = []  # sends nobody will receive (they hold their buffers)
         self.shadow: Optional[nn.Module] = None  # a copy of the model, to validate kept states in
 
+    @property
+    def offloads(self) -> bool:
+        """Whether the DPU validation ranks still take a share (the epoch record's `val_dpu_share`)."""
+        return self.local is None
+
     def epoch_end(self, epoch: int, dpu_share: float) -> None:
         if self.local is None and self.agree()[0]:
             self.fall_back(epoch)

@@ -146,6 +146,8 @@ def test_dead_validation_rank_moves_validation_to_the_host_bit_exact(bundled_dat
     for e in ref:
         for key in ("step_losses", "weights_sha256", "val_loss_sum", "val_correct", "val_count"):
             assert got[e][key] == ref[e][key], (e, key)
+    # the epochs handed to the DPU side say so; in mv, epoch 2 was validated on the host ranks alone
+    assert [got[e]["val_dpu_share"] for e in (0, 1)] == ([1.0, 0.0] if mode == "mv" else [1.0, 1.0])
 
 
 def _node(stdout: str) -> str:

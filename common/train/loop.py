@@ -252,6 +252,7 @@ class Trainer:
         with self.timer.phase("validation"):
             self.sync.broadcast_buffers_(self.model)
             self.validation.epoch_end(epoch, share)
+        share = share if getattr(self.validation, "offloads", True) else 0.0  # (validated on the host ranks)
         # (kept before a spare may be seated: its state carries the records still waiting for results)
         self.partial[epoch] = record = self.train_record(epoch, train_sums, losses, (time.perf_counter() - t0,
                                                                                      train_time), share)
