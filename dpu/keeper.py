@@ -111,6 +111,7 @@ class Keeper:
         self.gone: set[int] = set()     # (--recovery) host ranks known dead here: no header receive for them
         self.missed: list[int] = []     # (--recovery) host ranks whose part of this hand-off did not come
         self.early: dict[int, list[dict[str, Any]]] = {}   # (--recovery, committer) reports of a later step
+        self.reported: Optional[tuple[int, int]] = None   # the last checkpoint reported: (step, to which committer)
         self.committer = self.assign.keeper_ranks[0]  # (the lowest living keeper; sends the summary at the end)
         self.headers: dict[int, tuple[np.ndarray, "MPI.Request"]] = {}  # host rank -> its posted header receive
         self.torn: list[int] = []   # checkpoint steps lost with a keeper that died
@@ -348,11 +349,13 @@ class Keeper:
         report["write_s"] = time.perf_counter() - t0
         living = self.living(batch)
         if self.topo.world_rank == living[0]:
+            self.settle_orphan()
             others = self.settle_missed(step, living[1:]) if self.surviving else self.gather_reports(step, living[1:])
             reports = [report] + others
             meta = real[0].meta if real else next(r["meta"] for r in reports if r.get("meta"))
             self.commit(meta, reports)
             return
+        self.reported = (step, living[0])
         req = self.topo.world.isend(report, dest=living[0], tag=Tag.CKPT_REPORT)
         try:
             with lost_peer("the committing keeper to take the checkpoint report"):
@@ -360,6 +363,28 @@ class Keeper:
         except PeerLost:  # (it died: this checkpoint is never committed; the next one has another committer)
             if not self.rerouted:
                 raise
+
+    def settle_orphan(self) -> None:
+        """`--dpu-failure fallback`, on becoming the committer: the checkpoint this keeper last
+        reported to a committer that died before committing it is torn. Say so by name (nobody
+        else saw it whole) and remove it, instead of leaving it to `--ckpt-keep`'s pruning."""
+        if self.reported is None or self.reported[1] == self.topo.world_rank:
+            return
+        step, dead = self.reported
+        self.reported = None
+        directory = ckptfiles.step_dir(self.cfg.ckpt_dir, step)
+        if directory in ckptfiles.committed(self.cfg.ckpt_dir):
+            return
+        shutil.rmtree(directory, ignore_errors=True)
+        self.torn.append(step)
+        previous = ckptfiles.committed(self.cfg.ckpt_dir)
+        kept = f"the last complete checkpoint is {previous[-1]}" if previous else "there is no complete checkpoint yet"
+        print(f"{PREFIX} checkpoint at step {step} NOT saved ({self.topo.describe(dead)} died before committing it); "
+              f"this keeper commits from here on (--dpu-failure fallback), {kept}", file=sys.stderr, flush=True)
+        record = {"global_step": step, "committed": False, "torn": True,
+                  "errors": [f"{self.topo.describe(dead)} died before committing it"]}
+        self.records.append(record)
+        self.log.write(record)
 
     def living(self, batch: list[Received]) -> list[int]:
         """The keepers alive as this hand-off's header says, lowest (the committer) first (all of

@@ -204,6 +204,10 @@ def test_dead_keeper_tears_one_checkpoint_and_the_next_ones_commit(bundled_data,
     if keeper == 1:  # (keeper 0, the committer, reports the torn checkpoint)
         assert (f"checkpoint at step 6 NOT saved (DPU rank 1 (world rank 3, node {node}) died before writing its "
                 "part); the next ones go to the living keepers") in res.stderr
+    else:  # (the committer itself died: keeper 1, committing from then on, names it)
+        assert (f"checkpoint at step 6 NOT saved (DPU rank 0 (world rank 2, node {node}) died before committing it); "
+                "this keeper commits from here on (--dpu-failure fallback), the last complete checkpoint is") \
+            in res.stderr
     steps = [ckptfiles.load(d).meta["position"]["global_step"] for d in ckptfiles.committed(ck)]
     assert steps == [2, 4, 8, 10, 12, 14, 16]
     got, ref = epochs(read_jsonl(log / "metrics.jsonl")), epochs(baseline)
