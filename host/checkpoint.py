@@ -70,7 +70,8 @@ def resume_trainer(trainer: Any, point: ResumePoint, topo: Topology) -> None:
     if point.memory is not None:
         meta, shared, locals_ = state_from_memory(topo, point.memory.step, trainer.cfg.peer_timeout)
     else:
-        ckpt = ckptfiles.load(point.path)
+        ckpt = ckptfiles.load(point.path, point.verified)
+        point.verified.clear()  # (the bytes are in tensors now)
         meta, shared, locals_ = ckpt.meta, ckpt.shared, dict(enumerate(ckpt.locals))
     exact = point.same_slicing and int(meta["host_ranks"]) == topo.side_comm.Get_size()
     local = locals_[topo.side_rank] if exact else locals_[0]

@@ -85,7 +85,9 @@ def test_resume_latest_skips_damaged_newer_checkpoints_and_says_which(tmp_path):
     flipped = _checkpoint(tmp_path, 12, b"twelve")
     (flipped / "shard-00000.safetensors").write_bytes(b"twelvE")
     skipped: list[str] = []
-    assert resolve("latest", str(tmp_path), skipped) == good
+    verified: dict[str, bytes] = {}
+    assert resolve("latest", str(tmp_path), skipped, verified) == good
+    assert verified == {"shard-00000.safetensors": b"four"}  # (the chosen one's files, read and checked once)
     assert skipped == [
         f"skipped damaged checkpoint {flipped}: shard-00000.safetensors is corrupt (its sha256 differs from "
         "manifest.json)",
@@ -94,3 +96,20 @@ def test_resume_latest_skips_damaged_newer_checkpoints_and_says_which(tmp_path):
     (good / "shard-00000.safetensors").unlink()
     with pytest.raises(CheckpointError, match="every checkpoint in .* is damaged .*shard-00000.safetensors is missing"):
         resolve("latest", str(tmp_path))
+
+
+def test_a_checkpoint_chosen_by_resume_latest_is_read_once(tmp_path, monkeypatch):
+    """`--resume latest` checks every file of the checkpoint it picks; the restore then takes those
+    bytes instead of reading (and hashing) the files a second time."""
+    from dpuoffload.common.state import ckptdirs, ckptfiles
+
+    d = _checkpoint(tmp_path, 4, b"four")
+    verified: dict[str, bytes] = {}
+    ckptdirs.resolve("latest", str(tmp_path), [], verified)
+    reads = []
+    monkeypatch.setattr(ckptfiles, "read_checked", lambda path, expected: reads.append(path) or (b"", "is missing"))
+    manifest = ckptfiles.read_manifest(d)
+    assert ckptfiles.read_verified(d, "shard-00000.safetensors", manifest, verified) == b"four" and reads == []
+    with pytest.raises(ckptfiles.CheckpointError, match="is missing"):  # (without them: read from the disk)
+        ckptfiles.read_verified(d, "shard-00000.safetensors", manifest)
+    assert reads == [d / "shard-00000.safetensors"]

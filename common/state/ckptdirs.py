@@ -53,17 +53,22 @@ def prune(root: str | Path, keep: int) -> list[Path]:
 
 
 
-def damage(directory: Path) -> Optional[str]:
+def damage(directory: Path, verified: Optional[dict[str, bytes]] = None) -> Optional[str]:
     """Why a committed checkpoint cannot be restored (its manifest or a file it lists is missing,
-    has another size, or another sha256), or None when it is intact. Reads every file once."""
+    has another size, or another sha256), or None when it is intact. Reads every file once;
+    `verified` gets the bytes of those that checked out, so a restore need not read them again."""
     try:
         files = read_manifest(directory)["files"]
     except (CheckpointError, KeyError, TypeError) as e:
         return str(e) if isinstance(e, CheckpointError) else f"{MANIFEST} lists no files"
     for name, expected in files.items():
-        _, why = read_checked(directory / name, expected)
+        data, why = read_checked(directory / name, expected)
         if why is not None:
+            if verified is not None:
+                verified.clear()
             return f"{name} {why}"
+        if verified is not None:
+            verified[name] = data
     return None
 
 
@@ -81,7 +86,8 @@ def read_checked(path: Path, expected: Mapping[str, Any]) -> tuple[bytes, Option
     return data, None
 
 
-def resolve(resume: str, ckpt_dir: Optional[str], skipped: Optional[list[str]] = None) -> Path:
+def resolve(resume: str, ckpt_dir: Optional[str], skipped: Optional[list[str]] = None,
+            verified: Optional[dict[str, bytes]] = None) -> Path:
     """`--resume DIR|latest` to one checkpoint directory, or a CheckpointError saying what is wrong.
 
     `latest` takes the newest *intact* committed checkpoint: a newer one that is damaged (a file lost
@@ -97,7 +103,7 @@ def resolve(resume: str, ckpt_dir: Optional[str], skipped: Optional[list[str]] =
                                   f"{ckpt_dir}; start without --resume, or pass the directory of one checkpoint")
         notes = []
         for candidate in reversed(done):
-            why = damage(candidate)
+            why = damage(candidate, verified)
             if why is None:
                 if skipped is not None:
                     skipped.extend(notes)

@@ -19,7 +19,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -135,8 +135,12 @@ def part_sizes(meta: Mapping[str, Any], sender: int, parts: int, nbytes: int) ->
 
 
 # ------------------------------------------------------------------------------------------ reading
-def read_verified(directory: Path, name: str, manifest: Mapping[str, Any]) -> bytes:
-    """A file's bytes, after checking size and sha256 against the manifest."""
+def read_verified(directory: Path, name: str, manifest: Mapping[str, Any],
+                  verified: Optional[Mapping[str, bytes]] = None) -> bytes:
+    """A file's bytes, after checking size and sha256 against the manifest (or as `verified`
+    holds them: read and checked already, by `--resume latest`'s choice of checkpoint)."""
+    if verified and name in verified:
+        return verified[name]
     path = directory / name
     expected = manifest["files"].get(name)
     if expected is None:
@@ -161,10 +165,11 @@ class Checkpoint:
     locals: list[LocalState]
 
 
-def load(directory: Path) -> Checkpoint:
-    """Read, verify and reassemble one checkpoint (any number of host ranks wrote it)."""
+def load(directory: Path, verified: Optional[Mapping[str, bytes]] = None) -> Checkpoint:
+    """Read, verify and reassemble one checkpoint (any number of host ranks wrote it); `verified`:
+    files read and checked already (`ckptdirs.damage`)."""
     manifest = read_manifest(directory)
-    shards = {name: st_load(read_verified(directory, name, manifest)) for name in
+    shards = {name: st_load(read_verified(directory, name, manifest, verified)) for name in
               sorted({p[0] for t in manifest["tensors"] for p in t["pieces"]})}
     shared: dict[str, torch.Tensor] = {}
     for t in manifest["tensors"]:
@@ -177,7 +182,7 @@ def load(directory: Path) -> Checkpoint:
             raise CheckpointError(f"checkpoint {directory}: pieces of {t['name']} cover {covered} of "
                                   f"{flat.numel()} elements ({MANIFEST} is inconsistent)")
         shared[t["name"]] = flat.reshape(t["shape"])
-    locals_ = [parse_local(read_verified(directory, local_name(k), manifest))
+    locals_ = [parse_local(read_verified(directory, local_name(k), manifest, verified))
                for k in range(int(manifest["host_ranks"]))]
     return Checkpoint(directory, manifest, shared, locals_)
 

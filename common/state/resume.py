@@ -13,7 +13,7 @@ newest, the run resumes from there, the keepers send each host rank its hand-off
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -43,6 +43,8 @@ class ResumePoint:
     changed: tuple[str, ...]  # config fields that differ from the checkpoint's run (besides FREE ones)
     skipped: tuple[str, ...] = ()  # `--resume latest`: newer checkpoints found damaged and passed over
     memory: Optional[MemoryPoint] = None  # restarting from DPU memory (then `path` names that memory)
+    verified: dict[str, bytes] = field(default_factory=dict, repr=False)  # `--resume latest`: the files,
+    # read and checked while choosing the checkpoint (the restore takes them from here: one read)
 
     @property
     def same_slicing(self) -> bool:
@@ -58,11 +60,12 @@ def find_resume(cfg: RunConfig, n_hosts: int, steps_per_epoch: int) -> Optional[
     if cfg.resume is None:
         return None
     skipped: list[str] = []
+    verified: dict[str, bytes] = {}
     memory = memory_point() if cfg.resume == "latest" else None
     if memory is not None:
         path, meta = memory.root / f"step-{memory.step:09d}", memory.meta
     else:
-        path = ckptfiles.resolve(cfg.resume, cfg.ckpt_dir, skipped)
+        path = ckptfiles.resolve(cfg.resume, cfg.ckpt_dir, skipped, verified)
         meta = ckptfiles.read_manifest(path)
     changed = tuple(ckptfiles.check_compatible(meta, config_dict(cfg), FREE))
     fatal = [k for k in FATAL if k in changed]
@@ -76,7 +79,7 @@ def find_resume(cfg: RunConfig, n_hosts: int, steps_per_epoch: int) -> Optional[
     old_per_step = int(meta["host_ranks"]) * int(meta["config"]["batch_size"])
     position = reslice_position(position_of(meta), old_per_step, n_hosts * cfg.batch_size, steps_per_epoch)
     metrics.set_resumed_from(position.global_step)  # stamped on this run's log lines (they append)
-    return ResumePoint(path, position, meta, changed, tuple(skipped), memory)
+    return ResumePoint(path, position, meta, changed, tuple(skipped), memory, verified)
 
 
 def start_position(point: Optional[ResumePoint]) -> Position:
