@@ -39,7 +39,7 @@ from dpuoffload.common.runtime import inject
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
-from dpuoffload.common.runtime.waits import REMOTE_MAX_SLEEP, is_failure, wait
+from dpuoffload.common.runtime.waits import REMOTE_MAX_SLEEP, is_failure, probe_any, wait
 from dpuoffload.dpu.idle import control_arrived, post_control
 
 if TYPE_CHECKING:
@@ -304,26 +304,12 @@ class LoaderService:
         from mpi4py import MPI
 
         status, got = MPI.Status(), False
-        while self._probe(status):
+        while probe_any(self.topo.world, Tag.LOADER, status):
             host = status.Get_source()
             data = self.topo.world.recv(source=host, tag=Tag.LOADER)
             self.handle(host, decode(data, self.cfg.script))
             got = True
         return got
-
-    def _probe(self, status: "MPI.Status") -> bool:
-        """Whether a loader message from any host rank is there. Under `--dpu-failure fallback`, MPI
-        fails a probe from any source once some rank died, until the death is acknowledged: the
-        dead rank is a DPU rank (a dead host rank ends the job), so acknowledge it and go on."""
-        from mpi4py import MPI
-
-        try:
-            return self.topo.world.Iprobe(source=MPI.ANY_SOURCE, tag=Tag.LOADER, status=status)
-        except MPI.Exception as e:
-            if not is_failure(e):
-                raise
-            self.topo.world.Ack_failed()
-            return False
 
     def handle(self, host: int, message: Any) -> None:
         if host not in self.hosts and not (self.cfg.recovery == "rollback" and host in self.topo.spare_ranks):

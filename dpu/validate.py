@@ -35,7 +35,7 @@ from dpuoffload.common.runtime.failure import arrive
 from dpuoffload.common.runtime.messages import CONTROL, STATE_HEADER, STATE_HEADER_BYTES, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
-from dpuoffload.common.runtime.waits import is_failure, lost_peer, wait
+from dpuoffload.common.runtime.waits import lost_peer, probe_any, wait
 from dpuoffload.common.state.sharding import (
     allgather_bytes,
     byte_buffer,
@@ -182,7 +182,7 @@ class Validator:
         expect = max(1, _head(got[0])["to_me"]) if got else None
         status, last = MPI.Status(), time.monotonic()
         while expect is None or len(got) < expect:
-            msg = self._probe(status)
+            msg = probe_any(self.topo.world, Tag.STATE, status, matched=True)  # (from any rank: see above)
             if msg is None:
                 if on_poll is not None:
                     on_poll()
@@ -199,19 +199,6 @@ class Validator:
             got.append(buf)
             expect = max(1, head["to_me"])
         return b"".join(b.tobytes() for b in got)
-
-    def _probe(self, status: "MPI.Status") -> Optional["MPI.Message"]:
-        """A STATE message from any rank, if one is there. ULFM fails a wildcard probe once a rank
-        has died until this rank acknowledges the deaths it knows of; it does so and probes again."""
-        from mpi4py import MPI
-
-        try:
-            return self.topo.world.improbe(source=MPI.ANY_SOURCE, tag=Tag.STATE, status=status)
-        except MPI.Exception as e:
-            if not is_failure(e):
-                raise
-            self.topo.world.Ack_failed()
-            return None
 
     def stalled(self, epoch: Optional[int], n: int, expect: Optional[int], last: float) -> None:
         """End the wait if part of an epoch's state came, the rest has not for --peer-timeout, and

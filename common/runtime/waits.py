@@ -110,3 +110,21 @@ def wait_object(req: "MPI.Request", timeout: Optional[float], what: str) -> Any:
             raise PeerError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(sleep)
         sleep = min(max(sleep * 2, 1e-4), _MAX_SLEEP)
+
+
+def probe_any(comm: "MPI.Comm", tag: int, status: "MPI.Status", matched: bool = False) -> Any:
+    """Probe for a message from any rank with `tag`: `Iprobe` (True/False), or with `matched`
+    `improbe` (the matched `MPI.Message`, or None). Under fault tolerance (ULFM) a wildcard probe
+    fails once some rank has died, until this rank acknowledges the deaths it knows of: it does so,
+    reports nothing this time, and the next probe works again."""
+    from mpi4py import MPI
+
+    try:
+        if matched:
+            return comm.improbe(source=MPI.ANY_SOURCE, tag=tag, status=status)
+        return comm.Iprobe(source=MPI.ANY_SOURCE, tag=tag, status=status)
+    except MPI.Exception as e:
+        if not is_failure(e):
+            raise
+        comm.Ack_failed()
+        return None if matched else False
