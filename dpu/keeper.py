@@ -152,24 +152,22 @@ class Keeper:
                 if self.memory is not None:  # the run is over: nothing to restart from
                     self.memory.clear()
                 return
-            batch = [r for r in batch if r.head["sender"] >= 0] if kind is not StateKind.CHECKPOINT else batch
+            real = [r for r in batch if r.head["sender"] >= 0]   # (none: a notice under --recovery)
             if kind is StateKind.PREPARE:
-                self.prepare(batch)
+                self.prepare(real)
                 continue
             self.recycle(self.latest)
-            self.latest = [r for r in batch if r.head["sender"] >= 0]
+            self.latest = real
             if kind is StateKind.CHECKPOINT:
-                self.check_injection(batch)
-                self.persist(batch)
+                self.check_injection(batch[0].head["global_step"], real)
+                self.persist(batch, real)
             elif kind is StateKind.CLONE:
-                self.forward(batch, received=time.time())
+                self.forward(real, received=time.time())
 
-    def check_injection(self, batch: list[Received]) -> None:
+    def check_injection(self, step: int, real: list[Received]) -> None:
         """`--inject dpu:R@STEP` on a keeper: fail on getting the first checkpoint at or after STEP,
         before writing it (a checkpoint torn by a dead keeper). An augmentation or validation rank
         may fail earlier, at its own work."""
-        step = batch[0].head["global_step"]
-        real = [r for r in batch if r.head["sender"] >= 0]
         per_epoch = real[0].meta.get("steps_per_epoch") if self.injector and real else None  # (None: a script's)
         if per_epoch:
             self.injector.check_through(range(self.last_handoff + 1, step + 1), per_epoch * self.cfg.epochs)
@@ -332,9 +330,9 @@ class Keeper:
         return self.topo.host_ranks[r.head["seat"]]
 
     # ------------------------------------------------------------------------- checkpoint
-    def persist(self, batch: list[Received]) -> None:
+    def persist(self, batch: list[Received], real: list[Received]) -> None:
+        """Write `real` (the hand-offs of `batch` without a notice) and report or commit the checkpoint."""
         t0 = time.perf_counter()
-        real = [r for r in batch if r.head["sender"] >= 0]   # (none: a notice under --recovery)
         self.remember(real)
         step = batch[0].head["global_step"]
         report: dict[str, Any] = {"keeper": self.comm.Get_rank(), "step": step, "files": {}, "error": None,

@@ -54,7 +54,7 @@ from dpuoffload.common.state.trainstate import (
     set_rng,
     shared_tensors,
 )
-from dpuoffload.common.train.survivors import SurvivorGroup
+from dpuoffload.common.train.survivors import SurvivorGroup, seat_hosts
 
 ZERO_POLL_MAX_SLEEP = 0.0005  # the next optimizer step waits on these: poll often
 
@@ -173,8 +173,7 @@ class StateHandoff:
         """This rank's hand-off header: who sends (rank, seat, the group's size and rank 0) and to
         whom the others send (`to_me`). Under --recovery, rank 0 also sends a header-only notice to
         every keeper that no living host rank hands off to, so each keeper hears of every hand-off."""
-        seats = list(getattr(self.comm, "alive", range(self.size)))
-        hosts = [self.topo.host_ranks[s] for s in seats]
+        hosts = seat_hosts(self.comm, self.topo.host_ranks)
         keepers = [self.assign.keeper_of(h, self.lost) for h in hosts]
         common = dict(kind=kind, global_step=global_step, senders=self.size, leader=hosts[0],
                       lost_keepers=self.assign.lost_mask(self.lost))
@@ -183,7 +182,7 @@ class StateHandoff:
                 if k not in keepers and k not in self.lost:
                     notice = CKPT_HEADER.pack(**common, sender=-1, seat=-1, to_me=0)
                     self.inflight.append((self.topo.world.Isend(notice, dest=k, tag=Tag.CKPT), notice))
-        return CKPT_HEADER.pack(**common, **sizes, sender=self.rank, seat=seats[self.rank],
+        return CKPT_HEADER.pack(**common, **sizes, sender=self.rank, seat=self.topo.host_ranks.index(hosts[self.rank]),
                                 to_me=keepers.count(self.keeper))
 
     def bind(self, model: nn.Module, optimizer: Any, scheduler: Any) -> None:

@@ -57,6 +57,7 @@ from dpuoffload.common.train.evaluation import (
     metrics_from_sums,
     shard_range,
 )
+from dpuoffload.common.train.survivors import seat_hosts
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -127,7 +128,7 @@ class OffloadedValidation:
     def seat_hosts(self) -> list[int]:
         """World ranks of the host ranks whose seats the group's ranks fill, in group rank order: a
         spare in a dead host rank's seat sends to that rank's validation rank."""
-        return [self.topo.host_ranks[s] for s in getattr(self.comm, "alive", range(self.comm.Get_size()))]
+        return seat_hosts(self.comm, self.topo.host_ranks)
 
     @property
     def dpu(self) -> int:

@@ -55,6 +55,13 @@ COLLECTIVE_SPIN = 0.05         # poll a collective without sleeping this long (a
 COLLECTIVE_MAX_SLEEP = 0.001   # ...then sleep at most this long between polls
 
 
+def seat_hosts(comm: Any, host_ranks: tuple[int, ...]) -> list[int]:
+    """World ranks of the host ranks whose seats the ranks of `comm` fill, in its rank order: a
+    `SurvivorGroup`'s survivors (or spares in dead ranks' seats), or a plain host communicator's
+    ranks. State hand-offs route by seat, so a spare sends where the rank it replaced would have."""
+    return [host_ranks[s] for s in getattr(comm, "alive", range(comm.Get_size()))]
+
+
 @dataclass(frozen=True)
 class Shrink:
     """One shrink of the host group: the host ranks lost, and what it cost."""
