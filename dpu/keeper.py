@@ -48,7 +48,7 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import PeerError, PeerLost
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.runtime import faults, inject
-from dpuoffload.common.runtime.failure import EXIT_CHECKPOINT_FAILED, PREFIX, abort_job, failure_line
+from dpuoffload.common.runtime.failure import EXIT_CHECKPOINT_FAILED, PREFIX, abort_job, ending_line
 from dpuoffload.common.runtime.heartbeat import Heartbeat, interval_for
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.metrics import JsonlLog
@@ -131,7 +131,7 @@ class Keeper:
             if self.hands_off:
                 self.loop()
         except BaseException as e:  # noqa: BLE001 - a dead keeper thread must not leave the job hanging
-            abort_job(f"{failure_line(e)} (in its checkpoint keeper thread)")
+            abort_job(ending_line(e, " (in its checkpoint keeper thread)"))
 
     def loop(self) -> None:
         while True:

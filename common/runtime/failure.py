@@ -168,6 +168,20 @@ def failure_line(e: BaseException) -> str:
     return f"{_rank_label} failed: {describe_error(e)}; {saved}"
 
 
+def ending_line(e: BaseException, where: str = "") -> str:
+    """The line that ends the job for error `e` (raised `where`, e.g. ' (in its checkpoint keeper
+    thread)'): the death behind it if a rank death the run does not survive is (or within a
+    second becomes) known here, which says more than a wait that failed because of it; else
+    `failure_line(e)`. Under fault tolerance the failure watch knows the deaths."""
+    from dpuoffload.common.runtime.faults import death_behind
+
+    death = death_behind()
+    if death is None:
+        return failure_line(e) + where
+    write_traceback(e)
+    return death
+
+
 def run_program(main: Callable[[], int], default_label: str) -> None:
     """Entry-point wrapper for both programs: exit with main's code, or end the whole job on error."""
     set_rank_label(default_label)
@@ -180,12 +194,7 @@ def run_program(main: Callable[[], int], default_label: str) -> None:
     except BaseException as e:  # noqa: BLE001 - anything else must not leave peers hanging
         if isinstance(e, SystemExit) and (e.code in (0, None)):
             raise
-        from dpuoffload.common.runtime.faults import death_behind
-
-        death = death_behind()  # (--dpu-failure fallback: a dead rank may be what made this one fail)
-        if death is not None:
-            write_traceback(e)
-        abort_job(death or failure_line(e), 1)
+        abort_job(ending_line(e), 1)
     else:
         from dpuoffload.common.runtime.faults import stop_watch
 
