@@ -31,7 +31,7 @@ samples, 2 epochs = 16 steps) with one `--inject` SIGKILL at a random global ste
   call-in, when the death fell in an epoch's end work).
 - `host-lossy-mv`, `host-rollback-mv`: the same two in `--mode mv` (each host rank's DPU rank
   validates), host rank 0 or 1 killed (alternately; 0 holds the metrics log and may die while an
-  epoch's DPU results are due). Pass if the job ends 0 with one recovery record and each epoch's
+  epoch's DPU results are due). Pass if the job ends 0 with one death recorded and each epoch's
   record logged once, validated whole (every sample counted); for rollback with host rank 1 killed
   also the failure-free run's final weights and every epoch's validation sums, to the bit (host
   rank 0's death loses its BatchNorm statistics of that epoch).
@@ -40,6 +40,10 @@ samples, 2 epochs = 16 steps) with one `--inject` SIGKILL at a random global ste
   the job ends 0 and exactly the checkpoints due are committed and load whole: all of 2..16 but the
   killed step's own when it falls on a checkpoint (the rank died before handing it over), unless it
   ends an epoch (that hand-off waits for the epoch's end work, where the survivors shrink first).
+- `host-rollback-ckpt`: the same kills under `--recovery rollback` (`--spare-ranks 1`). Passes if the
+  job ends 0 and every checkpoint due (2..16) is committed, each holding the failure-free run's
+  parameters and momentum to the bit: the spare re-sends the dead rank's part of the step it
+  starts from, and an epoch's last step is handed over by the survivor alone.
 
 Prints one table (passed out of tries; median and max times) and writes `results/faults.json`. The
 test suite runs one try of each (tests/test_dpu_failure.py, tests/test_faults.py).
@@ -64,7 +68,7 @@ from benchmarks.harness import BIN, RESULTS, ROOT, job_env, machine, machine_lin
 from dpuoffload.common.state import ckptfiles  # noqa: E402
 
 KINDS = ("dpu-fallback", "dpu-validation", "dpu-keeper", "host-fallback", "dpu-stop", "host-stop", "host-lossy",
-         "host-rollback", "host-lossy-mv", "host-rollback-mv", "host-lossy-ckpt")
+         "host-rollback", "host-lossy-mv", "host-rollback-mv", "host-lossy-ckpt", "host-rollback-ckpt")
 LAUNCH = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe", "--share-cores"]
 STEPS = 16   # 2 epochs of 256 samples, 2 host ranks, batch 16
 EPOCH_STEPS, BATCH = 8, 16
@@ -102,15 +106,28 @@ def named(stderr: str, rank_words: str) -> bool:
                for x in stderr.splitlines())
 
 
-def one_try(kind: str, step: int, data: Path, reference: str, ref_val: list[tuple[float, int, int]]) -> dict[str, Any]:
+def same_checkpoints(ck: Path, ref: Path) -> bool:
+    """Whether every checkpoint committed in `ck` holds the state of `ref`'s of the same step, to the bit."""
+    import torch
+
+    for d in ckptfiles.committed(ck):
+        got, want = ckptfiles.load(d), ckptfiles.load(ref / d.name)
+        if got.shared.keys() != want.shared.keys() or not all(torch.equal(got.shared[k], want.shared[k])
+                                                               for k in want.shared):
+            return False
+    return True
+
+
+def one_try(kind: str, step: int, data: Path, reference: str, ref_val: list[tuple[float, int, int]],
+            ref_ck: Path) -> dict[str, Any]:
     who = "dpu:1" if kind.startswith("dpu") else "host:1"
     who = f"dpu:{step % 2}" if kind == "dpu-keeper" else f"host:{step % 2}" if kind.endswith("-mv") else who
-    who = f"host:{step // 2 % 2}" if kind == "host-lossy-ckpt" else who
+    who = f"host:{step // 2 % 2}" if kind.endswith("-ckpt") else who
     mode = {"dpu-validation": "mv", "dpu-keeper": "none"}.get(kind, "mv" if kind.endswith("-mv") else "da")
     with tempfile.TemporaryDirectory(prefix="dpufaults-") as tmp:
         log, ck = Path(tmp) / "log", Path(tmp) / "ck"
         flags = [*training(data, str(log), mode), "--inject", f"{who}@{step}"]
-        if kind in ("dpu-keeper", "host-lossy-ckpt"):
+        if kind == "dpu-keeper" or kind.endswith("-ckpt"):
             flags += ["--ckpt-dir", str(ck), "--ckpt-every", "2", "--ckpt-keep", "20"]
         if kind.endswith("fallback") or kind in ("dpu-validation", "dpu-keeper"):
             flags += ["--dpu-failure", "fallback"]
@@ -144,10 +161,20 @@ def one_try(kind: str, step: int, data: Path, reference: str, ref_val: list[tupl
             recs = [r for r in read(log / "metrics.jsonl") if r["event"] == "recovery"]
             if injected and recs:
                 record["recovered_s"] = recs[0]["reported_time"] - injected
+        elif kind == "host-rollback-ckpt":
+            done = [ckptfiles.load(d).meta["position"]["global_step"] for d in ckptfiles.committed(ck)]
+            record["committed"] = done
+            record["passed"] = res.returncode == 0 and done == list(range(2, STEPS + 1, 2)) and \
+                same_checkpoints(ck, ref_ck)
+            recs = [r for r in read(log / "metrics.jsonl") if r["event"] == "recovery"]
+            if injected and recs:
+                record["recovered_s"] = recs[-1]["reported_time"] - injected
         elif kind.endswith("-mv"):
             recs = [r for r in read(log / "metrics.jsonl") if r["event"] == "recovery"]
             counts = [r["val_count"] for r in read(log / "metrics.jsonl") if r["event"] == "epoch"]
-            record["passed"] = res.returncode == 0 and len(recs) == 1 and counts == [256, 256]
+            deaths = [r for r in recs if r.get("lost_world_ranks", r.get("lost_host_ranks"))]  # (rollback: a
+            # death in an epoch's end work has a second record, the spare's call-in before the next epoch)
+            record["passed"] = res.returncode == 0 and len(deaths) == 1 and counts == [256, 256]
             if kind == "host-rollback-mv" and who == "host:1":
                 record["passed"] = record["passed"] and final_sha(log) == reference and val_sums(log) == ref_val
             if injected and recs:
@@ -185,7 +212,8 @@ def summarize(records: list[dict[str, Any]], kinds: tuple[str, ...]) -> list[lis
                 "host-lossy": "failed step done after", "host-lossy-mv": "failed step done after",
                 "host-lossy-ckpt": "failed step done after",
                 "host-rollback": "replayed step done after",
-                "host-rollback-mv": "replayed step done after"}.get(kind, "job ended after")
+                "host-rollback-mv": "replayed step done after",
+                "host-rollback-ckpt": "replayed step done after"}.get(kind, "job ended after")
         timing = f"{what}: median {statistics.median(times):.2f} s, max {max(times):.2f} s" if times else "-"
         rows.append([kind, f"{passed} / {len(mine)}", sorted(r["step"] for r in mine), timing])
     return rows
@@ -200,18 +228,19 @@ def main() -> None:
     args = p.parse_args()
     data = make_data(("cifar10",))
     rng = random.Random(args.seed)
+    records = []
     with tempfile.TemporaryDirectory(prefix="dpufaults-ref-") as ref:
-        res, _ = run(training(data, ref))
+        ref_ck = Path(ref) / "ck"  # (checkpoints change no number: the -ckpt kinds compare theirs with these)
+        res, _ = run([*training(data, ref), "--ckpt-dir", str(ref_ck), "--ckpt-every", "2", "--ckpt-keep", "20"])
         if res.returncode != 0:
             sys.exit(f"the failure-free run failed:\n{res.stderr[-2000:]}")
         reference, ref_val = final_sha(Path(ref)), val_sums(Path(ref))
-    records = []
-    for i in range(args.tries):
-        for kind in args.kinds:
-            records.append(one_try(kind, rng.randint(2, STEPS - 1), data, reference, ref_val))
-            r = records[-1]
-            print(f"try {i + 1}/{args.tries} {kind} at step {r['step']}: {'passed' if r['passed'] else 'FAILED'}",
-                  flush=True)
+        for i in range(args.tries):
+            for kind in args.kinds:
+                records.append(one_try(kind, rng.randint(2, STEPS - 1), data, reference, ref_val, ref_ck))
+                r = records[-1]
+                print(f"try {i + 1}/{args.tries} {kind} at step {r['step']}: "
+                      f"{'passed' if r['passed'] else 'FAILED'}", flush=True)
     rows = summarize(records, tuple(args.kinds))
     m = machine()
     print(machine_line(m))

@@ -1,9 +1,12 @@
 """The recovery study's table, measured here: a host rank lost at 5 %, 50 % and 90 % of training.
 
     python benchmarks/recovery.py [--seeds 3] [--at 0.05 0.5 0.9] [--epochs 4] [--subset 512]
+                                  [--model resnet20] [--batch-size 16]
 
 Every run is a real dpurun job (2 host + 2 DPU ranks, `--mode da`, resnet20 on bundled CIFAR-10,
-batch 16 per host rank) whose host rank 1 is SIGKILLed (`--inject host:1@K`) after global step K:
+batch 16 per host rank, unless `--model`/`--batch-size` say otherwise: a longer step shows what
+the fixed costs of recovery weigh against it) whose host rank 1 is SIGKILLed (`--inject host:1@K`)
+after global step K:
 
 - `failure-free`: no failure, one run per seed (the reference for time and accuracy);
 - `lossy-forward`: `--recovery lossy-forward`: the survivor finishes step K+1 alone, loses host rank
@@ -54,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import BIN, RESULTS, ROOT, job_env, machine, machine_line, make_data, table, write_json  # noqa: E402
 
 LAUNCH = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe", "--share-cores"]
-BATCH, HOSTS = 16, 2
+HOSTS = 2
 STRATEGIES = {"lossy-forward": ["--recovery", "lossy-forward"],
               "lossy-forward --reassign": ["--recovery", "lossy-forward", "--reassign"],
               "rollback (spare)": ["--recovery", "rollback"],
@@ -72,6 +75,7 @@ def job(args: argparse.Namespace, data: Path, seed: int, extra: list[str], resta
         log = Path(tmp) / "log"
         training = ["--preset", "debug", "--no-progress", "--train-subset", str(args.subset), "--epochs",
                     str(args.epochs), "--seed", str(seed), "--mode", "da", "--data", str(data / "cifar10"),
+                    "--model", args.model, "--batch-size", str(args.batch_size),
                     "--log-dir", str(log), *extra]
         if restarts:
             training += ["--ckpt-dir", str(Path(tmp) / "ckpt")]
@@ -148,12 +152,14 @@ def main() -> None:
     p.add_argument("--at", type=float, nargs="+", default=[0.05, 0.5, 0.9], help="failure points (fractions)")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--subset", type=int, default=512, help="training samples (default: 512)")
+    p.add_argument("--model", default="resnet20", help="model (default: resnet20)")
+    p.add_argument("--batch-size", type=int, default=16, help="batch per host rank (default: 16)")
     p.add_argument("--out", type=Path, default=RESULTS / "recovery.json")
     p.add_argument("--only", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES), metavar="NAME",
                    help=f"strategies to run (default: all of {', '.join(STRATEGIES)})")
     args = p.parse_args()
     data = make_data(("cifar10",))
-    total = args.epochs * -(-args.subset // HOSTS // BATCH)
+    total = args.epochs * -(-args.subset // HOSTS // args.batch_size)
     seeds_needed = args.seeds if any(name not in EXACT for name in args.only) else 1
     refs = [job(args, data, s, []) for s in range(seeds_needed)]
     print(f"failure-free: {total} steps, median step {statistics.median(r['step_s'] for r in refs):.3f} s, "

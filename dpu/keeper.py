@@ -23,7 +23,10 @@ Under `--recovery lossy-forward` host ranks may die: each hand-off is sliced amo
 a keeper none of whose host ranks is left gets a header-only notice instead (so every keeper hears
 of every checkpoint), and a keeper drops a host rank whose header receive reports it dead. A host
 rank that dies between a checkpoint's step and its hand-off tears that checkpoint; keeper 0 settles
-it by name (`settle_missed`) and commits the next ones.
+it by name (`settle_missed`) and commits the next ones. Under `--recovery rollback` a spare takes
+the dead rank's seat and sends its part instead (`receive_seats`): it tells the seat's keeper where
+it starts (JOIN) and re-sends the hand-off due there, so a death next to a checkpoint does not tear
+it; a copy of a part that had come whole is dropped.
 
 The latest state received stays in memory (`latest`); with `--ckpt-mem-keep K` the K newest
 checkpoints are also kept in DPU memory that outlives the job (`common.state.memstore`), and a
@@ -108,6 +111,12 @@ class Keeper:
         self.hands_off = cfg.checkpointing or (cfg.clone_at is not None and bool(topo.clone_ranks))
         self.rerouted = faults.survives_keeper_loss(cfg)  # (routes follow each header's lost keepers)
         self.surviving = cfg.recovery != "stop"   # host ranks may die: hand-offs from the living, or a notice
+        self.rollback = cfg.recovery == "rollback"  # ... or from the spares in their seats
+        self.seats = tuple(topo.host_ranks.index(h) for h in self.hosts)   # the seats this keeper keeps
+        self.sources = {s: topo.host_ranks[s] for s in self.seats}   # (rollback) seat -> who trains in it now
+        self.joined: dict[int, int] = {}   # (rollback) seat -> global step its newest spare started from
+        self.last_order = float("-inf")    # (rollback) the last hand-off received (a later copy is dropped)
+        self.final_step: Optional[int] = cfg.stop_at_step   # (rollback) the run's last step, from the meta
         self.gone: set[int] = set()     # (--recovery) host ranks known dead here: no header receive for them
         self.missed: list[int] = []     # (--recovery) host ranks whose part of this hand-off did not come
         self.early: dict[int, list[dict[str, Any]]] = {}   # (--recovery, committer) reports of a later step
@@ -145,6 +154,7 @@ class Keeper:
             kind = StateKind(kinds.pop())
             if kind is StateKind.END:
                 self.stop_beating()
+                self.cancel_headers()
                 self.committer = self.living(batch)[0]
                 if self.surviving and self.cfg.checkpointing:
                     self.end_reports()
@@ -189,17 +199,17 @@ class Keeper:
         posted for every host rank (a host rank sends only to its keeper of the moment, and its
         next message here is always a header), and the earliest hand-off among the headers that
         landed says which keepers are dead, hence which host ranks send here this time."""
-        for h in self.assign.keepers:
-            if h not in self.headers and h not in self.gone:
-                header = CKPT_HEADER.empty()
-                self.headers[h] = (header, self.topo.world.Irecv(header, source=h, tag=Tag.CKPT))
         sleep = 0.0
-        while not (landed := [h for h in list(self.headers) if self._landed(h)]):
+        while not (landed := self.landed_headers()):
             time.sleep(sleep)  # (no deadline: checkpoints may be hours apart)
             sleep = min(max(2 * sleep, 1e-4), HANDOFF_POLL_MAX_SLEEP)
         # (the earliest hand-off that landed: a host rank may already be a hand-off ahead of another)
         heads = {h: CKPT_HEADER.unpack(self.headers[h][0]) for h in landed}
         first = min(heads.values(), key=_handoff_order)
+        if self.rollback:
+            batch = self.receive_seats(first) if first["sender"] >= 0 else self.receive_surviving(first, heads)
+            self.last_order = _handoff_order(first)
+            return batch
         if self.surviving:
             return self.receive_surviving(first, heads)
         lost = self.assign.lost_of(first["lost_keepers"])
@@ -212,6 +222,30 @@ class Keeper:
             wait(self.headers[h][1], self.cfg.peer_timeout, f"the hand-off header of {self.topo.describe(h)}",
                  max_sleep=SLICE_POLL_MAX_SLEEP)
         return [self.receive_parts(h, self.headers.pop(h)[0]) for h in hosts]
+
+    def post_headers(self) -> None:
+        """A header receive for every rank that may send one here and has none posted: every host
+        rank (its keeper may change), and under --recovery rollback every spare rank."""
+        for h in [*self.assign.keepers, *(self.topo.spare_ranks if self.rollback else ())]:
+            if h not in self.headers and h not in self.gone:
+                header = CKPT_HEADER.empty()
+                self.headers[h] = (header, self.topo.world.Irecv(header, source=h, tag=Tag.CKPT))
+
+    def landed_headers(self) -> list[int]:
+        """The ranks whose posted header receive completed (receives posted first). Under
+        --recovery rollback a JOIN or a copy of a finished hand-off is taken here (`screen`)."""
+        self.post_headers()
+        landed = [h for h in list(self.headers) if self._landed(h)]
+        return [h for h in landed if not self.screen(h)] if self.rollback else landed
+
+    def cancel_headers(self) -> None:
+        """At the end: the header receives still posted (spares never called in) are cancelled."""
+        for _, req in self.headers.values():
+            try:
+                req.Cancel()
+            except Exception:  # noqa: BLE001 - (a dead rank's receive may refuse; nothing waits on it)
+                pass
+        self.headers.clear()
 
     def _landed(self, host: int) -> bool:
         """Whether `host`'s posted header receive completed. Under --recovery, one that reports its
@@ -249,6 +283,81 @@ class Keeper:
         if len(batch) < first["to_me"] and not self.missed:  # (a death this keeper had learnt of before)
             self.missed = [h for h in self.hosts if h in self.gone]
         return batch or [Received({**first, "sender": -1}, byte_buffer(0), byte_buffer(0))]
+
+    def screen(self, source: int) -> bool:
+        """--recovery rollback: take `source`'s landed header if it is not part of a hand-off still
+        to come: a spare's JOIN (it trains in that seat from that step on) or a copy of a hand-off
+        this keeper has finished (a spare re-sent a part that had come whole: drained, dropped)."""
+        header = self.headers[source][0]
+        head = CKPT_HEADER.unpack(header)
+        if head["kind"] == StateKind.JOIN:
+            if head["seat"] in self.sources:
+                self.sources[head["seat"]] = source
+                self.joined[head["seat"]] = head["global_step"]
+        elif _handoff_order(head) <= self.last_order:
+            try:
+                self.receive_parts(source, header)
+            except PeerLost:
+                self.gone.add(source)
+        else:
+            return False
+        self.headers.pop(source)
+        return True
+
+    def receive_seats(self, first: Mapping[str, int]) -> list[Received]:
+        """--recovery rollback: the hand-off `first` belongs to, one part per seat of this keeper
+        that the senders fill (`to_me`), from whoever trains in it. A seat whose rank died before
+        its part came whole gets it from the spare that takes the seat (`StateHandoff.join`); the
+        part is missed (the checkpoint torn) only when no spare brings it (`no_spare_brings`)."""
+        order, want = _handoff_order(first), first["to_me"]
+        got: dict[int, Received] = {}
+        deadline, sleep = time.monotonic() + self.cfg.peer_timeout, 0.0
+        while True:
+            for source in self.landed_headers():
+                head = CKPT_HEADER.unpack(self.headers[source][0])
+                if _handoff_order(head) != order or head["senders"] != first["senders"]:
+                    continue   # (a later hand-off: its turn comes; another group's copy: dropped then)
+                header = self.headers.pop(source)[0]
+                try:
+                    part = self.receive_parts(source, header)
+                except PeerLost:
+                    self.gone.add(source)   # (its spare sends the part again)
+                    continue
+                self.sources[head["seat"]] = source
+                got.setdefault(head["seat"], part)
+                self.learn_final(part)
+            waiting = [s for s in self.seats if s not in got]
+            lost = [s for s in waiting if self.seat_dead(s) and self.no_spare_brings(s, first)]
+            if len(got) + len(lost) >= want:
+                break
+            if time.monotonic() > deadline and not all(self.seat_dead(s) for s in waiting):
+                raise PeerError(f"timed out after {self.cfg.peer_timeout:.0f} s waiting for the hand-off of step "
+                                f"{first['global_step']} from " + ", ".join(
+                                    self.topo.describe(self.sources[s]) for s in waiting))
+            time.sleep(sleep)
+            sleep = min(max(2 * sleep, 1e-4), SLICE_POLL_MAX_SLEEP)
+        self.missed = [self.topo.host_ranks[s] for s in lost] if len(got) < want else []
+        batch = [got[s] for s in sorted(got)]
+        return batch or [Received({**first, "sender": -1}, byte_buffer(0), byte_buffer(0))]
+
+    def seat_dead(self, seat: int) -> bool:
+        source = self.sources[seat]
+        return source in self.gone or source in faults.dead_ranks()
+
+    def no_spare_brings(self, seat: int, first: Mapping[str, int]) -> bool:
+        """Whether no spare will send `seat`'s part of the hand-off `first` (its rank is dead): a
+        spare joined after that step, or the hand-off comes after the last point where a spare is
+        called in (PREPARE, which spares skip; the run's last step; the end)."""
+        step = first["global_step"]
+        if first["kind"] in (StateKind.PREPARE, StateKind.END) or self.joined.get(seat, -1) > step:
+            return True
+        return self.final_step is not None and step >= self.final_step
+
+    def learn_final(self, part: Received) -> None:
+        """The run's last step, from a hand-off's meta (the keeper has no data set to count it)."""
+        per_epoch = part.meta.get("steps_per_epoch") if part.head["small_nbytes"] else None
+        if per_epoch:
+            self.final_step = min(int(per_epoch) * self.cfg.epochs, self.final_step or int(per_epoch) * self.cfg.epochs)
 
     def receive_parts(self, host: int, header: np.ndarray) -> Received:
         """The rest of `host`'s hand-off, after its header."""
@@ -466,7 +575,8 @@ class Keeper:
             done, report = req.test()
             if done:
                 return report
-            if all(h in faults.dead_ranks() for h in self.assign.hosts_kept_by(source)):
+            dead = [h in faults.dead_ranks() for h in self.assign.hosts_kept_by(source)]
+            if any(dead) if self.rollback else all(dead):  # (rollback: it may be waiting for a spare)
                 deadline = float("inf")
             if time.monotonic() > deadline:
                 raise PeerError(f"timed out after {self.cfg.peer_timeout:.0f} s waiting for {what}")

@@ -54,7 +54,7 @@ from dpuoffload.common.state.trainstate import (
     set_rng,
     shared_tensors,
 )
-from dpuoffload.common.train.survivors import SurvivorGroup, seat_hosts
+from dpuoffload.common.train.survivors import SurvivorGroup, seat_hosts, world_ranks
 
 ZERO_POLL_MAX_SLEEP = 0.0005  # the next optimizer step waits on these: poll often
 
@@ -84,6 +84,27 @@ def resume_trainer(trainer: Any, point: ResumePoint, topo: Topology) -> None:
         trainer.metrics_log.write(
             {"event": "restart", "source": "dpu-memory", "global_step": point.memory.step,
              "transfer_s": time.perf_counter() - t0, "bytes": sum(t.nbytes for t in shared.values())})
+
+
+def report_end(cfg: RunConfig, topo: Topology, trainer: Any) -> int:
+    """Host rank 0's last words: where a --stop-at-step run continues from, and lost checkpoints
+    (non-zero exit: a run that ends without its checkpoints must not look like a success)."""
+    if not trainer.is_leader:  # (host rank 0, or the lowest survivor after its death under --recovery)
+        return 0
+    handoff = trainer.hooks if isinstance(trainer.hooks, StateHandoff) else None
+    summary = handoff.summary if handoff is not None else None
+    if cfg.stop_at_step is not None and trainer.global_step == cfg.stop_at_step:
+        newest = summary["newest"] if summary else None
+        if newest and newest.endswith(f"step-{cfg.stop_at_step:09d}"):
+            print(f"[dpuoffload] stopped at step {cfg.stop_at_step}; checkpoint {newest}; continue with "
+                  f"`--resume latest`", flush=True)
+        elif cfg.ckpt_dir:
+            print(f"[dpuoffload] stopped at step {cfg.stop_at_step}; its checkpoint was NOT saved (see below)",
+                  flush=True)
+        else:
+            print(f"[dpuoffload] stopped at step {cfg.stop_at_step}; no checkpoint was taken (add --ckpt-dir DIR "
+                  f"to continue later with `--resume latest`)", flush=True)
+    return handoff.exit_code() if handoff is not None else 0
 
 
 def report_resume(point: ResumePoint, meta: dict[str, Any], exact: bool, seconds: float, nbytes: int) -> None:
@@ -133,23 +154,26 @@ class StateHandoff:
     """Decides when state is due and sends it; the trainer calls the hooks below."""
 
     def __init__(self, cfg: RunConfig, topo: Topology, model: Optional[nn.Module], optimizer: Any, scheduler: Any,
-                 steps_per_epoch: Optional[int], group: Any = None) -> None:
+                 steps_per_epoch: Optional[int], group: Any = None, joining: bool = False) -> None:
         """`model`/`optimizer` None: a script's job binds them at its first `job.checkpoint` (`bind`);
         `steps_per_epoch` None: the script counts its own steps. `group`: the host ranks'
-        `SurvivorGroup` under --recovery lossy-forward: each hand-off is sliced among the host
-        ranks alive then, and keepers whose host ranks all died get a notice instead."""
+        `SurvivorGroup` under --recovery: each hand-off is sliced among the host ranks alive then
+        (lossy forward), and keepers whose host ranks all died get a notice instead; a spare in a
+        seat (rollback) hands off to that seat's keeper. `joining`: this is such a spare, seated
+        mid-run (`join`)."""
         self.cfg, self.topo, self.model, self.optimizer, self.scheduler = cfg, topo, model, optimizer, scheduler
         self.steps_per_epoch = steps_per_epoch
         self.assign = StateAssignment.of(topo)
-        self.keeper = self.assign.keeper_of(topo.world_rank)
+        self.comm: Any = topo.side_comm if group is None else group
+        self.seat_host = seat_hosts(self.comm, topo.host_ranks)[self.rank]  # whose place this rank trains in
+        self.keeper = self.assign.keeper_of(self.seat_host)
         self.fallback = faults.survives_keeper_loss(cfg)  # a dead keeper: the next hand-offs go to a living one
         self.lost: frozenset[int] = frozenset()        # the keepers the host ranks agreed are dead
-        self.comm: Any = topo.side_comm if group is None else group
         self.inflight: list[tuple["MPI.Request", Any]] = []   # requests and the buffers they read
         self.zero_pending: list["MPI.Request"] = []   # zero-copy sends straight from tensor memory
         self.zero_views: list[np.ndarray] = []
         self.staging: Optional[np.ndarray] = None
-        self.prepared = False
+        self.prepared = joining  # (a spare's keeper was warmed by the dead rank's PREPARE)
         self.deferred: set[StateKind] = set()
         self.log = JsonlLog(cfg.log_dir, f"handoff-rank{topo.world_rank}.jsonl")
         self.blocked: list[float] = []
@@ -159,7 +183,8 @@ class StateHandoff:
     def for_trainer(cls, cfg: RunConfig, topo: Topology, trainer: Any) -> "StateHandoff":
         """The hand-off of `trainer`'s model, optimizer and schedule (a `host.extensions.HooksFactory`)."""
         group = trainer.comm if isinstance(trainer.comm, SurvivorGroup) else None
-        return cls(cfg, topo, trainer.model, trainer.optimizer, trainer.scheduler, trainer.feed.steps(), group)
+        return cls(cfg, topo, trainer.model, trainer.optimizer, trainer.scheduler, trainer.feed.steps(), group,
+                   trainer.joining)
 
     @property
     def rank(self) -> int:
@@ -175,9 +200,10 @@ class StateHandoff:
         every keeper that no living host rank hands off to, so each keeper hears of every hand-off."""
         hosts = seat_hosts(self.comm, self.topo.host_ranks)
         keepers = [self.assign.keeper_of(h, self.lost) for h in hosts]
-        common = dict(kind=kind, global_step=global_step, senders=self.size, leader=hosts[0],
+        common = dict(kind=kind, global_step=global_step, senders=self.size,
+                      leader=world_ranks(self.comm, self.topo.host_ranks)[0],
                       lost_keepers=self.assign.lost_mask(self.lost))
-        if isinstance(self.comm, SurvivorGroup) and self.rank == 0:
+        if isinstance(self.comm, SurvivorGroup) and self.rank == 0 and kind is not StateKind.JOIN:
             for k in self.assign.keeper_ranks:
                 if k not in keepers and k not in self.lost:
                     notice = CKPT_HEADER.pack(**common, sender=-1, seat=-1, to_me=0)
@@ -213,6 +239,20 @@ class StateHandoff:
         kinds, self.deferred = set(self.deferred), set()
         if self.cfg.checkpointing and self.cfg.ckpt_every_epoch:
             kinds.add(StateKind.CHECKPOINT)
+        for kind in sorted(kinds):
+            self.send(kind, pos, EpochProgress())
+
+    def join(self, pos: Position, resend: bool) -> None:
+        """--recovery rollback, on a spare that took a seat with the state at `pos`: tell the seat's
+        keeper (JOIN). `resend` (it replays the step after `pos`): the group handed `pos` over
+        before it knew of the death, so hand over again what was due there. The dead rank may have
+        died before its own part reached the keeper, which then waits for this one (and drops it if
+        the dead rank's came whole): a death next to a checkpoint does not tear it. (A spare seated
+        between epochs joins after the group handed the epoch's state over without that seat.)"""
+        self._post(self.header(StateKind.JOIN, pos.global_step))
+        kinds = self.due(pos.global_step) if resend and pos.global_step > 0 else set()
+        if resend and pos.step == 0 and pos.epoch > 0 and self.cfg.checkpointing and self.cfg.ckpt_every_epoch:
+            kinds.add(StateKind.CHECKPOINT)  # (the epoch's end hand-off, `after_epoch`)
         for kind in sorted(kinds):
             self.send(kind, pos, EpochProgress())
 
@@ -344,7 +384,7 @@ class StateHandoff:
             return
         if len(lost) == len(self.assign.keeper_ranks):
             raise PeerError("every checkpoint keeper DPU rank died: no rank is left to take the state")
-        self.lost, keeper = lost, self.assign.keeper_of(self.topo.world_rank, lost)
+        self.lost, keeper = lost, self.assign.keeper_of(self.seat_host, lost)
         if keeper != self.keeper:
             print(f"{PREFIX} {self.topo.describe()}: its checkpoint keeper {self.topo.describe(self.keeper)} died; "
                   f"its state goes to {self.topo.describe(keeper)} from here on (--dpu-failure fallback)", flush=True)

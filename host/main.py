@@ -33,7 +33,7 @@ from dpuoffload.common.train.loop import Trainer, TrainJob
 from dpuoffload.common.train.naive import build_naive_feed, measure_profile, naive_backend
 from dpuoffload.common.train.spares import Rollback, SparePool
 from dpuoffload.common.train.survivors import LossyForward, SurvivorGroup
-from dpuoffload.host.checkpoint import StateHandoff, resume_trainer
+from dpuoffload.host.checkpoint import report_end, resume_trainer
 from dpuoffload.host.clone import check_clone_flags, clone_config, describe_overrides
 from dpuoffload.host.extensions import CloneAdopter, HostExtensions
 from dpuoffload.host.library import attach, current
@@ -126,27 +126,6 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
     sync.shutdown()
     trace.finish(topo.world, cfg.trace)
     return report_end(cfg, topo, trainer)
-
-
-def report_end(cfg: RunConfig, topo: Topology, trainer: Trainer) -> int:
-    """Host rank 0's last words: where a --stop-at-step run continues from, and lost checkpoints
-    (non-zero exit: a run that ends without its checkpoints must not look like a success)."""
-    if not trainer.is_leader:  # (host rank 0, or the lowest survivor after its death under --recovery)
-        return 0
-    handoff = trainer.hooks if isinstance(trainer.hooks, StateHandoff) else None
-    summary = handoff.summary if handoff is not None else None
-    if cfg.stop_at_step is not None and trainer.global_step == cfg.stop_at_step:
-        newest = summary["newest"] if summary else None
-        if newest and newest.endswith(f"step-{cfg.stop_at_step:09d}"):
-            print(f"[dpuoffload] stopped at step {cfg.stop_at_step}; checkpoint {newest}; continue with "
-                  f"`--resume latest`", flush=True)
-        elif cfg.ckpt_dir:
-            print(f"[dpuoffload] stopped at step {cfg.stop_at_step}; its checkpoint was NOT saved (see below)",
-                  flush=True)
-        else:
-            print(f"[dpuoffload] stopped at step {cfg.stop_at_step}; no checkpoint was taken (add --ckpt-dir DIR "
-                  f"to continue later with `--resume latest`)", flush=True)
-    return handoff.exit_code() if handoff is not None else 0
 
 
 def run_clone(original: RunConfig, topo: Topology, job: TrainJob, adopt: CloneAdopter) -> int:

@@ -27,7 +27,8 @@ from dpuoffload.common.train.allreduce import build_sync
 from dpuoffload.common.train.loop import Trainer, TrainJob
 from dpuoffload.common.train.spares import Rollback, SparePool, unpack_state
 from dpuoffload.common.train.survivors import SurvivorGroup
-from dpuoffload.host.extensions import LoaderFeed
+from dpuoffload.host.checkpoint import StateHandoff, report_end
+from dpuoffload.host.extensions import LoaderFeed, build_hooks
 from dpuoffload.host.library import Job
 from dpuoffload.host.loader import local_loader
 from dpuoffload.host.validation import build_validation
@@ -59,9 +60,12 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob) -> int:
     group = SurvivorGroup(topo, cfg.peer_timeout, spares=pool)
     sync = build_sync("mpi", group, cfg.peer_timeout, job.compute.device)
     validation, share = build_validation(cfg, topo, job, group)
-    trainer = Trainer(cfg, topo, job, sync, validation, share, group=group, joining=True)
+    trainer = Trainer(cfg, topo, job, sync, validation, share, group=group, joining=True,
+                      hooks=lambda t: build_hooks(cfg, topo, t))
     position, trainer.partial = unpack_state(call.state, trainer.model, trainer.optimizer, trainer.scheduler)
     trainer.resume_at(position, None)
+    if isinstance(trainer.hooks, StateHandoff):  # checkpoints: the seat's keeper hears from this rank now
+        trainer.hooks.join(position, resend=call.replay)
     trainer.recovery = Rollback(group, trainer, job.feed.steps(), cfg.epochs)
     what = "replays the failed step from" if call.replay else "starts at"
     print(f"[dpuoffload] {topo.describe()} takes host rank {call.seat}'s seat: it {what} "
@@ -72,4 +76,4 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob) -> int:
     faults.ending()
     pool.release()
     sync.shutdown()
-    return 0
+    return report_end(cfg, topo, trainer)  # (in seat 0 it has the checkpoint summary)

@@ -17,6 +17,7 @@ import torch
 from dpuoffload.common.config import parse_run_config
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.runtime.roles import Role, role_from_appnum
+from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.trainstate import Position
 from dpuoffload.common.train.loop import build_optimizer, lr_factor
 from dpuoffload.common.train.spares import CALL_IN, Command, pack_state, unpack_state
@@ -86,9 +87,10 @@ def test_flag_errors():
         cli.parse_launcher_args(["--spare-ranks", "1", "--clone-ranks", "1"])
     with pytest.raises(ConfigError, match="--recovery rollback cannot go with --mode naive"):
         parse_run_config(["--recovery", "rollback", "--mode", "naive"])
-    with pytest.raises(ConfigError, match="--recovery rollback cannot go with checkpoints .* use --recovery "
-                                          "lossy-forward"):
-        parse_run_config(["--recovery", "rollback", "--ckpt-dir", "/tmp/x", "--ckpt-every", "2"])
+    with pytest.raises(ConfigError, match="--recovery rollback cannot go with --ckpt-mem-keep"):
+        parse_run_config(["--recovery", "rollback", "--ckpt-dir", "/tmp/x", "--ckpt-every", "2", "--ckpt-mem-keep",
+                          "1"])
+    assert parse_run_config(["--recovery", "rollback", "--ckpt-dir", "/tmp/x", "--ckpt-every", "2"]).checkpointing
     with pytest.raises(ConfigError, match="add --recovery lossy-forward"):
         parse_run_config(["--recovery", "rollback", "--reassign"])
     assert parse_run_config(["--recovery", "rollback"]).allreduce == "mpi"
@@ -128,13 +130,20 @@ def test_both_original_host_ranks_dead_a_seated_spare_goes_on(bundled_data, tmp_
 
 
 @pytest.fixture(scope="module")
-def reference(bundled_data, tmp_path_factory):
-    """The uninterrupted run: 2 host ranks, the MPI allreduce rollback uses."""
+def reference_log(bundled_data, tmp_path_factory):
+    """The uninterrupted run: 2 host ranks, the MPI allreduce rollback uses; a checkpoint after
+    every step in `ck` (one DPU rank keeps both host ranks' slices)."""
     log = tmp_path_factory.mktemp("reference")
     res = dpurun(LAUNCH, [*RUN, "--data", str(bundled_data / "cifar10"), "--mode", "none", "--allreduce", "mpi",
-                          "--log-dir", str(log)], timeout=300)
+                          "--log-dir", str(log), "--ckpt-dir", str(log / "ck"), "--ckpt-every", "1",
+                          "--ckpt-keep", "16"], timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    return read_jsonl(log / "metrics.jsonl")
+    return log
+
+
+@pytest.fixture(scope="module")
+def reference(reference_log):
+    return read_jsonl(reference_log / "metrics.jsonl")
 
 
 def rollback_run(bundled_data, log, inject, launch=SPARE, mode="none", extra=()):
@@ -230,3 +239,53 @@ def test_spare_in_seat_zero_gets_the_validation_still_due(bundled_data, tmp_path
     for key in ("weights_sha256", "val_loss_sum", "val_correct", "train_loss"):
         assert got[0][key] == want[0][key], key  # (step_losses: host rank 1's, who packed the spare's state)
     assert got[1]["val_count"] == 256 and got[1]["val_dpu_share"] == 1.0
+
+
+def assert_same_checkpoints(ck, ref, steps, slicing):
+    """`ck` committed exactly `steps`, each the uninterrupted run's state to the bit (parameters and
+    momentum), sliced among `slicing[step]` host ranks (default 2)."""
+    assert [int(p.name.split("-")[1]) for p in ckptfiles.committed(ck)] == steps
+    for step in steps:
+        got, want = ckptfiles.load(ckptfiles.step_dir(ck, step)), ckptfiles.load(ckptfiles.step_dir(ref, step))
+        assert got.meta["position"] == want.meta["position"] and got.meta["host_ranks"] == slicing.get(step, 2)
+        assert got.shared.keys() == want.shared.keys(), step
+        assert all(torch.equal(got.shared[k], want.shared[k]) for k in want.shared), step
+
+
+@pytest.mark.mpi
+def test_checkpoints_survive_a_death_next_to_one_to_the_bit(bundled_data, tmp_path, reference_log, reference):
+    """Host rank 1 dies right after step 6's optimizer step, before handing step 6's checkpoint
+    over; the survivor detects it in step 7 and the spare replays that step from the state of step
+    6. The spare sends the dead rank's part of step 6 (the keeper waited for it), so every
+    checkpoint is committed and equals the uninterrupted run's; a run resumed from step 6 (half of
+    it written by the spare) ends on the uninterrupted run's weights."""
+    ck = tmp_path / "ck"
+    res = rollback_run(bundled_data, tmp_path, "host:1@6", extra=["--ckpt-dir", str(ck), "--ckpt-every", "3",
+                                                                   "--ckpt-keep", "10"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "NOT saved" not in res.stdout + res.stderr
+    assert "checkpoint step 6 committed" in res.stdout
+    assert_same_checkpoints(ck, reference_log / "ck", [3, 6, 9, 12, 15], {})
+    resumed = dpurun(LAUNCH, [*RUN, "--data", str(bundled_data / "cifar10"), "--mode", "none", "--allreduce", "mpi",
+                              "--log-dir", str(tmp_path / "resumed"), "--resume", str(ckptfiles.step_dir(ck, 6))],
+                     timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "(exactly): epoch 1, step 6 done (global step 6)" in resumed.stdout
+    assert [r["weights_sha256"] for r in read_jsonl(tmp_path / "resumed" / "metrics.jsonl") if r["event"] == "end"] \
+        == [r["weights_sha256"] for r in reference if r["event"] == "end"]
+
+
+@pytest.mark.mpi
+def test_host_rank_zero_lost_at_an_epoch_end_checkpoints_go_on(bundled_data, tmp_path, reference_log):
+    """Host rank 0 dies after epoch 1's last step: host rank 1 alone does the epoch's end work,
+    logs epoch 1 and hands the epoch-end checkpoint over sliced for itself alone; the spare then
+    takes seat 0 for epoch 2, and gets the checkpoint summary as the new host rank 0. Every
+    checkpoint holds the uninterrupted run's state."""
+    ck = tmp_path / "ck"
+    res = rollback_run(bundled_data, tmp_path, "host:0@8", extra=["--ckpt-dir", str(ck), "--ckpt-every", "4",
+                                                                   "--ckpt-keep", "10"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert [res.stdout.count(f"epoch {e}/2 |") for e in (1, 2)] == [1, 1]
+    assert_same_checkpoints(ck, reference_log / "ck", [4, 8, 12, 16], {8: 1})
+    got = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["event"] for r in got].count("end") == 1

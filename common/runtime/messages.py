@@ -89,6 +89,8 @@ class StateKind(IntEnum):
     HEARTBEAT = 5      # keeper -> clone rank (Tag.CLONE, header only, sender -1): "alive, the clone state is not
                        # due yet", every peer_timeout/4 s until the clone is served (`host.clone`'s stand-by deadline)
     RESTORE = 6        # keeper -> host rank (Tag.RESTORE): its hand-off kept in DPU memory, to restart from
+    JOIN = 7           # --recovery rollback: a spare -> its seat's keeper, header only, on taking the seat at
+                       # `global_step` (its hand-offs come from there on, that step's first if one is due)
 
 
 # The CKPT / CLONE message: this header, then `small_nbytes` bytes = `meta_nbytes` of UTF-8 JSON (run-level:
@@ -103,6 +105,7 @@ class StateKind(IntEnum):
 # `--recovery lossy-forward` shrank the host group); `to_me` how many hand-offs of this step the receiving
 # keeper gets, and `leader` the world rank of the senders' rank 0 (it takes the checkpoint summary). Under
 # --recovery a keeper none of whose host ranks is left gets a header-only notice instead (`sender` -1).
+# Under --recovery rollback a spare that takes a seat first sends the seat's keeper a JOIN header.
 CKPT_HEADER = HeaderLayout("ckpt", Tag.CKPT, ("kind", "global_step", "sender", "senders", "meta_nbytes",
                                               "small_nbytes", "shared_nbytes", "shared_parts", "lost_keepers",
                                               "seat", "to_me", "leader"))

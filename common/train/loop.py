@@ -75,13 +75,16 @@ class StateHooks(Protocol):
 class Recovery(Protocol):
     """What the trainer asks of `--recovery` (`common.train.survivors.LossyForward`,
     `common.train.spares.Rollback`): the step's batch, a hook around the step's allreduce, and
-    after each step the failures to report (each by the rank that `reports` says)."""
+    after each step the failures to report (each by the rank that `reports` says); between epochs
+    a chance to change the group (rollback's spares take seats left vacant)."""
 
     def batch(self, epoch: int, step: int, batch: Batch, total: Optional[int]) -> tuple[Batch, Optional[int]]: ...
 
     def replayable(self) -> contextlib.AbstractContextManager[None]: ...
 
     def check(self, epoch: int, step: int, global_step: int) -> Sequence[Any]: ...
+
+    def between_epochs(self, epoch: int, global_step: int) -> bool: ...
 
     def reports(self, event: Any, leader: bool) -> bool: ...
 
@@ -227,12 +230,16 @@ class Trainer:
         for span in epoch_spans(self.feed.steps(), self.cfg.epochs, self.start, self.cfg.stop_at_step):
             self.run_epoch(span)
             records += self.complete_all(self.validation.ready())
+            if span.completes and self.recovery is not None and self.recovery.between_epochs(span.epoch,
+                                                                                              self.global_step):
+                self.recovered(span.epoch, -1)  # (the spares called in are reported)
         records += self.complete_all(self.validation.finish())
         self.reports.close()
         self.hooks.finish()
         final = {"event": "end", "weights_sha256": state_digest(self.model), "global_step": self.global_step,
                  "allreduce": self.sync.name, "host_ranks": len(self.topo.host_ranks), "replicas": self.size}
-        self.metrics_log.write(final)
+        if self.is_leader:  # (a rank that led for a while under --recovery keeps its log open)
+            self.metrics_log.write(final)
         if self.is_leader and self.cfg.save_weights:
             save_state_dict(self.model, self.cfg.save_weights)
         return records
@@ -253,7 +260,7 @@ class Trainer:
             self.sync.broadcast_buffers_(self.model)
             self.validation.epoch_end(epoch, share)
         share = share if getattr(self.validation, "offloads", True) else 0.0  # (validated on the host ranks)
-        # (kept before a spare may be seated: its state carries the records still waiting for results)
+        # (kept before a spare is seated, between epochs: its state carries the records still waiting)
         self.partial[epoch] = record = self.train_record(epoch, train_sums, losses, (time.perf_counter() - t0,
                                                                                      train_time), share)
         self.recovered(epoch, -1)  # (a host rank lost in the epoch's end work)

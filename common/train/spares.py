@@ -17,7 +17,7 @@ The recovery study's immediate mini-batch rollback (IR), with real lost processe
   who redo the allreduce with their own unchanged gradients: the step's result is the failure-free
   run's, to the bit.
 - A death outside a step (in the epoch's end work) shrinks the seated ranks for that work, and
-  the vacant seat is filled at the next step boundary with the state there (nothing to replay).
+  the vacant seat is filled once the epoch is done, with the state there (nothing to replay).
 - The state comes from a survivor, not from the DPU ranks' memory: only a checkpoint every step
   would put the pre-step state there, and every survivor holds it anyway.
 
@@ -186,6 +186,10 @@ class SparePool:
         """World ranks of the members in seats now (read by the failure watch's thread)."""
         return frozenset(self.world_of[m] for m in self.seats)
 
+    def seated_in_order(self) -> list[int]:
+        """World ranks of the seated members in seat order (= rank order of `active`)."""
+        return [self.world_of[m] for m, _ in sorted(self.seats.items(), key=lambda kv: kv[1])]
+
     # -- what every member agrees on ---------------------------------------------------------
     @property
     def seated(self) -> bool:
@@ -335,7 +339,7 @@ class Replaced:
 
 class Rollback:
     """The trainer's side of `--recovery rollback`: hand the pre-step state to a replaying spare,
-    fill seats left vacant at the next step boundary, report.
+    fill seats left vacant once the epoch is done, report.
 
     `trainer` is the `common.train.loop.Trainer` (its model, optimizer, scheduler and `at`, the
     position of the step in flight)."""
@@ -361,23 +365,22 @@ class Rollback:
             self.group.state_source = None
 
     def check(self, epoch: int, step: int, global_step: int) -> list[Replaced]:
-        """After a step (or the epoch's end work, `step` -1): the regroups since the last check; a
-        seat a death outside a step left vacant is filled now, from the state here."""
-        if self.group.spares.vacant:
-            at = self._boundary(epoch, step, global_step)
-            if at is not None:
-                self.group.fill(self._state(at))
+        """After a step (or the epoch's end work, `step` -1): the regroups since the last check."""
         out = [Replaced(sh, rg, epoch, step, global_step) for sh, rg in self.group.regroups[self.seen:]]
         self.seen = len(self.group.regroups)
         return out
 
-    def _boundary(self, epoch: int, step: int, global_step: int) -> Optional[Position]:
-        """Where a spare can join: before the next step (not between an epoch's last step and its
-        end work, which the seated ranks do first; not after the run's last epoch)."""
-        if step == self.steps - 1:
-            return None
-        at = Position(epoch + 1, 0, global_step) if step < 0 else Position(epoch, step + 1, global_step)
-        return at if at.epoch < self.epochs else None
+    def between_epochs(self, epoch: int, global_step: int) -> bool:
+        """After epoch `epoch` is done (its end work, its state hand-off and the records that could
+        be completed): fill the seats a death outside a step left vacant, from the state here, so
+        the spare starts the next epoch. Not earlier: the epoch's record is completed and logged by
+        the group that trained it, and its hand-off is sliced among that group (a spare in the
+        seat adds nothing to either). Not after the last epoch: nothing is left to train. Returns
+        whether spares were called in."""
+        if not self.group.spares.vacant or epoch + 1 >= self.epochs:
+            return False
+        self.group.fill(self._state(Position(epoch + 1, 0, global_step)))
+        return True
 
     def reports(self, event: Replaced, leader: bool) -> bool:
         """The rank that sent the state reports a call-in (it has the figures); the leader the rest."""
@@ -399,8 +402,8 @@ class Rollback:
                     f"{r.call_s * 1e3:.1f} ms){took}; no sample lost")
         elif r.lost_world:
             line = (f"{PREFIX} {self._who(r, topo)} died outside a step (near global step {event.global_step}): the "
-                    f"{len(s.survivors)} surviving host rank(s) finished the work at hand; a spare takes the seat "
-                    f"before the next step")
+                    f"{len(s.survivors)} surviving host rank(s) finished the epoch's work; a spare takes the seat "
+                    f"before the next epoch, if one is left")
         else:
             line = (f"{PREFIX} {spares} before global step {event.global_step + 1}, with {sender}'s state ({mb:.1f} MB "
                     f"in {r.transfer_s * 1e3:.0f} ms); nothing to replay")

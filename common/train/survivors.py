@@ -62,6 +62,14 @@ def seat_hosts(comm: Any, host_ranks: tuple[int, ...]) -> list[int]:
     return [host_ranks[s] for s in getattr(comm, "alive", range(comm.Get_size()))]
 
 
+def world_ranks(comm: Any, host_ranks: tuple[int, ...]) -> list[int]:
+    """World ranks of the ranks of `comm`, in its rank order: under --recovery rollback a spare in
+    a seat is itself, not the host rank whose seat it fills (`seat_hosts`). Replies (the
+    checkpoint summary) go here."""
+    spares = getattr(comm, "spares", None)
+    return spares.seated_in_order() if spares is not None else seat_hosts(comm, host_ranks)
+
+
 @dataclass(frozen=True)
 class Shrink:
     """One shrink of the host group: the host ranks lost, and what it cost."""
@@ -275,6 +283,10 @@ class LossyForward:
     def reports(self, failure: "Failure", leader: bool) -> bool:
         """The new host rank 0 reports."""
         return leader
+
+    def between_epochs(self, epoch: int, global_step: int) -> bool:
+        """(Rollback fills vacant seats here; lossy forward goes on without them.)"""
+        return False
 
     def batch(self, epoch: int, step: int, batch: Batch, total: Optional[int]) -> tuple[Batch, Optional[int]]:
         """The step's batch and sample total, with this rank's share of the dead ranks' batches."""
