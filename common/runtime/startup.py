@@ -31,7 +31,7 @@ from dpuoffload.common.runtime import env, faults, metrics, trace
 from dpuoffload.common.runtime.env import horovod_available
 from dpuoffload.common.runtime.failure import collective_call, set_error_dir, set_rank_label
 from dpuoffload.common.runtime.handshake import check_peers
-from dpuoffload.common.runtime.malloc import tune_malloc
+from dpuoffload.common.runtime.malloc import freeze_startup_objects, tune_malloc
 from dpuoffload.common.runtime.roles import Role, Topology, build_topology
 from dpuoffload.common.state.memstore import agree_restart
 
@@ -133,4 +133,5 @@ def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[
     profiles = topo.world.allgather(mine)
     trace.start(topo, cfg.trace is not None)
     faults.start_watch(topo, cfg)
+    freeze_startup_objects()  # no full collection walks start-up's objects in a step (common/runtime/malloc.py)
     return Started(cfg, topo, state, profiles, auto)
