@@ -264,8 +264,6 @@ class RunConfig:
                    (self.allreduce in ("horovod", "torch"), f"--allreduce {self.allreduce} (Horovod and "
                     "torch.distributed cannot shrink their group: leave --allreduce out, or use mpi)"),
                    (self.clone_at is not None, "clones (the clone ranks wait for every host rank's slice)"),
-                   (self.ckpt_mem_keep > 0, "--ckpt-mem-keep (DPU memory is filed per host rank, for a relaunch "
-                    "with all of them)"),
                    (self.dpu_failure == "fallback" and (self.ckpt_every is not None or self.ckpt_every_epoch),
                     "--dpu-failure fallback with checkpoints (a dead keeper and a dead host rank are not survived "
                     "in one run yet: drop one)"),

@@ -401,8 +401,11 @@ class Keeper:
 
     def remember(self, batch: list[Received]) -> None:
         """Keep this checkpoint's hand-offs in DPU memory too (the disk copy follows). A memory that
-        cannot take it (RAM file system full) costs the fast restart, not the checkpoint: warn."""
-        if self.memory is None:
+        cannot take it (RAM file system full) costs the fast restart, not the checkpoint: warn.
+        Under --recovery only a whole one: a checkpoint a dead host rank tore (`missed`), or a
+        notice, leaves nothing here, so a relaunch never restarts from it (`memstore.restart_step`
+        takes only a step every keeper holds)."""
+        if self.memory is None or not batch or self.missed:
             return
         try:
             self.memory.put(batch[0].head["global_step"],

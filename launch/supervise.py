@@ -77,6 +77,7 @@ _EVENTS = {
     "resumed": re.compile(r"^\[dpuoffload\] resuming from .*\(global step (\d+)\)$"),
     "started": re.compile(r"^\[dpuoffload\] mode \S+: (\d+) host rank"),  # (a relaunch from the beginning)
 }
+_LATEST = {"injected"}   # the last one counts (earlier injected failures were survived: --recovery); others the first
 # Open MPI banners that dpurun's own line replaces (MPI_Abort's has a NUL byte: `grep` calls the log
 # binary). Kept in <log-dir>/mpirun.log; other banners (a killed rank) pass through.
 _NOISE = ("MPI_ABORT was invoked", 'calling\n"abort"', 'calling "abort"')
@@ -158,7 +159,7 @@ class FailureScanner:
             self.summary = m[1]
         for name, pattern in _EVENTS.items():
             m = pattern.match(line)
-            if m and name not in self.events:
+            if m and (name not in self.events or name in _LATEST):
                 self.events[name] = (time.monotonic(), m.groups())
 
     def _match(self, text: str) -> None:
@@ -307,7 +308,7 @@ def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None
         print(last_checkpoint_line(ckpt_dir), file=sys.stderr, flush=True)
     events = {**scanners[0].events}
     for name, event in scanners[1].events.items():
-        events[name] = min(event, events.get(name, event))
+        events[name] = (max if name in _LATEST else min)(event, events.get(name, event))
     return JobOutcome(code, tuple(failures), bool(forwarder.received), events, ended)
 
 

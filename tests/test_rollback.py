@@ -87,10 +87,10 @@ def test_flag_errors():
         cli.parse_launcher_args(["--spare-ranks", "1", "--clone-ranks", "1"])
     with pytest.raises(ConfigError, match="--recovery rollback cannot go with --mode naive"):
         parse_run_config(["--recovery", "rollback", "--mode", "naive"])
-    with pytest.raises(ConfigError, match="--recovery rollback cannot go with --ckpt-mem-keep"):
-        parse_run_config(["--recovery", "rollback", "--ckpt-dir", "/tmp/x", "--ckpt-every", "2", "--ckpt-mem-keep",
-                          "1"])
-    assert parse_run_config(["--recovery", "rollback", "--ckpt-dir", "/tmp/x", "--ckpt-every", "2"]).checkpointing
+    with pytest.raises(ConfigError, match="--recovery rollback cannot go with clones"):
+        parse_run_config(["--recovery", "rollback", "--clone-at", "3"])
+    assert parse_run_config(["--recovery", "rollback", "--ckpt-dir", "/tmp/x", "--ckpt-every", "2",
+                             "--ckpt-mem-keep", "1"]).checkpointing
     with pytest.raises(ConfigError, match="add --recovery lossy-forward"):
         parse_run_config(["--recovery", "rollback", "--reassign"])
     assert parse_run_config(["--recovery", "rollback"]).allreduce == "mpi"
@@ -220,8 +220,9 @@ def test_no_spare_left_ends_the_job_naming_the_fix(bundled_data, tmp_path):
     res = rollback_run(bundled_data, tmp_path, "host:1@3,host:2@5",
                        ["--host-ranks", "3", "--dpu-ranks", "1", "--oversubscribe", "--spare-ranks", "1"])
     assert res.returncode != 0
-    assert "no spare rank is left to take host rank 2's seat" in res.stderr
-    assert "spare rank 0 (host program (spare))" in res.stderr or "host rank 0 (host program)" in res.stderr
+    # (named as the death it is: dpurun --restarts would relaunch it)
+    assert "dpurun: world rank 2 = host rank 2 (host program) died: it trained, and no spare rank is left to take " \
+        "host rank 2's seat (all spares of dpurun --spare-ranks are in use): start more spares" in res.stderr
 
 
 @pytest.mark.mpi
@@ -289,3 +290,26 @@ def test_host_rank_zero_lost_at_an_epoch_end_checkpoints_go_on(bundled_data, tmp
     assert_same_checkpoints(ck, reference_log / "ck", [4, 8, 12, 16], {8: 1})
     got = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["event"] for r in got].count("end") == 1
+
+
+@pytest.mark.mpi
+def test_no_spare_left_is_a_death_that_dpurun_restarts_from_dpu_memory(bundled_data, tmp_path, reference,
+                                                                        monkeypatch):
+    """Host rank 1 dies at step 3 (the spare takes its seat), host rank 0 at step 9 with no spare
+    left: that death ends the job, named as a death (not the survivors' error), so `dpurun
+    --restarts 1` relaunches it from the state the keeper holds in DPU memory, and the run ends on
+    the uninterrupted run's weights."""
+    monkeypatch.setenv("DPUOFFLOAD_MEM_DIR", str(tmp_path / "shm"))
+    res = rollback_run(bundled_data, tmp_path, "host:1@3,host:0@9", [*SPARE, "--restarts", "1"],
+                       extra=["--ckpt-dir", str(tmp_path / "ck"), "--ckpt-every", "2"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "dpurun: world rank 0 = host rank 0 (host program) died: it trained, and no spare rank is left to take " \
+        "host rank 0's seat" in res.stderr
+    assert "dpurun: restart 1 of 1: relaunching with --resume latest" in res.stderr
+    [rep] = read_jsonl(tmp_path / "restarts.jsonl")
+    assert rep["source"] == "dpu-memory" and rep["failed_step"] == 9
+    assert rep["resumed_step"] in (6, 8) and rep["replayed_steps"] == 9 - rep["resumed_step"]  # (8 unless
+    # its hand-off had not landed when host rank 0 died: the newest state held)
+    assert f"restarting from DPU memory: the state of step {rep['resumed_step']} " in res.stdout
+    assert [r["weights_sha256"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["event"] == "end"] == \
+        [r["weights_sha256"] for r in reference if r["event"] == "end"]

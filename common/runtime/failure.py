@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
-from dpuoffload.common.errors import DpuOffloadError, WorkerError
+from dpuoffload.common.errors import DeathNotSurvived, DpuOffloadError, WorkerError
 from dpuoffload.common.files import write_atomic
 
 if TYPE_CHECKING:
@@ -175,7 +175,7 @@ def ending_line(e: BaseException, where: str = "") -> str:
     `failure_line(e)`. Under fault tolerance the failure watch knows the deaths."""
     from dpuoffload.common.runtime.faults import death_behind
 
-    death = death_behind()
+    death = str(e) if isinstance(e, DeathNotSurvived) else death_behind()
     if death is None:
         return failure_line(e) + where
     write_traceback(e)

@@ -41,7 +41,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from dpuoffload.common.data.feeds import Batch
-from dpuoffload.common.errors import ConfigError, PeerLost
+from dpuoffload.common.errors import ConfigError, DeathNotSurvived, PeerLost
 from dpuoffload.common.runtime import faults
 from dpuoffload.common.runtime.failure import PREFIX
 from dpuoffload.common.runtime.waits import wait, wait_all
@@ -69,8 +69,9 @@ STATE_TAG = 41                        # the state to a called spare, on the pool
 STANDBY_MAX_SLEEP = 0.01              # a standing-by spare polls its broadcast this often
 
 
-class NoSpareLeft(RuntimeError):
-    """A seat fell vacant and no spare rank is left to fill it."""
+class NoSpareLeft(DeathNotSurvived):
+    """A seat fell vacant and no spare rank is left to fill it: the death that vacated it ends the
+    job (its line names that rank)."""
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ class SparePool:
 
         if topo.pool is None:
             raise ConfigError("--recovery rollback needs spare ranks: start the job with dpurun --spare-ranks S")
-        self.timeout = timeout
+        self.topo, self.timeout = topo, timeout
         self.comm: "MPI.Comm" = topo.pool.Dup()
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.start = self.comm.Get_group()
@@ -179,6 +180,7 @@ class SparePool:
         self.seats: dict[int, int] = {r: r for r in range(len(topo.host_ranks))}  # seated member -> seat
         self.members = tuple(range(self.size0))   # living pool start ranks, in pool rank order
         self.vacant: tuple[int, ...] = ()
+        self.vacated: dict[int, int] = {}   # seat -> world rank whose death vacated it
         self.active = self._split()
         faults.track_seats(self.seated_world)
 
@@ -227,6 +229,7 @@ class SparePool:
         self.members = tuple(new.Get_group().Translate_ranks(list(range(new.Get_size())), self.start))
         self.comm = new
         lost = tuple(sorted(seat for member, seat in self.seats.items() if member not in self.members))
+        self.vacated.update({seat: self.world_of[m] for m, seat in self.seats.items() if m not in self.members})
         self.seats = {m: s for m, s in self.seats.items() if m in self.members}
         self.vacant = tuple(sorted(self.vacant + lost))
         return lost, tuple(self.world_of[m] for m in sorted(set(before) - set(self.members)))
@@ -256,10 +259,11 @@ class SparePool:
         """Call standing-by spares into the vacant seats and send them `state()` (from the root)."""
         free = self.free
         if len(free) < len(self.vacant):
-            seats = ", ".join(f"host rank {seat}'s seat" for seat in self.vacant)
-            raise NoSpareLeft(f"no spare rank is left to take {seats} (all spares of dpurun --spare-ranks are in "
-                              "use): start more spares, or use --recovery lossy-forward, which goes on without "
-                              "the dead ranks")
+            seat = self.vacant[-1]
+            what = (f"it trained, and no spare rank is left to take host rank {seat}'s seat (all spares of dpurun "
+                    "--spare-ranks are in use): start more spares, or use --recovery lossy-forward, which goes on "
+                    "without the dead ranks")
+            raise NoSpareLeft(faults.death_line(self.topo, self.vacated[seat], faults.Verdict(False, what)))
         t0 = time.perf_counter()
         sender = self.members[self.root]   # (before the call-in: a survivor, who has the state)
         position, blob = state() if self.me == sender else (Position(), b"")
