@@ -18,14 +18,21 @@ after global step K:
   bit-exact with the failure-free one, so its accuracy is too);
 - `restart (C/R)`: `dpurun --restarts 1` with a checkpoint at every epoch's end, kept in DPU memory:
   the job ends, is relaunched, resumes from the newest checkpoint and replays the steps since it
-  (seed 0 only: a restarted run's accuracy is the failure-free run's, it replays what it lost).
+  (seed 0 only: a restarted run's accuracy is the failure-free run's, it replays what it lost);
+- `DPU rank: fallback`, `DPU rank: restart (C/R)`: DPU rank 1 (which augments host rank 1's
+  batches) is SIGKILLed instead (`--inject dpu:1@K`: when it starts building step K's batch, a few
+  steps ahead of its host) under `--dpu-failure fallback` (host rank 1 builds its own batches from
+  the one that did not come: the same batches, so the run is bit-exact) or restarted as above.
 
 Columns (medians over seeds):
 - *recovery s*: from the kill to the next completed step (lossy forward, rollback: the end of the
   failed step; rollback after a death in an epoch's end work: the spare's call-in before the next
   step; C/R: mpirun's detection, teardown, relaunch and resume from `restarts.jsonl`, plus the
-  replayed steps at the failure-free run's median step time);
-- *failed step / normal*: the failed step's time over the median step before it (lossy forward);
+  replayed steps at the failure-free run's median step time); a DPU rank under fallback: the time
+  the step that found its feeder gone took beyond a normal step (the kill itself comes while the
+  host still trains on batches built ahead);
+- *failed step / normal*: the failed step's time over the median step before it (lossy forward,
+  rollback, a DPU rank's fallback);
 - *overhead*: the job's wall time over the failure-free run's of the same seed, minus one;
 - *replayed*, *samples lost*: steps trained twice; samples never trained in that epoch;
 - *acc Δ*: final validation accuracy minus the failure-free run's of the same seed, in points
@@ -61,8 +68,11 @@ HOSTS = 2
 STRATEGIES = {"lossy-forward": ["--recovery", "lossy-forward"],
               "lossy-forward --reassign": ["--recovery", "lossy-forward", "--reassign"],
               "rollback (spare)": ["--recovery", "rollback"],
-              "restart (C/R)": ["--ckpt-every-epoch"]}
-EXACT = ("rollback (spare)", "restart (C/R)")  # bit-exact (or replaying) strategies: one seed
+              "restart (C/R)": ["--ckpt-every-epoch"],
+              "DPU rank: fallback": ["--dpu-failure", "fallback"],
+              "DPU rank: restart (C/R)": ["--ckpt-every-epoch"]}
+EXACT = ("rollback (spare)", "restart (C/R)", "DPU rank: fallback", "DPU rank: restart (C/R)")  # bit-exact (or
+# replaying) strategies: one seed
 
 
 def read(path: Path) -> list[dict[str, Any]]:
@@ -98,7 +108,24 @@ def job(args: argparse.Namespace, data: Path, seed: int, extra: list[str], resta
                 "restart": next(iter(read(log / "restarts.jsonl")), None),
                 "injected": next((r["time"] for p in log.glob("failures-rank*.jsonl") for r in read(p)
                                   if r["event"] == "injected"), None),
+                "fallback": fallback_step(log),
                 "step_s": statistics.median(steps) if steps else None}
+
+
+def fallback_step(log: Path) -> Optional[dict[str, Any]]:
+    """A DPU rank's death under --dpu-failure fallback: the step of the host rank that found its
+    feeder gone (it built that batch itself), its time and the median of that rank's steps before it."""
+    for path in log.glob("failures-rank*.jsonl"):
+        found = next((r for r in read(path) if r["event"] == "fallback"), None)
+        if found is None:
+            continue
+        rank = path.stem.removeprefix("failures-rank")
+        epoch = next(r for r in read(log / f"phases-rank{rank}.jsonl") if r["epoch"] == found["epoch"])
+        times = epoch["step_times"]
+        before = times[:found["step"]] or times[found["step"] + 1:]
+        return {"failed_step_s": times[found["step"]], "normal_step_s": statistics.median(before),
+                "replayed_steps": 0, "samples_lost": 0}
+    return None
 
 
 def flat(path: Path) -> torch.Tensor:
@@ -115,6 +142,8 @@ def recovery_s(run: dict[str, Any], step_s: float) -> Optional[float]:
     """Kill -> next completed step."""
     if run["recovery"] is not None and run["injected"] is not None:
         return run["recovery"]["reported_time"] - run["injected"]
+    if run["fallback"] is not None:
+        return run["fallback"]["failed_step_s"] - run["fallback"]["normal_step_s"]
     r = run["restart"]
     if r is None or None in (r["detected_s"], r["ended_s"], r["resumed_s"], r["replayed_steps"]):
         return None
@@ -127,7 +156,7 @@ def med(xs: list[float]) -> Optional[float]:
 
 def row(name: str, at: float, runs: list[dict[str, Any]], refs: list[dict[str, Any]]) -> dict[str, Any]:
     step_s = statistics.median(r["step_s"] for r in refs)
-    rec = [r["recovery"] for r in runs if r["recovery"]]
+    rec = [r["recovery"] or r["fallback"] for r in runs if r["recovery"] or r["fallback"]]
     acc = [100 * (r["final_acc"] - ref["final_acc"]) for r, ref in zip(runs, refs)]
     return {"strategy": name, "at": at,
             "recovery_s": med([t for r in runs if (t := recovery_s(r, step_s)) is not None]),
@@ -168,9 +197,10 @@ def main() -> None:
     for at in args.at:
         step = max(1, min(total - 1, round(at * total)))
         for name in args.only:
-            flags, restarts = STRATEGIES[name], name.startswith("restart")
+            flags, restarts = STRATEGIES[name], "restart" in name
             seeds = range(1) if name in EXACT else range(args.seeds)
-            runs = [job(args, data, s, [*flags, "--inject", f"host:1@{step}"], restarts=int(restarts)) for s in seeds]
+            who = "dpu:1" if name.startswith("DPU") else "host:1"
+            runs = [job(args, data, s, [*flags, "--inject", f"{who}@{step}"], restarts=int(restarts)) for s in seeds]
             rows.append(row(name, at, runs, [refs[s] for s in seeds]) | {"step": step})
             r = rows[-1]
             print(f"{name} at {at:.0%} (after step {step}): recovery {fmt(r['recovery_s'], '.2f')} s, overhead "
