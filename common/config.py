@@ -502,8 +502,8 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
                         "augmentation rank fed build their own batches from that step, the same ones; after a dead "
                         "validation rank the host ranks validate (what it had not reported again, from state "
                         "they kept); a dead checkpoint keeper's host ranks hand their state to the living keepers "
-                        "from the next checkpoint (the one it died in is never committed; not with clones or "
-                        "--ckpt-mem-keep). A host rank's death still ends the job, naming it")
+                        "from the next checkpoint (the one it died in is never committed; not with clones). A host "
+                        "rank's death still ends the job, naming it")
     g.add_argument("--recovery", choices=RECOVERY, default=S,
                    help="a host rank that dies: stop = the job ends, naming it (dpurun --restarts N relaunches "
                         "it); lossy-forward = the survivors finish the failed step with their own gradients and "

@@ -57,7 +57,9 @@ def test_which_deaths_the_run_survives():
         "it kept the checkpoint state of host rank 0 (world rank 0, node n0) (the living keepers take it from the next "
         "checkpoint)")
     mem = judge(["--mode", "da", "--ckpt-dir", "/tmp/x", "--ckpt-every", "2", "--ckpt-mem-keep", "1"], two, 2)
-    assert not mem.survivable and "without clones or --ckpt-mem-keep" in mem.what
+    assert mem.survivable and mem.what == keeper.what  # (a relaunch reads the disk: the dead keeper's memory stopped)
+    clone = judge(["--mode", "da", "--ckpt-dir", "/tmp/x", "--ckpt-every", "2", "--clone-at", "3"], two, 2)
+    assert not clone.survivable and "without clones)" in clone.what
     cfg = parse_run_config(["--dpu-failure", "fallback", "--mode", "none", "--ckpt-dir", "/tmp/x", "--ckpt-every", "2"])
     topo = topo_of(two)
     assert not verdict(3, topo, cfg, plan_offload(topo.ranks, cfg), frozenset({2, 3})).survivable  # no keeper left
@@ -169,18 +171,28 @@ def test_dead_host_rank_ends_the_job_naming_it(bundled_data, tmp_path):
 
 
 @pytest.mark.mpi
-def test_dead_keeper_with_dpu_memory_ends_the_job_and_no_checkpoint_is_damaged(bundled_data, tmp_path):
-    ck = tmp_path / "ck"
-    res = dpurun(TWO, [*RUN, "--mode", "da", "--data", str(bundled_data / "cifar10"), "--dpu-failure", "fallback",
-                       "--ckpt-dir", str(ck), "--ckpt-every", "2", "--ckpt-mem-keep", "1", "--inject", "dpu:1@7"],
-                 timeout=300)
-    assert res.returncode == 1, res.stdout + res.stderr
-    said = [x for x in res.stderr.splitlines() if x.startswith("dpurun: world rank")]
-    assert said and said[0].startswith("dpurun: world rank 3 = DPU rank 1 (DPU program) died: it kept the checkpoint "
-                                       "state of host rank 1"), res.stderr
-    assert "(a lost keeper is survived only with checkpoints, without clones or --ckpt-mem-keep)" in said[0]
-    for done in ckptfiles.committed(ck):  # every committed checkpoint still loads, whole
-        assert ckptfiles.load(done).meta["position"]["global_step"] % 2 == 0
+def test_dead_keeper_with_dpu_memory_is_survived_and_the_relaunch_reads_the_disk(bundled_data, tmp_path, baseline,
+                                                                                 monkeypatch):
+    """`--ckpt-mem-keep 2` with `dpurun --restarts 1`: keeper 1 dies on getting step 6's state (survived:
+    step 6 is torn, host rank 1's state goes to keeper 0), then host rank 0 dies after step 13, which
+    ends the job. The dead keeper's DPU memory stopped at step 4, so no step newer than the disk's is
+    held by every keeper: the relaunch reads the disk (step 12) and ends on the failure-free weights."""
+    monkeypatch.setenv("DPUOFFLOAD_MEM_DIR", str(tmp_path / "shm"))
+    ck, log = tmp_path / "ck", tmp_path / "log"
+    res = dpurun([*TWO, "--restarts", "1"], [*RUN, "--mode", "none", "--data", str(bundled_data / "cifar10"),
+                                            "--dpu-failure", "fallback", "--log-dir", str(log), "--ckpt-dir", str(ck),
+                                            "--ckpt-every", "2", "--ckpt-keep", "20", "--ckpt-mem-keep", "2",
+                                            "--inject", "dpu:1@6,host:0@13"], timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "checkpoint at step 6 NOT saved (DPU rank 1 (world rank 3" in res.stderr
+    assert "dpurun: world rank 0 = host rank 0 (host program) died" in res.stderr
+    [rep] = read_jsonl(log / "restarts.jsonl")
+    assert (rep["source"], rep["failed_step"], rep["resumed_step"]) == ("disk", 13, 12)
+    assert "restarting from DPU memory" not in res.stdout
+    steps = [ckptfiles.load(d).meta["position"]["global_step"] for d in ckptfiles.committed(ck)]
+    assert steps == [2, 4, 8, 10, 12, 14, 16]
+    got, ref = epochs(read_jsonl(log / "metrics.jsonl")), epochs(baseline)
+    assert got[1]["weights_sha256"] == ref[1]["weights_sha256"]
 
 
 @pytest.mark.mpi

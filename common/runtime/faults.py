@@ -101,8 +101,7 @@ def verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan",
     if kept and (cfg.checkpointing or cfg.clone_at is not None):
         whose = "it kept the checkpoint state of " + ", ".join(topo.describe(h) for h in kept)
         if not survives_keeper_loss(cfg):
-            return Verdict(False, whose + " (a lost keeper is survived only with checkpoints, without clones or "
-                                          "--ckpt-mem-keep)")
+            return Verdict(False, whose + " (a lost keeper is survived only with checkpoints, without clones)")
         if all(k in gone for k in assign.keeper_ranks):
             return Verdict(False, whose + " (and no other keeper is left)")
         work = _work_verdict(dead, topo, cfg, plan)
@@ -113,9 +112,10 @@ def verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan",
 
 def survives_keeper_loss(cfg: "RunConfig") -> bool:
     """Whether a dead checkpoint keeper is survived: under `--dpu-failure fallback`, with
-    checkpoints, but neither clones (a clone rank waits for its own keeper's forward) nor
-    `--ckpt-mem-keep` (DPU memory is filed per keeper, for the relaunch)."""
-    return cfg.dpu_failure == "fallback" and cfg.clone_at is None and not cfg.ckpt_mem_keep
+    checkpoints, but not clones (a clone rank waits for its own keeper's forward). With
+    `--ckpt-mem-keep` the dead keeper's DPU memory stops at its death, so a relaunch finds no newer
+    step every keeper holds than the disk's and reads the disk (`memstore.restart_step`)."""
+    return cfg.dpu_failure == "fallback" and cfg.clone_at is None
 
 
 def _work_verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan") -> Verdict:
