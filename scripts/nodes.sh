@@ -9,6 +9,8 @@
 #   bash scripts/nodes.sh down h0 h1 d0 d1      # (also after a failed `up`: removes what exists)
 #   bash scripts/nodes.sh run h1 hostname       # a command on one machine
 #   bash scripts/nodes.sh mpi-flags             # the mpirun flags these machines need (for your own mpirun)
+#   DPUOFFLOAD_VENV=.venv-mpich bash scripts/nodes.sh dpurun ...   # the same under MPICH (Hydra's mpiexec,
+#                                               # told by HYDRA_* variables to start its proxies the same way)
 #
 # `dpurun` here runs `dpurun` on the first machine `up` named, with the Open MPI settings that the
 # emulation needs (see ../shared/notes/platform.md and the README's "Emulated nodes"):
@@ -94,13 +96,22 @@ mpi_flags() {  # what mpirun needs across these machines (the ranks' environment
     "--mca btl_tcp_if_include $SUBNET.0/24 --prtemca prte_if_include $SUBNET.0/24 -x PATH${PYTHONPATH:+ -x PYTHONPATH}"
 }
 
+hydra_env() {  # what MPICH's Hydra needs across these machines (mpiexec reads these variables)
+  echo "HYDRA_LAUNCHER=rsh HYDRA_LAUNCHER_EXEC=$ROOT/scripts/nodes-agent.sh HYDRA_IFACE=eth0"
+}
+
 dpurun_on_first() {
   [ -e "$STATE" ] || die "no nodes are up (bash scripts/nodes.sh up h0 h1 d0 d1 first)"
   local first venv
   first=$(head -n1 "$STATE")
   venv=${DPUOFFLOAD_VENV:-$ROOT/.venv}
-  run_on "$first" env PATH="$venv/bin:$PATH" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    "$venv/bin/dpurun" --mpirun-arg="$(mpi_flags)" "$@"
+  if "$venv/bin/mpirun" --version 2>/dev/null | grep -q "HYDRA"; then  # MPICH (DPUOFFLOAD_VENV=.venv-mpich)
+    # shellcheck disable=SC2046
+    run_on "$first" env PATH="$venv/bin:$PATH" $(hydra_env) "$venv/bin/dpurun" "$@"
+  else
+    run_on "$first" env PATH="$venv/bin:$PATH" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+      "$venv/bin/dpurun" --mpirun-arg="$(mpi_flags)" "$@"
+  fi
 }
 
 case "${1:-}" in

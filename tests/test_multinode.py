@@ -178,3 +178,28 @@ def test_a_killed_dpu_rank_on_another_machine_ends_the_job_naming_it(nodes, bund
     # reports the kill: dpurun then says that a peer ended first (launch/supervise.py, peer_lost).
     named = "(DPU program)" in err and "killed by signal 9" in err
     assert named or "lost its connection to another rank (Open MPI: 'Socket closed')" in err, err
+
+
+def test_mpich_across_machines_pairs_each_host_with_its_own_dpu_and_equals_none(nodes, bundled_data, tmp_path):
+    """The same cluster-mode job under MPICH (`.venv-mpich`, Hydra's mpiexec, started on the other
+    machines through the same agent: `scripts/nodes.sh` sets Hydra's variables): Hydra's host syntax
+    places the ranks, each host rank is fed by its own node's DPU over TCP, and `da` trains as `none`."""
+    venv = REPO / ".venv-mpich"
+    if not (venv / "bin" / "mpiexec").exists():
+        pytest.skip(f"no MPICH venv at {venv} (bash scripts/test.sh sets it up unless DPUOFFLOAD_TEST_MPICH=0)")
+    env = {**nodes, "DPUOFFLOAD_VENV": str(venv)}
+    logs = {}
+    for mode in ("none", "da"):
+        logs[mode] = tmp_path / mode
+        res = subprocess.run(cluster_argv(bundled_data, logs[mode], mode, "--allreduce", "torch"), capture_output=True,
+                             text=True, env=env, cwd=REPO, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        launched = res.stderr.split("dpurun: running:")[1].splitlines()[0]
+        assert launched.split()[0] == str(venv / "bin" / "mpirun") and "-hosts h0:1,h1:1,d0:1,d1:1 -n 2 " in launched
+    phases = {m: {r: read_jsonl(logs[m] / f"phases-rank{r}.jsonl") for r in range(4)} for m in logs}
+    for h in (0, 1):
+        assert [e["batch_digest"] for e in phases["da"][h]] == [e["batch_digest"] for e in phases["none"][h]]
+    ends = [next(e for e in read_jsonl(logs[m] / "metrics.jsonl") if e["event"] == "end") for m in logs]
+    assert ends[0]["weights_sha256"] == ends[1]["weights_sha256"]
+    dpu_ends = {r: next(e for e in phases["da"][r] if e.get("event") == "end") for r in (2, 3)}
+    assert {r: (e["node"], e["feeds"]) for r, e in dpu_ends.items()} == {2: ("h0", {"0": "h0"}), 3: ("h1", {"1": "h1"})}
