@@ -28,6 +28,15 @@ def test_auto_predicts_every_runnable_mode_runs_the_choice_and_reports(tmp_path,
     assert projected.returncode == 0, projected.stderr
     assert projected.stdout.startswith("PROJECTION (model, not a measurement): 16 nodes x 8 host + 8 DPU ranks")
     assert "<- chosen" in projected.stdout and "hybrid" in projected.stdout
+    # over a measured link: 10 us + n / 1.25 GB/s (10 Gbit/s) at 4 sizes, as benchmarks/transport.py --tcp writes it
+    sizes = (196_816, 787_024, 3_146_320, 19_267_920)
+    (tmp_path / "transport.json").write_text(json.dumps({"results_tcp": [
+        {"message_bytes": n, "raw_GBps": n / (10e-6 + n / 1.25e9) / 1e9} for n in sizes]}))
+    linked = run([DPURUN, "project", str(tmp_path / "auto.jsonl"), "--link", str(tmp_path / "transport.json")])
+    assert linked.returncode == 0, linked.stderr
+    assert linked.stdout.startswith(f"PROJECTION (model, not a measurement): 16 nodes x 8 host + 8 DPU ranks, 10 "
+                                    f"Gbit/s, 10 us latency (measured in {tmp_path / 'transport.json'} (raw MPI over "
+                                    "TCP, 4 sizes 0.2-19 MB)), per-sample costs as measured in")
 
 
 def test_project_rejects_a_file_that_is_not_a_profile(tmp_path):
@@ -36,3 +45,16 @@ def test_project_rejects_a_file_that_is_not_a_profile(tmp_path):
     res = run([DPURUN, "project", str(bad)])
     assert res.returncode == 2
     assert "not a dpuoffload profile" in res.stderr
+
+
+def test_project_link_terms_are_fitted_and_a_file_without_them_is_refused(tmp_path):
+    from dpuoffload.common.errors import ConfigError
+    from dpuoffload.launch.project import fit_link, load_link
+
+    link = fit_link([1e5, 1e6, 1e7], [2e-6 + n / 3e9 for n in (1e5, 1e6, 1e7)], "synthetic")
+    assert link.bandwidth_Bps == pytest.approx(3e9) and link.latency_s == pytest.approx(2e-6)
+    one_box = tmp_path / "transport.json"
+    one_box.write_text(json.dumps({"results": [{"message_bytes": 1, "raw_GBps": 1.0}]}))  # (no --tcp column)
+    with pytest.raises(ConfigError, match="no raw MPI times over TCP at 2 sizes or more in it; pass the "
+                                          "transport.json that `python benchmarks/transport.py --tcp` writes"):
+        load_link(str(one_box))
