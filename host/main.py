@@ -113,7 +113,7 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
     trainer = Trainer(cfg, topo, job, sync, validation, share, group=group,
                       hooks=lambda t: ext.hooks_factory(cfg, topo, t))
     if cfg.recovery == "rollback":
-        trainer.recovery = Rollback(group, trainer, job.feed.steps(), cfg.epochs)
+        trainer.recovery = Rollback(group, trainer, cfg.epochs)
     elif isinstance(group, SurvivorGroup):
         sampling = Sampling.of(cfg, len(topo.host_ranks), topo.side_rank)
         trainer.recovery = LossyForward(group, job.train.dataset, sampling, job.feed.steps(), cfg.reassign)

@@ -16,6 +16,7 @@ import functools
 from typing import Optional
 
 import torch
+from torch.utils.data import default_collate
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import build_train_set
@@ -51,16 +52,14 @@ def spare_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded, seat: int
 
 
 def warm_up(cfg: RunConfig, job: TrainJob, steps: int = 2) -> None:
-    """Run the model's forward and backward `steps` times on a training-shaped batch of zeros,
-    before standing by. A called spare replays the failed step at once; without this, that step
-    also pays a fresh process's first-step costs on the recovery's critical path: the allocator
-    growing, kernels set up, on a GPU cuDNN choosing algorithms (resnet56, batch 64, one core: the
-    first forward and backward 511 ms, the second 398, then 357). The state that comes with the
-    call-in overwrites what this touched (parameters, BatchNorm buffers), and the step zeroes the
-    gradients first."""
-    x0, _ = job.train[0]
-    x = torch.zeros((cfg.batch_size, *x0.shape), dtype=x0.dtype)
-    y = torch.zeros(cfg.batch_size, dtype=torch.long)
+    """Run the model's forward and backward `steps` times on a training batch (the first sample,
+    repeated and collated as the loader would), before standing by. A called spare replays the
+    failed step at once; without this, that step also pays a fresh process's first-step costs on
+    the recovery's critical path: the allocator growing, kernels set up, on a GPU cuDNN choosing
+    algorithms (resnet56, batch 64, one core: the first forward and backward 511 ms, the second
+    398, then 357). The state that comes with the call-in overwrites what this touched
+    (parameters, BatchNorm buffers, RNG states), and the step zeroes the gradients first."""
+    x, y = default_collate([job.train[0]] * cfg.batch_size)
     x, y = job.compute.inputs(x, y)
     job.model.train()
     for _ in range(steps):
@@ -89,7 +88,7 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob) -> int:
     trainer.resume_at(position, None)
     if isinstance(trainer.hooks, StateHandoff):  # checkpoints: the seat's keeper hears from this rank now
         trainer.hooks.join(position, resend=call.replay)
-    trainer.recovery = Rollback(group, trainer, job.feed.steps(), cfg.epochs)
+    trainer.recovery = Rollback(group, trainer, cfg.epochs)
     what = "replays the failed step from" if call.replay else "starts at"
     print(f"[dpuoffload] {topo.describe()} takes host rank {call.seat}'s seat: it {what} "
           f"{describe_position(position)}, its batches from {feed.loader.where}", flush=True)

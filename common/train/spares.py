@@ -348,8 +348,8 @@ class Rollback:
     `trainer` is the `common.train.loop.Trainer` (its model, optimizer, scheduler and `at`, the
     position of the step in flight)."""
 
-    def __init__(self, group: "SurvivorGroup", trainer: Any, steps: int, epochs: int) -> None:
-        self.group, self.trainer, self.steps, self.epochs = group, trainer, steps, epochs
+    def __init__(self, group: "SurvivorGroup", trainer: Any, epochs: int) -> None:
+        self.group, self.trainer, self.epochs = group, trainer, epochs
         self.seen = 0
 
     def batch(self, epoch: int, step: int, batch: Batch, total: Optional[int]) -> tuple[Batch, Optional[int]]:
