@@ -38,12 +38,14 @@ def _why_not() -> str | None:
 
 
 def _remove_stale() -> None:
-    """Namespaces a killed earlier run left (prefix dpt<its pid>, the pid gone): taken down first."""
+    """Namespaces a killed earlier run left (prefix dpt<its pid> or, shaped, dps<its pid>; the pid
+    gone): taken down first."""
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-    for pid in {n[3:].split("-")[0] for n in listed if n.startswith("dpt") and "-" in n}:
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}") and int(pid) != os.getpid():
-            subprocess.run(["bash", SCRIPT, "down", *NODES], capture_output=True, timeout=60,
-                           env={**os.environ, "DPUOFFLOAD_NETNS_PREFIX": f"dpt{pid}"})
+    for prefix in ("dpt", "dps"):
+        for pid in {n[3:].split("-")[0] for n in listed if n.startswith(prefix) and "-" in n}:
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}") and int(pid) != os.getpid():
+                subprocess.run(["bash", SCRIPT, "down", *NODES], capture_output=True, timeout=60,
+                               env={**os.environ, "DPUOFFLOAD_NETNS_PREFIX": f"{prefix}{pid}"})
 
 
 @pytest.fixture(scope="module")
@@ -203,3 +205,61 @@ def test_mpich_across_machines_pairs_each_host_with_its_own_dpu_and_equals_none(
     assert ends[0]["weights_sha256"] == ends[1]["weights_sha256"]
     dpu_ends = {r: next(e for e in phases["da"][r] if e.get("event") == "end") for r in (2, 3)}
     assert {r: (e["node"], e["feeds"]) for r, e in dpu_ends.items()} == {2: ("h0", {"0": "h0"}), 3: ("h1", {"1": "h1"})}
+
+
+RATE_MBPS = 400   # the shaped links' rate, Mbit/s: 50 MB/s
+PROBE = """
+import sys, time
+import numpy as np
+from mpi4py import MPI
+comm, buf = MPI.COMM_WORLD, np.zeros(8 << 20, dtype=np.uint8)
+for i in range(5):  # the first one crosses the bucket's 2 MB burst and sets the connection up: not timed
+    if i == 1:
+        comm.Barrier()
+        t0 = time.perf_counter()
+    comm.Send(buf, dest=1) if comm.rank == 0 else comm.Recv(buf, source=0)
+comm.Barrier()
+if comm.rank == 1:
+    print(f"MBps {4 * buf.nbytes / (time.perf_counter() - t0) / 1e6:.1f}", flush=True)
+"""
+
+
+def test_a_link_of_a_stated_speed_caps_the_transfer_and_da_still_equals_none(bundled_data, tmp_path):
+    """Two machines (h0 and its DPU d0) whose links are shaped to 400 Mbit/s
+    (`DPUOFFLOAD_NETNS_RATE`, a `tbf` qdisc on each machine's side): raw MPI sends between them
+    move no faster than that (an upper bound: a slow box only makes it lower), and `da` over the
+    slow link still trains to the bit as `none`. The link's measured speed against raw MPI is
+    benchmarks/transport.py --tcp's job."""
+    why = _why_not()
+    if why:
+        pytest.skip(why)
+    _remove_stale()
+    env = {**job_env(), "DPUOFFLOAD_NETNS_PREFIX": f"dps{os.getpid()}",
+           "DPUOFFLOAD_NETNS_SUBNET": f"10.79.{os.getpid() % 250}", "DPUOFFLOAD_NETNS_RATE": f"{RATE_MBPS}mbit"}
+    up = subprocess.run(["bash", SCRIPT, "up", "h0", "d0"], capture_output=True, text=True, env=env, timeout=60)
+    if up.returncode != 0:
+        pytest.skip(f"could not create shaped network namespaces here: {up.stderr.strip()}")
+    try:
+        assert f"links at {RATE_MBPS}mbit" in up.stdout
+        flags = subprocess.run(["bash", SCRIPT, "mpi-flags"], capture_output=True, text=True, env=env,
+                               check=True).stdout.split()
+        venv = REPO / ".venv" / "bin"
+        probe = subprocess.run(["bash", SCRIPT, "run", "h0", str(venv / "mpirun"), *flags, "--host", "h0:1,d0:1",
+                                "-np", "2", str(venv / "python"), "-c", PROBE], capture_output=True, text=True,
+                               env=env, cwd=REPO, timeout=120)
+        assert probe.returncode == 0, probe.stdout + probe.stderr
+        mbps = float(probe.stdout.split("MBps")[1].split()[0])
+        assert mbps <= 1.15 * RATE_MBPS / 8, probe.stdout
+        digests = {}
+        for mode in ("none", "da"):
+            log = tmp_path / mode
+            argv = ["bash", SCRIPT, "dpurun", "--hosts", "h0:1", "--dpus", "d0:1", "--host-ranks", "1",
+                    "--dpu-ranks", "1", "--", "--preset", "debug", "--data", str(bundled_data / "cifar10"),
+                    "--epochs", "1", "--mode", mode, "--train-subset", "128", "--val-subset", "64",
+                    "--digest-batches", "--no-progress", "--log-dir", str(log)]
+            res = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+            assert res.returncode == 0, res.stdout + res.stderr
+            digests[mode] = [e["batch_digest"] for e in read_jsonl(log / "phases-rank0.jsonl")]
+        assert digests["da"] == digests["none"] and len(digests["da"]) == 1
+    finally:
+        subprocess.run(["bash", SCRIPT, "down", "h0", "d0"], capture_output=True, env=env, timeout=60)
