@@ -448,7 +448,8 @@ def supervised(spec: LaunchSpec, restarts: int) -> int:
         cmd = build_command(spec)
         print(f"{PROG}: running: {shlex.join(cmd)}", file=sys.stderr, flush=True)
         outcome = supervise.run_job(cmd, spec.host_ranks, spec.dpu_ranks, raw_log=raw_log, ckpt_dir=cfg.ckpt_dir,
-                                    standby=Role.SPARE if spec.spare_ranks else Role.CLONE)
+                                    standby=Role.SPARE if spec.spare_ranks else Role.CLONE,
+                                    machines=spec.ranks_by_machine())
         if failed is not None:
             restart.record(cfg.log_dir, restart.report(attempt, failed, outcome))
         if outcome.code == 0 or not restarts:

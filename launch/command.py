@@ -108,6 +108,19 @@ class LaunchSpec:
         """True for one-box emulation, False for a real cluster."""
         return self.host_cores is not None
 
+    def ranks_by_machine(self) -> dict[str, tuple[int, ...]]:
+        """Cluster mode: the world ranks each machine runs, as placed (host ranks first, node by
+        node, then the DPU ranks). Host machines are left out when clone or spare ranks run too:
+        the MPI places those among them."""
+        out: dict[str, tuple[int, ...]] = {}
+        rank = 0
+        for side, nodes in (("host", self.host_nodes), ("dpu", self.dpu_nodes)):
+            for node in nodes:
+                if side == "dpu" or not self.standby_ranks:
+                    out[node.name] = out.get(node.name, ()) + tuple(range(rank, rank + node.slots))
+                rank += node.slots
+        return out
+
 
 def build_command(spec: LaunchSpec) -> list[str]:
     """Return the argv of ONE MPMD mpirun: host program first, DPU program second."""

@@ -37,7 +37,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator, Optional, Sequence
+from typing import IO, Iterator, Mapping, Optional, Sequence
 
 from dpuoffload.common.runtime.roles import Role
 
@@ -68,6 +68,10 @@ _OWN_FAILURE = ((re.compile(r"^\[dpuoffload\] " + _LABEL + r" failed: (.*)$"), "
                 # --dpu-failure fallback (common/runtime/faults.py): a death the run does not survive
                 (re.compile(r"^\[dpuoffload\] " + _LABEL + r" died; (.*: ending the job)$"), "died"))
 _OWN_SUMMARY = re.compile(r"^\[dpuoffload\] (checkpoints: .*)$")
+# Open MPI's TCP banner when a peer hangs up ("An MPI communication peer process has unexpectedly
+# disconnected"): it names the peer's machine, which names the rank when that machine ran one.
+_PEER_HOST = re.compile(r"^Peer host:\s+(\S+)$")
+PEER_LOST = "lost its connection to another rank"
 # Lines whose arrival time a restart report needs (`launch.restart`): the moment an injected failure
 # fired, and where a relaunched job resumed (from DPU memory: how long its state took to come back).
 _EVENTS = {
@@ -129,6 +133,7 @@ class FailureScanner:
         self.summary: Optional[str] = None             # the ranks' last word on lost checkpoints
         self.events: dict[str, tuple[float, tuple[str, ...]]] = {}  # first arrival (monotonic s) of _EVENTS,
         #                                                             and "noticed": mpirun's first death report
+        self.peer_hosts: list[str] = []   # machines whose rank hung up on another (Open MPI over TCP)
 
     @property
     def failures(self) -> list[RankFailure]:
@@ -157,6 +162,9 @@ class FailureScanner:
         m = _OWN_SUMMARY.match(line)
         if m:
             self.summary = m[1]
+        m = _PEER_HOST.match(line)
+        if m and m[1] not in self.peer_hosts:
+            self.peer_hosts.append(m[1])
         for name, pattern in _EVENTS.items():
             m = pattern.match(line)
             if m and (name not in self.events or name in _LATEST):
@@ -187,7 +195,7 @@ def _failure(kind: str, m: "re.Match[str]") -> RankFailure:
     if kind == "exit":
         return RankFailure(int(m[1]), "died", f"exited with code {m[2]}")
     if kind == "peer_lost":
-        return RankFailure(int(m[1]), "failed", "lost its connection to another rank (Open MPI: 'Socket closed'), "
+        return RankFailure(int(m[1]), "failed", f"{PEER_LOST} (Open MPI: 'Socket closed'), "
                                                 "so that rank or its machine ended first; over TCP MPI does not "
                                                 "say which (look for its own line above, or in its node's logs)")
     if kind == "abort":
@@ -273,11 +281,13 @@ def run(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None, gr
 
 
 def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None, grace: float = 30.0,
-            raw_log: Optional[Path] = None, ckpt_dir: Optional[str] = None, standby: Role = Role.CLONE) -> JobOutcome:
+            raw_log: Optional[Path] = None, ckpt_dir: Optional[str] = None, standby: Role = Role.CLONE,
+            machines: Optional[Mapping[str, tuple[int, ...]]] = None) -> JobOutcome:
     """Run `cmd`, stream its output (less Open MPI's abort banners), report the first failed rank,
     return how it ended. `raw_log`: where mpirun's unfiltered output is kept; `ckpt_dir`: the
     run's --ckpt-dir, whose last committed checkpoint a failed job names (where to continue from);
-    `standby`: what the ranks after the DPU ranks are (clone or spare ranks).
+    `standby`: what the ranks after the DPU ranks are (clone or spare ranks); `machines`: cluster
+    mode's world ranks per machine (`LaunchSpec.ranks_by_machine`), to name a rank that hung up.
 
     mpirun gets its own session so that a terminal Ctrl-C reaches it exactly once, forwarded by
     us (Open MPI treats a second SIGINT as "force"); SIGTERM and SIGHUP are forwarded as well.
@@ -303,6 +313,7 @@ def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None
     reported = scanners[1].reported or scanners[0].reported
     summary = scanners[1].summary or scanners[0].summary
     failures = ([reported] if reported else []) + scanners[1].failures + scanners[0].failures
+    failures = name_lost_peer(failures, scanners[1].peer_hosts + scanners[0].peer_hosts, machines or {})
     _report(failures, host_ranks, dpu_ranks, code, bool(forwarder.received), summary, standby)
     if code != 0 and ckpt_dir and not summary:
         print(last_checkpoint_line(ckpt_dir), file=sys.stderr, flush=True)
@@ -456,6 +467,24 @@ class _SignalForwarder:
     def _send(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             self._proc.send_signal(signum)  # type: ignore[union-attr]
+
+
+def name_lost_peer(failures: list[RankFailure], peer_hosts: Sequence[str],
+                   machines: Mapping[str, tuple[int, ...]]) -> list[RankFailure]:
+    """Over TCP a rank whose peer died usually loses its socket and aborts before mpirun reports the
+    death (if it ever does), so the first failure is a survivor's lost connection. Open MPI's
+    banner names the peer's machine: when that machine ran one rank of the job, that rank ended
+    first, and it goes first (as a death: `dpurun --restarts` relaunches after it)."""
+    if not failures or not failures[0].cause.startswith(PEER_LOST):
+        return failures
+    for host in peer_hosts:
+        ranks = machines.get(host, ())
+        if len(ranks) == 1:
+            gone = RankFailure(ranks[0], "died", f"ended first: the ranks it talked to over TCP lost their "
+                                                 f"connection to it (Open MPI: 'Socket closed', peer host {host}); "
+                                                 "the rank or its machine went down", host)
+            return [gone] + [f for f in failures if f.world_rank != ranks[0]]
+    return failures
 
 
 def _report(failures: list[RankFailure], host_ranks: int, dpu_ranks: Optional[int], code: int,

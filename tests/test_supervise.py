@@ -20,6 +20,7 @@ import pytest
 
 from dpuoffload.launch import supervise, throttle
 from dpuoffload.launch.command import LaunchSpec, build_command
+from dpuoffload.launch.placement import Node
 from dpuoffload.launch.supervise import FailureScanner, RankFailure
 
 TOY = str(Path(__file__).with_name("mpmd_toy.py"))
@@ -90,6 +91,45 @@ def test_a_lost_tcp_peer_says_another_rank_ended_first(chunk):
     assert (failure.world_rank, failure.node) == (0, "h0")
     assert failure.cause.startswith("lost its connection to another rank (Open MPI: 'Socket closed'), so that "
                                     "rank or its machine ended first")
+
+
+# The banner Open MPI prints on the survivor's machine with it (as seen in a 4-machine run, DPU d0 killed)
+OMPI5_PEER_HOST = """--------------------------------------------------------------------------
+An MPI communication peer process has unexpectedly disconnected.  This
+usually indicates a failure in the peer process (e.g., a crash or
+otherwise exiting without calling MPI_FINALIZE first).
+
+  Local host: h0
+  Local PID:  27623
+  Peer host:  d0
+--------------------------------------------------------------------------
+"""
+
+
+@pytest.mark.parametrize("chunk", [0, 9])
+def test_the_peer_host_names_the_rank_that_hung_up_when_it_ran_alone_there(chunk):
+    scanner = FailureScanner()
+    text = OMPI5_TCP_PEER_LOST + OMPI5_PEER_HOST
+    for piece in [text[i:i + chunk] for i in range(0, len(text), chunk)] if chunk else [text]:
+        scanner.feed(piece)
+    assert scanner.peer_hosts == ["d0"]
+    spec = LaunchSpec(mpirun="mpirun", host_python="python", dpu_python="python", host_ranks=2, dpu_ranks=2,
+                      host_nodes=(Node("h0", 1), Node("h1", 1)), dpu_nodes=(Node("d0", 1), Node("d1", 1)))
+    machines = spec.ranks_by_machine()
+    assert machines == {"h0": (0,), "h1": (1,), "d0": (2,), "d1": (3,)}
+    first, *rest = supervise.name_lost_peer(scanner.failures, scanner.peer_hosts, machines)
+    assert (first.world_rank, first.verb, first.node) == (2, "died", "d0") and [f.world_rank for f in rest] == [0]
+    assert supervise.format_failure(first, 2, 2) == (
+        "dpurun: world rank 2 = DPU rank 0 (DPU program) on node d0 died: ended first: the ranks it talked to over "
+        "TCP lost their connection to it (Open MPI: 'Socket closed', peer host d0); the rank or its machine went "
+        "down")
+    # two ranks on that machine: which one is not known, the survivor's line stands; with spare or
+    # clone ranks the host machines are not mapped at all (the MPI places those among them)
+    two = dict(machines, d0=(2, 4))
+    assert supervise.name_lost_peer(scanner.failures, ["d0"], two) == scanner.failures
+    assert "h0" not in LaunchSpec(mpirun="mpirun", host_python="python", dpu_python="python", host_ranks=2,
+                                  dpu_ranks=2, host_nodes=(Node("h0", 1), Node("h1", 1)),
+                                  dpu_nodes=(Node("d0", 1), Node("d1", 1)), spare_ranks=1).ranks_by_machine()
 
 
 def test_nonzero_exit_open_mpi_5_and_4_process_names():
