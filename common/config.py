@@ -512,8 +512,9 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
                         "survivors; rollback = a spare rank (dpurun --spare-ranks S) takes its place with a "
                         "survivor's state and replays the failed step, bit-exact with a run without the failure; "
                         "--mode none, da, mv or hybrid (the DPU validation ranks take each epoch's state from the "
-                        "host ranks alive then); lossy-forward also with checkpoints (sliced among the survivors; "
-                        "one torn by the death is never committed)")
+                        "host ranks alive then); with checkpoints, both: lossy-forward slices them among the "
+                        "survivors (one torn by the death is never committed), rollback's spare sends the dead "
+                        "rank's part, so none is torn")
     g.add_argument("--reassign", action="store_true", default=S,
                    help="with --recovery lossy-forward: the survivors take a dead host rank's batches over from "
                         "the very next step, so only the failed step's samples are lost")
