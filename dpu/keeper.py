@@ -116,7 +116,7 @@ class Keeper:
         self.sources = {s: topo.host_ranks[s] for s in self.seats}   # (rollback) seat -> who trains in it now
         self.joined: dict[int, int] = {}   # (rollback) seat -> global step its newest spare started from
         self.last_order = float("-inf")    # (rollback) the last hand-off received (a later copy is dropped)
-        self.final_step: Optional[int] = cfg.stop_at_step   # (rollback) the run's last step, from the meta
+        self.steps_per_epoch: Optional[int] = None   # (rollback) from the first hand-off's meta: the run's last step
         self.gone: set[int] = set()     # (--recovery) host ranks known dead here: no header receive for them
         self.missed: list[int] = []     # (--recovery) host ranks whose part of this hand-off did not come
         self.early: dict[int, list[dict[str, Any]]] = {}   # (--recovery, committer) reports of a later step
@@ -269,7 +269,7 @@ class Keeper:
         if first["sender"] < 0:
             source = next(h for h, head in heads.items() if head == first)
             self.headers.pop(source)
-            return [Received(dict(first), byte_buffer(0), byte_buffer(0))]
+            return [header_only(first)]
         batch = []
         for h in [h for h in self.hosts if h not in self.gone]:
             try:
@@ -282,7 +282,7 @@ class Keeper:
                 self.missed.append(h)
         if len(batch) < first["to_me"] and not self.missed:  # (a death this keeper had learnt of before)
             self.missed = [h for h in self.hosts if h in self.gone]
-        return batch or [Received({**first, "sender": -1}, byte_buffer(0), byte_buffer(0))]
+        return batch or [header_only({**first, "sender": -1})]
 
     def screen(self, source: int) -> bool:
         """--recovery rollback: take `source`'s landed header if it is not part of a hand-off still
@@ -325,7 +325,8 @@ class Keeper:
                     continue
                 self.sources[head["seat"]] = source
                 got.setdefault(head["seat"], part)
-                self.learn_final(part)
+                if self.steps_per_epoch is None and part.head["small_nbytes"]:
+                    self.steps_per_epoch = part.meta.get("steps_per_epoch")
             waiting = [s for s in self.seats if s not in got]
             lost = [s for s in waiting if self.seat_dead(s) and self.no_spare_brings(s, first)]
             if len(got) + len(lost) >= want:
@@ -338,7 +339,7 @@ class Keeper:
             sleep = min(max(2 * sleep, 1e-4), SLICE_POLL_MAX_SLEEP)
         self.missed = [self.topo.host_ranks[s] for s in lost] if len(got) < want else []
         batch = [got[s] for s in sorted(got)]
-        return batch or [Received({**first, "sender": -1}, byte_buffer(0), byte_buffer(0))]
+        return batch or [header_only({**first, "sender": -1})]
 
     def seat_dead(self, seat: int) -> bool:
         source = self.sources[seat]
@@ -351,20 +352,16 @@ class Keeper:
         step = first["global_step"]
         if first["kind"] in (StateKind.PREPARE, StateKind.END) or self.joined.get(seat, -1) > step:
             return True
-        return self.final_step is not None and step >= self.final_step
-
-    def learn_final(self, part: Received) -> None:
-        """The run's last step, from a hand-off's meta (the keeper has no data set to count it)."""
-        per_epoch = part.meta.get("steps_per_epoch") if part.head["small_nbytes"] else None
-        if per_epoch:
-            self.final_step = min(int(per_epoch) * self.cfg.epochs, self.final_step or int(per_epoch) * self.cfg.epochs)
+        last = [s for s in (self.cfg.stop_at_step, self.steps_per_epoch and self.steps_per_epoch * self.cfg.epochs)
+                if s]
+        return bool(last) and step >= min(last)
 
     def receive_parts(self, host: int, header: np.ndarray) -> Received:
         """The rest of `host`'s hand-off, after its header."""
         world = self.topo.world
         head = dict(CKPT_HEADER.unpack(header))
         if head["kind"] in (StateKind.END, StateKind.PREPARE):  # a header only
-            return Received(head, byte_buffer(0), byte_buffer(0))
+            return header_only(head)
         small = byte_buffer(head["small_nbytes"])
         shared = self.buffer(host, head["shared_nbytes"])
         what = f"the state slices of {self.topo.describe(host)}"
@@ -689,6 +686,11 @@ class Keeper:
         self.records.append({"forwarded_step": batch[0].head["global_step"], "forward_s": time.perf_counter() - t0,
                              "received_time": received, "forwarded_time": time.time()})
         self.log.write(self.records[-1])
+
+
+def header_only(head: Mapping[str, int]) -> Received:
+    """A hand-off that is its header alone (END, PREPARE, a notice under --recovery)."""
+    return Received(dict(head), byte_buffer(0), byte_buffer(0))
 
 
 def _handoff_order(head: Mapping[str, int]) -> float:
