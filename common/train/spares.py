@@ -186,7 +186,7 @@ class SparePool:
 
     def seated_world(self) -> frozenset[int]:
         """World ranks of the members in seats now (read by the failure watch's thread)."""
-        return frozenset(self.world_of[m] for m in self.seats)
+        return frozenset(self.seated_in_order())
 
     def seated_in_order(self) -> list[int]:
         """World ranks of the seated members in seat order (= rank order of `active`)."""
