@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Emulated nodes on one box: one network namespace per "machine" (host nodes and their DPUs), each
-# with its own hostname and address, joined by one bridge, so `dpurun` runs in cluster mode over
-# real TCP, as on a cluster where every DPU is a machine of its own. Needs root (ip netns).
+# with its own hostname and address, joined by one switch (a bridge; with a link delay, a userspace
+# delay line), so `dpurun` runs in cluster mode over real TCP, as on a cluster where every DPU is a
+# machine of its own. Needs root (ip netns).
 #
 #   bash scripts/nodes.sh up h0 h1 d0 d1        # 4 machines: 10.77.0.1 .. 10.77.0.4, named h0 .. d1
 #   bash scripts/nodes.sh dpurun --hosts h0:1,h1:1 --dpus d0:1,d1:1 --host-ranks 2 --dpu-ranks 2 \
 #       -- --preset debug --data /tmp/dpudata/cifar10 --mode da
 #   bash scripts/nodes.sh down h0 h1 d0 d1      # (also after a failed `up`: removes what exists)
+#   DPUOFFLOAD_NETNS_DELAY=2ms bash scripts/nodes.sh up h0 d0   # links with a one-way delay (see below)
 #   bash scripts/nodes.sh run h1 hostname       # a command on one machine
 #   bash scripts/nodes.sh mpi-flags             # the mpirun flags these machines need (for your own mpirun)
 #   DPUOFFLOAD_VENV=.venv-mpich bash scripts/nodes.sh dpurun ...   # the same under MPICH (Hydra's mpiexec,
@@ -17,13 +19,20 @@
 # - remote daemons start through scripts/nodes-agent.sh (Open MPI's rsh agent), which enters the
 #   machine's namespace and gives it its own hostname (with one hostname for all, Open MPI takes the
 #   ranks for co-located and hangs);
-# - MPI messages and the runtime's own wire-up both use the bridge's subnet (btl tcp, prte_if_include).
+# - MPI messages and the runtime's own wire-up both use the machines' subnet (btl tcp, prte_if_include).
 # Every machine shares this box's file system (data, venv, logs, checkpoints), like a cluster's
 # shared file system. Knobs: DPUOFFLOAD_NETNS_PREFIX (default dpuo), DPUOFFLOAD_NETNS_SUBNET
-# (default 10.77.0; a /24 that nothing else on this box uses), and a link speed for every machine's
-# link (tc on its side of the veth, so each direction of a host<->DPU path crosses one):
-# DPUOFFLOAD_NETNS_RATE (e.g. 25gbit: a tbf qdisc) and DPUOFFLOAD_NETNS_DELAY (e.g. 2us: netem, which
-# needs the kernel's sch_netem; this box's kernel has tbf but no netem); default: unshaped.
+# (default 10.77.0; a /24 that nothing else on this box uses), and the links (default: unshaped):
+# - DPUOFFLOAD_NETNS_RATE (e.g. 25gbit): a tbf qdisc on every machine's eth0, so each direction of a
+#   host<->DPU path crosses one;
+# - DPUOFFLOAD_NETNS_DELAY (e.g. 200us, 2ms, 1.5ms): a one-way delay between the machines of one node
+#   (h0 and d0: equal names without their leading letters), and DPUOFFLOAD_NETNS_NODE_DELAY between
+#   machines of different nodes (default: the same). This kernel has no sch_netem, so with a delay the
+#   machines are not joined by veth pairs and a bridge but by scripts/delayline.py: a userspace switch
+#   over TAP devices (each machine's eth0, MTU 65521) that holds every frame for its path's delay. It
+#   runs in the background (pid and log: /run/PREFIX-delayline.pid, .log) until `down`. Measured on
+#   the 2-core box: a TCP stream of 0.65-1.8 GB/s through it (veth: 2-3.4 GB/s), and each frame held
+#   its delay plus ~30-80 us (the line's wake-up and copy).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PREFIX=${DPUOFFLOAD_NETNS_PREFIX:-dpuo}
@@ -31,7 +40,12 @@ SUBNET=${DPUOFFLOAD_NETNS_SUBNET:-10.77.0}
 SWITCH=$PREFIX-sw
 RATE=${DPUOFFLOAD_NETNS_RATE:-}
 DELAY=${DPUOFFLOAD_NETNS_DELAY:-}
+NODE_DELAY=${DPUOFFLOAD_NETNS_NODE_DELAY:-$DELAY}
 STATE=/run/$PREFIX-nodes   # the machine names, in `up` order (the first one runs mpirun)
+DELAYLINE=/run/$PREFIX-delayline   # .pid and .log of the delay line, while links have a delay
+# stdlib only, so any python3 runs it (the venv may not exist yet)
+DELAYLINE_CMD=("$(command -v python3 || echo "$ROOT/.venv/bin/python")" "$ROOT/scripts/delayline.py"
+               --link "${DELAY:-0}" --network "${NODE_DELAY:-0}" --netns-prefix "$PREFIX")
 
 die() { echo "nodes.sh: error: $*" >&2; exit 1; }
 
@@ -39,26 +53,18 @@ up() {
   [ "$(id -u)" = 0 ] || die "emulated nodes need root (ip netns); run as root, or run dpurun on one box"
   [ $# -ge 2 ] || die "name at least 2 machines, e.g. up h0 h1 d0 d1"
   [ ! -e "$STATE" ] || die "nodes are up already ($(tr '\n' ' ' < "$STATE")); run: bash scripts/nodes.sh down"
-  trap 'down "$@"' ERR
-  ip netns add "$SWITCH"
-  ip -n "$SWITCH" link add br0 type bridge
-  ip -n "$SWITCH" link set br0 up
+  [ -z "$DELAY$NODE_DELAY" ] || "${DELAYLINE_CMD[@]}" --plan "$@" > /dev/null || exit 1  # (a bad delay: says why)
+  MADE=("$@")
+  trap 'down "${MADE[@]}"' EXIT  # a failed `up` (a command failing, or die) takes down what it made
   local i=0 name ns
+  for name in "$@"; do ip netns add "$PREFIX-$name"; done
+  if [ -n "$DELAY$NODE_DELAY" ]; then start_delay_line "$@"; else bridge "$@"; fi
   for name in "$@"; do
     i=$((i + 1)); ns=$PREFIX-$name
-    ip netns add "$ns"
-    ip link add "${PREFIX}v$i" type veth peer name "${PREFIX}p$i"
-    ip link set "${PREFIX}v$i" netns "$ns"
-    ip link set "${PREFIX}p$i" netns "$SWITCH"
-    ip -n "$SWITCH" link set "${PREFIX}p$i" master br0 up
-    ip -n "$ns" link set "${PREFIX}v$i" name eth0
     ip -n "$ns" addr add "$SUBNET.$i/24" dev eth0
     ip -n "$ns" link set eth0 up
     ip -n "$ns" link set lo up
-    if [ -n "$DELAY" ]; then
-      ip netns exec "$ns" tc qdisc add dev eth0 root netem ${RATE:+rate $RATE} delay "$DELAY" limit 100000 ||
-        { down "$@"; die "DPUOFFLOAD_NETNS_DELAY needs tc's netem qdisc (kernel module sch_netem), missing here; unset it"; }
-    elif [ -n "$RATE" ]; then  # (a burst of 2 MB: >= rate / HZ up to ~16 Gbit/s at HZ 1000)
+    if [ -n "$RATE" ]; then  # (a burst of 2 MB: >= rate / HZ up to ~16 Gbit/s at HZ 1000)
       ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst 2mb latency 50ms
     fi
   done
@@ -68,14 +74,60 @@ up() {
       for other in "$@"; do i=$((i + 1)); echo "$SUBNET.$i $other"; done; } > "/etc/netns/$PREFIX-$name/hosts"
   done
   printf '%s\n' "$@" > "$STATE"
-  trap - ERR
-  echo "nodes.sh: up: $* on $SUBNET.0/24 (namespaces $PREFIX-*)${RATE:+, links at $RATE}${DELAY:+, delay $DELAY}"
+  trap - EXIT
+  local delays=""
+  [ -z "$DELAY$NODE_DELAY" ] || delays=", delay ${DELAY:-0} within a node, ${NODE_DELAY:-0} across nodes (delay line)"
+  echo "nodes.sh: up: $* on $SUBNET.0/24 (namespaces $PREFIX-*)${RATE:+, links at $RATE}$delays"
+}
+
+bridge() {  # each machine's eth0: one end of a veth pair whose other end sits on br0 in the switch namespace
+  ip netns add "$SWITCH"
+  ip -n "$SWITCH" link add br0 type bridge
+  ip -n "$SWITCH" link set br0 up
+  local i=0 name ns
+  for name in "$@"; do
+    i=$((i + 1)); ns=$PREFIX-$name
+    ip link add "${PREFIX}v$i" type veth peer name "${PREFIX}p$i"
+    ip link set "${PREFIX}v$i" netns "$ns"
+    ip link set "${PREFIX}p$i" netns "$SWITCH"
+    ip -n "$SWITCH" link set "${PREFIX}p$i" master br0 up
+    ip -n "$ns" link set "${PREFIX}v$i" name eth0
+  done
+}
+
+start_delay_line() {  # each machine's eth0: a TAP of scripts/delayline.py, started here in the background
+  "${DELAYLINE_CMD[@]}" "$@" > "$DELAYLINE.log" 2>&1 < /dev/null &
+  local pid=$! waited=0
+  echo "$pid" > "$DELAYLINE.pid"
+  until grep -q "^delayline: ready" "$DELAYLINE.log"; do  # every eth0 in its namespace
+    if ! alive "$pid" || [ $waited -ge 150 ]; then
+      die "the delay line (scripts/delayline.py) did not come up in 15 s: $(tail -n 3 "$DELAYLINE.log" | tr '\n' ' ')" \
+        "(DPUOFFLOAD_NETNS_DELAY needs the kernel's TUN/TAP driver; unset it for unshaped veth links)"
+    fi
+    waited=$((waited + 1)); sleep 0.1
+  done
+}
+
+alive() {  # a process that runs (a zombie that its parent, a failing `up`, has not reaped yet counts as gone)
+  [ -r "/proc/$1/stat" ] && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]
+}
+
+stop_delay_line() {  # before the namespaces go: its TAPs go with it
+  local pid waited=0
+  pid=$(cat "$DELAYLINE.pid" 2>/dev/null) || return 0
+  if grep -qs "delayline.py" "/proc/$pid/cmdline"; then  # (not a pid that another program got since)
+    kill "$pid" 2>/dev/null || true
+    while alive "$pid" && [ $waited -lt 50 ]; do waited=$((waited + 1)); sleep 0.1; done
+    ! alive "$pid" || kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$DELAYLINE.pid" "$DELAYLINE.log"
 }
 
 down() {
   local names=("$@")
   [ ${#names[@]} -gt 0 ] || [ ! -e "$STATE" ] || mapfile -t names < "$STATE"
   local name
+  stop_delay_line
   for name in "${names[@]}"; do
     ip netns pids "$PREFIX-$name" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
     ip netns del "$PREFIX-$name" 2>/dev/null || true

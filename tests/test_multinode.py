@@ -8,10 +8,14 @@ and `da` trains to the bit as `none` does. Needs root for `ip netns`; skipped wi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -38,10 +42,10 @@ def _why_not() -> str | None:
 
 
 def _remove_stale() -> None:
-    """Namespaces a killed earlier run left (prefix dpt<its pid> or, shaped, dps<its pid>; the pid
-    gone): taken down first."""
+    """Namespaces a killed earlier run left (prefix dpt<its pid>, or for two machines: dps<its pid>
+    shaped, dpl<its pid> delayed; the pid gone): taken down first, with a delay line still running."""
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-    for prefix in ("dpt", "dps"):
+    for prefix in ("dpt", "dps", "dpl"):
         for pid in {n[3:].split("-")[0] for n in listed if n.startswith(prefix) and "-" in n}:
             if pid.isdigit() and not os.path.exists(f"/proc/{pid}") and int(pid) != os.getpid():
                 subprocess.run(["bash", SCRIPT, "down", *NODES], capture_output=True, timeout=60,
@@ -212,6 +216,55 @@ def test_mpich_across_machines_pairs_each_host_with_its_own_dpu_and_equals_none(
     assert {r: (e["node"], e["feeds"]) for r, e in dpu_ends.items()} == {2: ("h0", {"0": "h0"}), 3: ("h1", {"1": "h1"})}
 
 
+@contextlib.contextmanager
+def two_machines(prefix: str, subnet: str, *, must_come_up: bool = False,
+                 **knobs: str) -> Iterator[tuple[dict[str, str], str]]:
+    """h0 and its DPU d0 up (scripts/nodes.sh) under this test's own prefix and subnet with the link
+    `knobs` (DPUOFFLOAD_NETNS_RATE=...), taken down after: their environment and `up`'s output.
+    Skipped with the reason where they cannot be made (failed instead if they `must_come_up`)."""
+    why = _why_not()
+    if why:
+        pytest.skip(why)
+    _remove_stale()
+    env = {**job_env(), "DPUOFFLOAD_NETNS_PREFIX": f"{prefix}{os.getpid()}",
+           "DPUOFFLOAD_NETNS_SUBNET": f"{subnet}.{os.getpid() % 250}", **knobs}
+    up = subprocess.run(["bash", SCRIPT, "up", "h0", "d0"], capture_output=True, text=True, env=env, timeout=60)
+    if up.returncode != 0:
+        (pytest.fail if must_come_up else pytest.skip)(f"could not bring up the two machines here: "
+                                                       f"{up.stderr.strip()}")
+    try:
+        yield env, up.stdout
+    finally:
+        subprocess.run(["bash", SCRIPT, "down", "h0", "d0"], capture_output=True, env=env, timeout=60)
+
+
+def mpi_probe(env: dict[str, str], code: str) -> str:
+    """What `code` prints run as 2 MPI ranks, on h0 and d0 (raw mpi4py over TCP between them)."""
+    flags = subprocess.run(["bash", SCRIPT, "mpi-flags"], capture_output=True, text=True, env=env,
+                           check=True).stdout.split()
+    venv = REPO / ".venv" / "bin"
+    probe = subprocess.run(["bash", SCRIPT, "run", "h0", str(venv / "mpirun"), *flags, "--host", "h0:1,d0:1",
+                            "-np", "2", str(venv / "python"), "-c", code], capture_output=True, text=True,
+                           env=env, cwd=REPO, timeout=120)
+    assert probe.returncode == 0, probe.stdout + probe.stderr
+    return probe.stdout
+
+
+def da_digests_equal_none(env: dict[str, str], bundled_data, tmp_path: Path) -> None:
+    """One epoch of `none` and of `da` (h0 fed by d0 over the link): the same batches, to the bit."""
+    digests = {}
+    for mode in ("none", "da"):
+        log = tmp_path / mode
+        argv = ["bash", SCRIPT, "dpurun", "--hosts", "h0:1", "--dpus", "d0:1", "--host-ranks", "1",
+                "--dpu-ranks", "1", "--", "--preset", "debug", "--data", str(bundled_data / "cifar10"),
+                "--epochs", "1", "--mode", mode, "--train-subset", "128", "--val-subset", "64",
+                "--digest-batches", "--no-progress", "--log-dir", str(log)]
+        res = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        digests[mode] = [e["batch_digest"] for e in read_jsonl(log / "phases-rank0.jsonl")]
+    assert digests["da"] == digests["none"] and len(digests["da"]) == 1
+
+
 RATE_MBPS = 400   # the shaped links' rate, Mbit/s: 50 MB/s
 PROBE = """
 import sys, time
@@ -235,36 +288,105 @@ def test_a_link_of_a_stated_speed_caps_the_transfer_and_da_still_equals_none(bun
     move no faster than that (an upper bound: a slow box only makes it lower), and `da` over the
     slow link still trains to the bit as `none`. The link's measured speed against raw MPI is
     benchmarks/transport.py --tcp's job."""
+    with two_machines("dps", "10.79", DPUOFFLOAD_NETNS_RATE=f"{RATE_MBPS}mbit") as (env, said):
+        assert f"links at {RATE_MBPS}mbit" in said
+        out = mpi_probe(env, PROBE)
+        mbps = float(out.split("MBps")[1].split()[0])
+        assert mbps <= 1.15 * RATE_MBPS / 8, out
+        da_digests_equal_none(env, bundled_data, tmp_path)
+
+
+DELAY_MS = 2.0  # one way, h0 <-> d0 (one node: DPUOFFLOAD_NETNS_DELAY)
+PING_PONG = """
+import time
+import numpy as np
+from mpi4py import MPI
+comm, buf, rtts = MPI.COMM_WORLD, np.zeros(1, dtype=np.uint8), []
+for i in range(12):  # the first 2 set the connection up: not counted
+    t0 = time.perf_counter()
+    if comm.rank == 0:
+        comm.Send(buf, dest=1)
+        comm.Recv(buf, source=1)
+    else:
+        comm.Recv(buf, source=0)
+        comm.Send(buf, dest=0)
+    rtts.append(time.perf_counter() - t0)
+if comm.rank == 0:
+    print(f"one-way ms: min {min(rtts[2:]) / 2 * 1e3:.3f}", flush=True)
+"""
+ECHO = """
+import socket
+server = socket.create_server(("0.0.0.0", 7007))
+conn = server.accept()[0]
+while conn.recv(1):
+    conn.sendall(b"x")
+"""
+PING = """
+import socket, time
+for _ in range(100):  # until the echo server listens
+    try:
+        conn = socket.create_connection(("d0", 7007))
+        break
+    except ConnectionRefusedError:
+        time.sleep(0.1)
+conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+rtts = []
+for _ in range(20):
+    t0 = time.perf_counter()
+    conn.sendall(b"x")
+    conn.recv(1)
+    rtts.append(time.perf_counter() - t0)
+one_way = sorted(t / 2 * 1e3 for t in rtts[1:])
+print(f"one-way ms: min {one_way[0]:.3f} median {one_way[len(one_way) // 2]:.3f}", flush=True)
+"""
+
+
+def tcp_ping(env: dict[str, str]) -> tuple[float, float]:
+    """One-way times h0 -> d0 (min, median; ms) of a 1-byte TCP ping-pong between plain sockets."""
+    echo = subprocess.Popen(["bash", SCRIPT, "run", "d0", sys.executable, "-c", ECHO], env=env)
+    try:
+        ping = subprocess.run(["bash", SCRIPT, "run", "h0", sys.executable, "-c", PING], capture_output=True,
+                              text=True, env=env, timeout=60)
+        assert ping.returncode == 0, ping.stdout + ping.stderr
+    finally:
+        try:
+            echo.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            echo.kill()
+    least, median = (float(x) for x in ping.stdout.split("one-way ms: min")[1].split(" median "))
+    return least, median
+
+
+def test_a_delayed_link_holds_every_message_for_its_delay_and_da_still_equals_none(bundled_data, tmp_path):
+    """Two machines joined by the delay line (`DPUOFFLOAD_NETNS_DELAY=2ms`: scripts/delayline.py, a
+    userspace switch over TAPs, as this kernel has no netem): a TCP ping-pong's one-way time is at
+    least the delay and not much more (the line's wake-up adds tens of microseconds; a busy box
+    some ms), every MPI message takes at least the delay, and `da` over the delayed link still
+    trains to the bit as `none`. (MPI's own small-message round trips are no measure of the link
+    here: on this box Open MPI's TCP transport takes them in steps of 4 ms, one tick of the kernel's
+    250 Hz clock, even over the undelayed veth link: 8 ms round trips.)"""
+    if not os.path.exists("/dev/net/tun"):
+        pytest.skip("the delay line needs the kernel's TUN/TAP driver (/dev/net/tun)")
+    with two_machines("dpl", "10.80", must_come_up=True, DPUOFFLOAD_NETNS_DELAY=f"{DELAY_MS:g}ms") as (env, said):
+        assert f"delay {DELAY_MS:g}ms within a node" in said, said
+        least, median = tcp_ping(env)
+        assert least >= DELAY_MS and median < DELAY_MS + 5, (least, median)
+        out = mpi_probe(env, PING_PONG)
+        assert float(out.split("one-way ms: min")[1]) >= DELAY_MS, out
+        da_digests_equal_none(env, bundled_data, tmp_path)
+
+
+def test_a_failed_delayed_up_says_why_and_leaves_nothing(tmp_path):
+    """`up` whose delay line cannot start (here: a prefix too long for its TAP names) fails naming
+    the cause and takes down the namespaces it made; a bad delay fails before making any."""
     why = _why_not()
     if why:
         pytest.skip(why)
-    _remove_stale()
-    env = {**job_env(), "DPUOFFLOAD_NETNS_PREFIX": f"dps{os.getpid()}",
-           "DPUOFFLOAD_NETNS_SUBNET": f"10.79.{os.getpid() % 250}", "DPUOFFLOAD_NETNS_RATE": f"{RATE_MBPS}mbit"}
-    up = subprocess.run(["bash", SCRIPT, "up", "h0", "d0"], capture_output=True, text=True, env=env, timeout=60)
-    if up.returncode != 0:
-        pytest.skip(f"could not create shaped network namespaces here: {up.stderr.strip()}")
-    try:
-        assert f"links at {RATE_MBPS}mbit" in up.stdout
-        flags = subprocess.run(["bash", SCRIPT, "mpi-flags"], capture_output=True, text=True, env=env,
-                               check=True).stdout.split()
-        venv = REPO / ".venv" / "bin"
-        probe = subprocess.run(["bash", SCRIPT, "run", "h0", str(venv / "mpirun"), *flags, "--host", "h0:1,d0:1",
-                                "-np", "2", str(venv / "python"), "-c", PROBE], capture_output=True, text=True,
-                               env=env, cwd=REPO, timeout=120)
-        assert probe.returncode == 0, probe.stdout + probe.stderr
-        mbps = float(probe.stdout.split("MBps")[1].split()[0])
-        assert mbps <= 1.15 * RATE_MBPS / 8, probe.stdout
-        digests = {}
-        for mode in ("none", "da"):
-            log = tmp_path / mode
-            argv = ["bash", SCRIPT, "dpurun", "--hosts", "h0:1", "--dpus", "d0:1", "--host-ranks", "1",
-                    "--dpu-ranks", "1", "--", "--preset", "debug", "--data", str(bundled_data / "cifar10"),
-                    "--epochs", "1", "--mode", mode, "--train-subset", "128", "--val-subset", "64",
-                    "--digest-batches", "--no-progress", "--log-dir", str(log)]
-            res = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-            assert res.returncode == 0, res.stdout + res.stderr
-            digests[mode] = [e["batch_digest"] for e in read_jsonl(log / "phases-rank0.jsonl")]
-        assert digests["da"] == digests["none"] and len(digests["da"]) == 1
-    finally:
-        subprocess.run(["bash", SCRIPT, "down", "h0", "d0"], capture_output=True, env=env, timeout=60)
+    prefix = f"dpl{os.getpid()}x{'y' * 8}"  # + "t1": over the 15 characters of an interface name
+    env = {**job_env(), "DPUOFFLOAD_NETNS_PREFIX": prefix, "DPUOFFLOAD_NETNS_DELAY": "1ms"}
+    for knobs, said in (({}, "TAP name"), ({"DPUOFFLOAD_NETNS_DELAY": "2x"}, "DPUOFFLOAD_NETNS_DELAY='2x' is not")):
+        up = subprocess.run(["bash", SCRIPT, "up", "h0", "d0"], capture_output=True, text=True,
+                            env={**env, **knobs}, timeout=60)
+        assert up.returncode != 0 and said in up.stderr, up.stderr
+        assert prefix not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert not [p for p in Path("/run").iterdir() if p.name.startswith(prefix)]
