@@ -108,13 +108,13 @@ class RemoteSource:
         for step in range(start, stop):
             if self.split.host(step):
                 continue
-            buf = self._receive(f"batch {step} of epoch {epoch}")
-            head = self.layout.unpack_header(buf)
-            if head["kind"] != BatchKind.BATCH or head["epoch"] != epoch or head["step"] != step:
+            buf = self._receive(epoch, step)
+            kind, got_epoch, got_step, count = self.layout.read_header(buf)
+            if kind != BatchKind.BATCH or got_epoch != epoch or got_step != step:
                 raise PeerError(f"expected batch {step} of epoch {epoch} from {self.feeder_label}, got "
-                                f"{BatchKind(head['kind']).name} epoch {head['epoch']} step {head['step']}: "
+                                f"{BatchKind(kind).name} epoch {got_epoch} step {got_step}: "
                                 "host and DPU programs disagree on the loader's batches")
-            x, y = self.layout.unpack(buf, head["count"])
+            x, y = self.layout.unpack(buf, count)
             self.next = self.split.next_of(False, epoch, step + 1)
             if self.copy:  # (pin_memory() copies into torch's cached page-locked blocks)
                 x, y = (x.pin_memory(), y.pin_memory()) if self.pinned else (x.clone(), y.clone())
@@ -165,10 +165,10 @@ class RemoteSource:
         self.seq += 1
         self._send(Plan(self.loader_id, self.seq, epoch, start, self.end))
         while True:
-            buf = self._receive(f"the start of plan {self.seq} (epoch {epoch}, step {start})")
-            head = self.layout.unpack_header(buf)
+            buf = self._receive(epoch, start, marker=True)
+            kind, seq, _, _ = self.layout.read_header(buf)
             self._post(self._advance())
-            if head["kind"] == BatchKind.MARKER and head["epoch"] == self.seq:
+            if kind == BatchKind.MARKER and seq == self.seq:
                 break
         self.next = None if epoch == STOP else (epoch, start)
 
@@ -179,21 +179,30 @@ class RemoteSource:
         req = self.world.isend(data, dest=self.feeder, tag=Tag.LOADER)
         wait(req, self.timeout, f"{self.feeder_label} to take loader message {what}")
 
-    def _receive(self, what: str) -> BatchBuffer:
-        """The next message of the stream (the held view's buffer is released first)."""
+    def _receive(self, epoch: int, step: int, marker: bool = False) -> BatchBuffer:
+        """The next message of the stream: batch `step` of `epoch`, or the marker of a plan that
+        starts there (the held view's buffer is released first)."""
         if self.held is not None:
             self._post(self.held)
             self.held = None
         req = self.reqs[self.head]
         if req is None:
-            raise PeerError(f"loader {self.loader_id}: no receive posted for {what} (a bug: please report it)")
-        with lost_peer(f"{what} from {self.feeder_label}"):
-            done = req.Test()  # (a batch already there skips building the wait's message)
+            raise PeerError(f"loader {self.loader_id}: no receive posted for {self._what(epoch, step, marker)} "
+                            "(a bug: please report it)")
+        try:  # (a batch already there: no wait, and no message built for it; this runs once per batch)
+            done = req.Test()
+        except Exception:
+            with lost_peer(self._what(epoch, step, marker)):
+                raise
         if not done:
-            wait(req, self.timeout, f"{what} from {self.feeder_label}", max_sleep=self.max_sleep,
-                 spin=BATCH_POLL_SPIN)
+            wait(req, self.timeout, self._what(epoch, step, marker), max_sleep=self.max_sleep, spin=BATCH_POLL_SPIN)
         self.reqs[self.head] = None
         return self.buffers[self.head]
+
+    def _what(self, epoch: int, step: int, marker: bool) -> str:
+        """What `_receive` waits for, for its errors."""
+        what = f"the start of plan {self.seq} (epoch {epoch}, step {step})" if marker else f"batch {step} of epoch {epoch}"
+        return f"{what} from {self.feeder_label}"
 
     def _advance(self) -> int:
         """The buffer just received is done with by the stream; the other one is next."""

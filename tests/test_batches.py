@@ -56,6 +56,25 @@ def test_special_float_values_survive_bit_for_bit():
     assert layout.unpack(buf, 2)[0].numpy().tobytes() == samples.numpy().tobytes()
 
 
+@pytest.mark.parametrize("count", [1, 3, 4])
+@pytest.mark.parametrize("label", [int, torch.tensor, np.int64], ids=["int", "tensor", "numpy"])
+def test_pack_items_is_default_collate_for_every_kind_of_label(label, count):
+    """The stack into the buffer (whole or part of it) and the labels (Python ints as they are,
+    0-d tensors and numpy integers through int()) give default_collate's batch, bit for bit."""
+    from torch.utils.data import default_collate
+
+    layout = BatchLayout((3, 8, 8), np.float32, 4)
+    samples, labels = random_batch(layout, count, seed=count)
+    items = [(x, label(int(y))) for x, y in zip(samples, labels)]
+    buf = layout.buffer()
+    layout.pack_items(buf, 2, 5, items)
+    assert layout.read_header(buf) == (BatchKind.BATCH, 2, 5, count)
+    got_x, got_y = layout.unpack(buf, count)
+    want_x, want_y = default_collate(items)
+    assert got_x.numpy().tobytes() == want_x.numpy().tobytes()
+    assert torch.equal(got_y, torch.as_tensor(want_y))
+
+
 def test_only_the_first_count_bytes_are_sent():
     layout = BatchLayout((3, 8, 8), np.dtype(np.float32), max_batch=16)
     assert layout.samples_offset == HEADER_BYTES + 8 * 16

@@ -134,21 +134,22 @@ class BatchLayout:
         count = len(items)
         if count > self.max_batch:
             raise ValueError(f"batch of {count} samples exceeds the layout's {self.max_batch}")
-        samples = [x for x, _ in items]
+        samples, labels = zip(*items)
         # One shape check (torch.stack itself refuses samples of unequal shapes) and a dtype check
         # of all (stack would cast silently into the buffer's dtype, unlike default_collate).
         first = samples[0]
-        if tuple(first.shape) != self.sample_shape or any(x.dtype != self.torch_dtype for x in samples):
+        if tuple(first.shape) != self.sample_shape or {x.dtype for x in samples} != {self.torch_dtype}:
             bad = next((x for x in samples if x.dtype != self.torch_dtype), first)
             raise ValueError(f"a sample of shape {tuple(bad.shape)} {bad.dtype}; every sample must be "
                              f"[{', '.join(map(str, self.sample_shape))}] {np.dtype(self.dtype)}")
         v = self.views(buf)
-        try:
-            torch.stack(samples, out=v.samples[:count])
+        try:  # (a full batch stacks into the whole view: no slice to build per batch)
+            torch.stack(samples, out=v.samples if count == self.max_batch else v.samples[:count])
         except RuntimeError as e:  # unequal shapes
             raise ValueError(f"samples of different shapes in one batch ({e}); every sample must be "
                              f"[{', '.join(map(str, self.sample_shape))}] {np.dtype(self.dtype)}") from None
-        v.labels[:count] = [int(y) for _, y in items]
+        # Python ints go in as they are; other labels (0-d tensors, numpy integers) through int().
+        v.labels[:count] = labels if type(labels[0]) is int else [int(y) for y in labels]
         self._write_header(v.head, BatchKind.BATCH, epoch, step, count)
         return self.nbytes(count)
 
@@ -161,18 +162,21 @@ class BatchLayout:
         self._write_header(_head(buf), BatchKind.MARKER, seq, -1, 0)
         return HEADER_BYTES
 
-    def unpack_header(self, buf: "np.ndarray | BatchBuffer") -> Mapping[str, int]:
-        raw = _head(buf)
-        kind, epoch, step, count, *static = raw.tolist()  # one conversion: this runs once per batch
-        head = {"kind": kind, "epoch": epoch, "step": step, "count": count}
+    def read_header(self, buf: "np.ndarray | BatchBuffer") -> tuple[int, int, int, int]:
+        """(kind, epoch, step, count) of a received message, checked against this layout. The
+        receive path's form of `unpack_header`: it runs once per batch, where a dict costs more
+        than the check itself."""
+        kind, epoch, step, count, *static = _head(buf).tolist()  # one conversion for all fields
         if kind not in _KINDS:
             raise PeerError(f"batch message of unknown kind {kind}: host and DPU programs disagree "
                             "on the protocol")
         if kind == BatchKind.BATCH and static != self._static:  # type: ignore[attr-defined]
-            head = dict(BATCH_HEADER.unpack(raw))
-            raise PeerError(f"batch header {dict(head)} does not match this run's layout "
+            raise PeerError(f"batch header {dict(BATCH_HEADER.unpack(_head(buf)))} does not match this run's layout "
                             f"({self.sample_shape} {np.dtype(self.dtype)}); host and DPU disagree on the data")
-        return head
+        return kind, epoch, step, count
+
+    def unpack_header(self, buf: "np.ndarray | BatchBuffer") -> Mapping[str, int]:
+        return dict(zip(("kind", "epoch", "step", "count"), self.read_header(buf)))
 
     def unpack_message(self, message: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Samples and labels of one whole message of exactly its size (a worker's packed batch,
@@ -185,6 +189,8 @@ class BatchLayout:
     def unpack(self, buf: "np.ndarray | BatchBuffer", count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views (no copy) of the samples and labels of a received batch of `count` samples."""
         v = self.views(buf)
+        if count == self.max_batch:  # (the usual batch: the whole views, no slicing per batch)
+            return v.samples, v.labels_t
         return v.samples[:count], v.labels_t[:count]
 
 
