@@ -201,8 +201,9 @@ class RemoteSource:
 
     def _what(self, epoch: int, step: int, marker: bool) -> str:
         """What `_receive` waits for, for its errors."""
-        what = f"the start of plan {self.seq} (epoch {epoch}, step {step})" if marker else f"batch {step} of epoch {epoch}"
-        return f"{what} from {self.feeder_label}"
+        if marker:
+            return f"the start of plan {self.seq} (epoch {epoch}, step {step}) from {self.feeder_label}"
+        return f"batch {step} of epoch {epoch} from {self.feeder_label}"
 
     def _advance(self) -> int:
         """The buffer just received is done with by the stream; the other one is next."""
