@@ -17,9 +17,13 @@ batch size it measures, interleaved rep by rep:
   (raw's single buffer stays in cache at both ends; a stream's buffers partly do not).
 Bandwidth = payload bytes / receiver time; target: ours >= 0.8 x raw.
 
-`--tcp` (root) measures a second column between two emulated machines (scripts/nodes.sh: network
+A second table repeats it over shared memory without Open MPI's single-copy path (`--mca smsc ^cma`,
+as in a container that forbids cross-process reads), where a large message moves only while both
+ends call into MPI: the sender's ring finds that out with its first marker (`SendRing.probe`) and
+polls. `--tcp` (root) adds a third between two emulated machines (scripts/nodes.sh: network
 namespaces on one bridge, `--mca btl tcp,self`), where no shared memory carries the bytes: what a
-host and its DPU see across the NIC, here over the kernel's veth at loopback speeds.
+host and its DPU see across the NIC, here over the kernel's veth at loopback speeds. For both, the
+last line gives ours with both ends sleeping between polls instead (what the probe avoids).
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ def worker(steps: int, reps: int, sizes: list, min_bytes: float) -> None:
                             "raw_stream_collate_GBps": med["raw-stream-collate"] / 1e9,
                             "ratio_stream": med["ours"] / med["raw-stream-collate"],
                             "ratio_stream_send_only": med["ours-send-only"] / med["raw-stream"],
-                            "ratio_one_box_polling": med["ours-one-box-polling"] / med["raw"]})
+                            "ratio_sleeping": med["ours-sleeping"] / med["raw"]})
     if world.Get_rank() == 0:
         print(json.dumps(results))
 
@@ -122,21 +126,24 @@ def raw_stream(world, layout, items, steps: int, collate: bool = False) -> None:
     MPI.Request.Waitall([r for r in sends if r is not None])
 
 
-def ours(world, layout, items, steps: int, prepacked: bool = False, poll_remote: bool = True) -> None:
+def ours(world, layout, items, steps: int, prepacked: bool = False, poll: bool = True) -> None:
     """The `--mode da` path: SendRing (collate into the buffer unless `prepacked`, Isend) ->
-    RemoteSource (double-buffered Irecv, header checks, views), over the loader stream protocol."""
+    RemoteSource (double-buffered Irecv, header checks, views), over the loader stream protocol.
+    `poll=False`: the ring neither probes nor polls often, so neither does the host (both sleep
+    between polls, as where single-copy shared memory moves the bytes): what the probe is for."""
     from mpi4py import MPI
 
-    names = world.allgather(MPI.Get_processor_name())  # another machine: the ring polls as a DPU rank's does
+    remote = poll and len(set(world.allgather(MPI.Get_processor_name()))) > 1  # as `Topology.on_other_machine`
     if world.Get_rank() == 0:
-        source = RemoteSource(world, 1, "sender", 0, layout, steps, 60, copy=False,
-                              remote=poll_remote and names[0] != names[1])
+        source = RemoteSource(world, 1, "sender", 0, layout, steps, 60, copy=False, remote=remote)
         source.prepare(None, Sampling(len(items)))
         for _ in source.batches(0, 0, steps):
             pass
         source.close()
         return
-    ring = SendRing(world, layout, RING_BUFFERS, 0, stream_tag(0), 60, remote=poll_remote and names[0] != names[1])
+    ring = SendRing(world, layout, RING_BUFFERS, 0, stream_tag(0), 60, remote=remote)
+    if not poll:
+        ring.probed = True  # (no probe: needs_progress stays False)
     decode(world.recv(source=0, tag=Tag.LOADER), None)  # the OpenLoader
     answer_plan(world, layout, ring)
     for buf in ring.buffers if prepacked else ():
@@ -154,15 +161,13 @@ def ours(world, layout, items, steps: int, prepacked: bool = False, poll_remote:
 
 def answer_plan(world, layout, ring: SendRing) -> None:
     """Receive the host's next plan and send its marker (what the DPU rank's `Stream.replan` does)."""
-    plan = decode(world.recv(source=0, tag=Tag.LOADER), None)
-    slot, buf = ring.acquire()
-    ring.send(slot, layout.pack_marker(buf, plan.seq))
+    ring.send_marker(layout, decode(world.recv(source=0, tag=Tag.LOADER), None).seq)
 
 
 VARIANTS = {"raw": raw, "ours": ours, "ours-send-only": lambda *a: ours(*a, prepacked=True),
             "raw-stream": raw_stream, "raw-stream-collate": lambda *a: raw_stream(*a, collate=True),
-            # both ends polling as on one box (sleeping up to 1-2 ms) even across machines
-            "ours-one-box-polling": lambda *a: ours(*a, poll_remote=False)}
+            # both ends sleeping up to 1-2 ms between polls, wherever they are
+            "ours-sleeping": lambda *a: ours(*a, poll=False)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,14 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def measure(me: list[str], tcp: bool) -> list[dict]:
-    """One mpirun of the worker pair: on this box's shared memory, or across two emulated machines."""
-    if not tcp:
-        cmd = [str(BIN / "mpirun"), "--bind-to", "none", "-np", "1", "taskset", "-c", "0", *me,
+def measure(me: list[str], where: str) -> list[dict]:
+    """One mpirun of the worker pair: on this box's shared memory (with or without Open MPI's
+    single-copy path), or across two emulated machines."""
+    if where == "tcp":
+        res = _on_machines(me)
+    else:
+        no_cma = ["--mca", "smsc", "^cma"] if where == "shm-no-single-copy" else []
+        cmd = [str(BIN / "mpirun"), *no_cma, "--bind-to", "none", "-np", "1", "taskset", "-c", "0", *me,
                ":", "-np", "1", "taskset", "-c", "1", *me]
         res = subprocess.run(cmd, capture_output=True, text=True, env=job_env())
-    else:
-        res = _on_machines(me)
     if res.returncode != 0:
         sys.exit(f"transport benchmark failed:\n{res.stderr[-3000:]}")
     return json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("[")][-1])
@@ -211,16 +218,17 @@ def run(args: argparse.Namespace) -> Section:
     steps, reps = (100, 1) if args.quick else (args.steps, args.reps)
     me = [sys.executable, __file__, "--worker", "--steps", str(steps), "--reps", str(reps)]
     me += ["--quick"] if args.quick else []
-    results = measure(me, tcp=False)
-    payload: dict = {"machine": machine(), "steps": steps, "reps": reps, "results": results}
-    columns = {"shared memory (one box)": results}
+    results = measure(me, "shm")
+    payload: dict = {"machine": machine(), "steps": steps, "reps": reps, "results": results,
+                     "results_no_single_copy": measure(me, "shm-no-single-copy")}
+    columns = {"shared memory (one box)": results,
+               "shared memory without single-copy (`--mca smsc ^cma`)": payload["results_no_single_copy"]}
     if args.tcp:
-        payload["results_tcp"] = columns["TCP between emulated machines"] = measure(me, tcp=True)
-        polling = "\n\nOver TCP, ours / raw with both ends polling as on one box (sleeps up to 1-2 ms; across " \
-            "machines they poll every 50 us): " + ", ".join(
-                f"{r['size']} {r['ratio_one_box_polling']:.2f}" for r in payload["results_tcp"]) + "."
-    else:
-        polling = ""
+        payload["results_tcp"] = columns["TCP between emulated machines"] = measure(me, "tcp")
+    sleeping = "\n\n".join(
+        f"{name}, ours / raw with both ends sleeping up to 1-2 ms between polls (no probe): "
+        + ", ".join(f"{r['size']} {r['ratio_sleeping']:.2f}" for r in rows) + "."
+        for name, rows in list(columns.items())[1:])
     write_json(args.out, payload)
     verdict = lambda r: f"{r:.2f} {'met' if r >= 0.8 else 'missed'}"  # noqa: E731
     md = ("Target: ours / raw >= 0.8. ours = collate the samples into the send buffer + Isend -> Irecv "
@@ -234,7 +242,7 @@ def run(args: argparse.Namespace) -> Section:
           f"{r['raw_stream_GBps']:.2f}; {r['raw_stream_collate_GBps']:.2f}", f"{r['ours_GBps']:.2f}",
           verdict(r["ratio"]), verdict(r["ratio_stream"]), f"{r['ours_send_only_GBps']:.2f}",
           verdict(r["ratio_send_only"]), verdict(r["ratio_stream_send_only"])] for r in rows])
-        for name, rows in columns.items()) + polling
+        for name, rows in columns.items()) + "\n\n" + sleeping
     return Section("transport", payload, md)
 
 

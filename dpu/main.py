@@ -123,6 +123,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         stats["handoffs"] = len(job.keeper.join())
     if job.work == DA:  # the pairing, as the ranks found it (node: what --dpus maps it to)
         stats["feeds"] = {str(h): topo.ranks[h].node for h in runner.hosts}
+        stats["polls"] = runner.polls()  # the streams whose sends move only while this rank polls
     log.write({"event": "end", "world_rank": topo.world_rank, "role": "dpu", "work": job.work, "mode": cfg.mode,
                "node": topo.ranks[topo.world_rank].node, "torch_imported": "torch" in sys.modules, **stats})
     trace.finish(topo.world, cfg.trace)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 import numpy as np
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.data.batches import BatchBuffer, BatchLayout
+from dpuoffload.common.data.batches import FLAG_POLL, BatchBuffer, BatchLayout, stamp_flags
 from dpuoffload.common.data.loaders import RankLoader, probe_layout, unfit_samples
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, Recipe, StepSplit, decode, stream_tag
@@ -48,20 +48,36 @@ if TYPE_CHECKING:
 IDLE_MAX_SLEEP = 0.002       # nothing to do: poll for the host's receives and messages at least this often
 RING_POLL_MAX_SLEEP = 0.002  # a marker waits for a free buffer: poll often...
 RING_POLL_SPIN = 0.0002      # ...and spin briefly first, a send of a posted receive completes in microseconds
+PROBE_MIN_S = 0.005          # `SendRing.probe`: how long a ring's first full-size send is left alone...
+PROBE_BPS = 1e9              # ...or longer for a large one: as long as a single copy takes at 1 GB/s
 
 
 class SendRing:
-    """K send buffers to one host rank on one tag, used in turn."""
+    """K send buffers to one host rank on one tag, used in turn.
+
+    A large message moves by itself only where Open MPI's single-copy shared memory carries it (the
+    receiver pulls the bytes); over TCP, or over shared memory without single-copy (`--mca smsc
+    ^cma`, a container that forbids cross-process reads), it moves only while both ends call into
+    MPI, and a ring that slept between polls moved 0.01-0.02 of raw MPI at 3-19 MB. So the ring
+    polls often (`needs_progress`) toward another machine, and on this one it finds out with its
+    first full-size send (`probe`); every message then carries the answer (`FLAG_POLL`), so the
+    receiver polls as often.
+    """
 
     def __init__(self, world: "MPI.Comm", layout: BatchLayout, k: int, dest: int, tag: int,
                  timeout: Optional[float] = None, remote: bool = False) -> None:
         """`remote`: `dest` is on another machine, where sends progress only while this rank polls."""
         self.world, self.dest, self.tag, self.timeout = world, dest, tag, timeout
-        self.max_sleep = REMOTE_MAX_SLEEP if remote else RING_POLL_MAX_SLEEP
+        self.needs_progress = remote  # toward this machine: found out by `probe`
+        self.probed = remote
         self.buffers = [layout.buffer() for _ in range(k)]
         self.pending: list[Optional["MPI.Request"]] = [None] * k
         self.held: list[Any] = [None] * k   # a message sent from other memory (a worker's), kept until sent
         self.next = 0
+
+    @property
+    def max_sleep(self) -> float:
+        return REMOTE_MAX_SLEEP if self.needs_progress else RING_POLL_MAX_SLEEP
 
     def ready(self) -> bool:
         """Whether `acquire` returns at once (the next buffer's previous send completed)."""
@@ -76,16 +92,46 @@ class SendRing:
         return slot, self.buffers[slot]
 
     def send(self, slot: int, nbytes: int) -> None:
-        self.pending[slot] = self.world.Isend(self.buffers[slot].raw[:nbytes], dest=self.dest, tag=self.tag)
+        self.pending[slot] = self._isend(self.buffers[slot].raw[:nbytes])
 
     def send_from(self, slot: int, message: np.ndarray) -> None:
         """Send `message` (a worker's packed batch) in place of the slot's buffer: no copy."""
         self.held[slot] = message
-        self.pending[slot] = self.world.Isend(message, dest=self.dest, tag=self.tag)
+        self.pending[slot] = self._isend(message)
+
+    def send_marker(self, layout: BatchLayout, seq: int) -> None:
+        """The marker of plan `seq`; the ring's first one finds out whether its sends need polling."""
+        slot, buf = self.acquire()
+        nbytes = layout.pack_marker(buf, seq)
+        if self.probed:
+            self.send(slot, nbytes)
+        else:
+            self.probe(slot)
+
+    def probe(self, slot: int) -> None:
+        """Send the slot's message (a plan's marker: the receiver reads its header only) padded to
+        the whole buffer, leave it alone for as long as a single copy of it takes at >= 1 GB/s (at
+        least PROBE_MIN_S), and poll from then on if it has not arrived. Done once per ring, when the
+        host rank is waiting for this marker with its receives posted. A second, longer look keeps a
+        host rank that was slow to be scheduled (a loaded box) from passing for a missing single copy;
+        two polls cannot move a large message without it (MPI pipelines it in fragments)."""
+        req = self._isend(self.buffers[slot].raw)
+        self.pending[slot] = req
+        alone = max(PROBE_MIN_S, self.buffers[slot].raw.nbytes / PROBE_BPS)
+        done = False
+        for look in (alone, 4 * alone):
+            time.sleep(look)
+            if done := bool(req.Test()):
+                break
+        self.needs_progress, self.probed = not done, True
 
     def drain(self) -> None:
         for slot in range(len(self.buffers)):
             self._complete(slot)
+
+    def _isend(self, message: np.ndarray) -> "MPI.Request":
+        stamp_flags(message, FLAG_POLL if self.needs_progress else 0)
+        return self.world.Isend(message, dest=self.dest, tag=self.tag)
 
     def _complete(self, slot: int) -> None:
         req = self.pending[slot]
@@ -141,8 +187,7 @@ class Stream:
             raise PeerError(f"{self.host_label} asked for step {plan.start} of an epoch of {self.steps} steps")
         self.epoch, self.step, self.end, self.batches = plan.epoch, plan.start, plan.end, None
         self._settle()
-        slot, buf = self.ring.acquire()  # the host is receiving: it waits for this marker
-        self.ring.send(slot, self.layout.pack_marker(buf, plan.seq))
+        self.ring.send_marker(self.layout, plan.seq)  # the host is receiving: it waits for this marker
 
     def produce(self) -> None:
         """Augment and send the next batch (the caller checked `ring.ready()`), then advance."""
@@ -255,8 +300,7 @@ class LoaderService:
 
     def __init__(self, cfg: RunConfig, topo: Topology, hosts: tuple[int, ...]) -> None:
         self.cfg, self.topo, self.hosts = cfg, topo, hosts
-        # full rings: each poll (ready()) also moves the sends in flight, which over TCP move no other way
-        self.max_idle = REMOTE_MAX_SLEEP if any(topo.on_other_machine(h) for h in hosts) else IDLE_MAX_SLEEP
+        self.max_idle = IDLE_MAX_SLEEP  # (`_follow_rings`)
         self.streams: dict[tuple[int, int], Stream] = {}
         self.timer = PhaseTimer()
         self.turn = 0
@@ -293,6 +337,19 @@ class LoaderService:
             sleep = min(max(sleep * 2, 1e-4), self.max_idle)
         return self.epochs.records
 
+    def polls(self) -> dict[str, bool]:
+        """Per host rank fed: whether its stream polls (`SendRing.probe`; for the end record)."""
+        polled: dict[str, bool] = {}
+        for (host, _), stream in self.streams.items():
+            polled[str(host)] = polled.get(str(host), False) or stream.ring.needs_progress
+        return polled
+
+    def _follow_rings(self) -> None:
+        """Idle as briefly as the rings poll: with full rings, each poll (`ready()`) also moves the
+        sends in flight, which over TCP or without single-copy shared memory move no other way."""
+        polled = any(s.ring.needs_progress for s in self.streams.values())
+        self.max_idle = REMOTE_MAX_SLEEP if polled else IDLE_MAX_SLEEP
+
     def epoch_done(self, epoch: int) -> None:
         self.epochs.done(epoch, self.streams.values())
 
@@ -325,6 +382,7 @@ class LoaderService:
             if stream is None:
                 raise PeerError(f"{self.topo.describe(host)} planned loader {message.loader}, which it never opened")
             stream.replan(message)
+            self._follow_rings()
         else:
             raise PeerError(f"unknown loader message {type(message).__name__} from {self.topo.describe(host)}")
 

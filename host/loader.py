@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Iterator, Optional, Protocol
 
 import torch
 
-from dpuoffload.common.data.batches import BatchBuffer, BatchKind, BatchLayout
+from dpuoffload.common.data.batches import FLAG_POLL, BatchBuffer, BatchKind, BatchLayout
 from dpuoffload.common.data.loaders import RankLoader, Sampling, probe_layout, unfit_samples
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, StepSplit, encode, stream_tag
@@ -78,6 +78,7 @@ class RemoteSource:
         self.tag = stream_tag(loader_id)
         self.pinned = pinned
         self.max_sleep = REMOTE_MAX_SLEEP if remote else BATCH_POLL_MAX_SLEEP
+        self.flags = FLAG_POLL if remote else 0      # the feeder's, as its last message said
         self.buffers: list[BatchBuffer] = [layout.buffer(pinned), layout.buffer(pinned)]
         self.reqs: list[Optional["MPI.Request"]] = [None, None]
         self.head = 0                                # the buffer the next message lands in
@@ -109,7 +110,9 @@ class RemoteSource:
             if self.split.host(step):
                 continue
             buf = self._receive(epoch, step)
-            kind, got_epoch, got_step, count = self.layout.read_header(buf)
+            kind, got_epoch, got_step, count, flags = self.layout.read_header(buf)
+            if flags != self.flags:
+                self._follow(flags)
             if kind != BatchKind.BATCH or got_epoch != epoch or got_step != step:
                 raise PeerError(f"expected batch {step} of epoch {epoch} from {self.feeder_label}, got "
                                 f"{BatchKind(kind).name} epoch {got_epoch} step {got_step}: "
@@ -166,7 +169,9 @@ class RemoteSource:
         self._send(Plan(self.loader_id, self.seq, epoch, start, self.end))
         while True:
             buf = self._receive(epoch, start, marker=True)
-            kind, seq, _, _ = self.layout.read_header(buf)
+            kind, seq, _, _, flags = self.layout.read_header(buf)
+            if flags != self.flags:
+                self._follow(flags)
             self._post(self._advance())
             if kind == BatchKind.MARKER and seq == self.seq:
                 break
@@ -198,6 +203,12 @@ class RemoteSource:
             wait(req, self.timeout, self._what(epoch, step, marker), max_sleep=self.max_sleep, spin=BATCH_POLL_SPIN)
         self.reqs[self.head] = None
         return self.buffers[self.head]
+
+    def _follow(self, flags: int) -> None:
+        """Poll as the feeder's ring does: often where its large sends move only while both ends
+        call into MPI (`dpu.serve.SendRing`: it found out with its first marker)."""
+        self.flags = flags
+        self.max_sleep = REMOTE_MAX_SLEEP if flags & FLAG_POLL else BATCH_POLL_MAX_SLEEP
 
     def _what(self, epoch: int, step: int, marker: bool) -> str:
         """What `_receive` waits for, for its errors."""

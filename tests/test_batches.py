@@ -27,8 +27,9 @@ def random_batch(layout: BatchLayout, count: int, seed: int = 0) -> tuple[torch.
 
 def test_header_is_defined_once_with_its_tag():
     assert BATCH_HEADER.tag is Tag.STREAM_BASE  # (plus the loader's number: `streams.stream_tag`)
-    assert BATCH_HEADER.fields == ("kind", "epoch", "step", "count", "dtype", "ndim", "dim0", "dim1", "dim2", "dim3")
-    assert HEADER_BYTES == 80
+    assert BATCH_HEADER.fields == ("kind", "epoch", "step", "count", "flags", "dtype", "ndim", "dim0", "dim1", "dim2",
+                                   "dim3")
+    assert HEADER_BYTES == 88
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -68,7 +69,7 @@ def test_pack_items_is_default_collate_for_every_kind_of_label(label, count):
     items = [(x, label(int(y))) for x, y in zip(samples, labels)]
     buf = layout.buffer()
     layout.pack_items(buf, 2, 5, items)
-    assert layout.read_header(buf) == (BatchKind.BATCH, 2, 5, count)
+    assert layout.read_header(buf) == (BatchKind.BATCH, 2, 5, count, 0)
     got_x, got_y = layout.unpack(buf, count)
     want_x, want_y = default_collate(items)
     assert got_x.numpy().tobytes() == want_x.numpy().tobytes()

@@ -23,8 +23,13 @@ from dpuoffload.common.errors import PeerError
 from dpuoffload.common.runtime.messages import HeaderLayout, Tag
 
 MAX_DIMS = 4
-BATCH_HEADER = HeaderLayout("batch", Tag.STREAM_BASE, ("kind", "epoch", "step", "count", "dtype", "ndim",
+BATCH_HEADER = HeaderLayout("batch", Tag.STREAM_BASE, ("kind", "epoch", "step", "count", "flags", "dtype", "ndim",
                                                   *(f"dim{i}" for i in range(MAX_DIMS))))
+# `flags`, set by the sender's ring on every message (`dpu.serve.SendRing`): FLAG_POLL = this stream's
+# large messages move only while both ends call into MPI (another machine, or shared memory without
+# single-copy), so the receiver polls often too.
+FLAG_POLL = 1
+_FLAGS_AT = 8 * BATCH_HEADER.fields.index("flags")  # its byte offset
 HEADER_BYTES = 8 * len(BATCH_HEADER.fields)
 
 
@@ -106,13 +111,14 @@ class BatchLayout:
 
     def header(self, kind: BatchKind, epoch: int, step: int, count: int) -> np.ndarray:
         """The BATCH_HEADER fields: kind, epoch, step, count, then dtype, ndim, dim0..dim3."""
-        out = np.empty(len(BATCH_HEADER.fields), dtype=np.int64)
+        out = np.zeros(len(BATCH_HEADER.fields), dtype=np.int64)
         self._write_header(out, kind, epoch, step, count)
         return out
 
     def _write_header(self, head: np.ndarray, kind: BatchKind, epoch: int, step: int, count: int) -> None:
+        """Every field but `flags`, which the sender's ring stamps when it sends (`stamp_flags`)."""
         head[:4] = (int(kind), epoch, step, count)
-        head[4:] = self._static  # type: ignore[attr-defined]
+        head[5:] = self._static  # type: ignore[attr-defined]
 
     def pack(self, buf: np.ndarray, epoch: int, step: int, samples: torch.Tensor, labels: torch.Tensor) -> int:
         """Copy one collated batch into `buf`; return the number of bytes to send."""
@@ -162,21 +168,21 @@ class BatchLayout:
         self._write_header(_head(buf), BatchKind.MARKER, seq, -1, 0)
         return HEADER_BYTES
 
-    def read_header(self, buf: "np.ndarray | BatchBuffer") -> tuple[int, int, int, int]:
-        """(kind, epoch, step, count) of a received message, checked against this layout. The
+    def read_header(self, buf: "np.ndarray | BatchBuffer") -> tuple[int, int, int, int, int]:
+        """(kind, epoch, step, count, flags) of a received message, checked against this layout. The
         receive path's form of `unpack_header`: it runs once per batch, where a dict costs more
         than the check itself."""
-        kind, epoch, step, count, *static = _head(buf).tolist()  # one conversion for all fields
+        kind, epoch, step, count, flags, *static = _head(buf).tolist()  # one conversion for all fields
         if kind not in _KINDS:
             raise PeerError(f"batch message of unknown kind {kind}: host and DPU programs disagree "
                             "on the protocol")
         if kind == BatchKind.BATCH and static != self._static:  # type: ignore[attr-defined]
             raise PeerError(f"batch header {dict(BATCH_HEADER.unpack(_head(buf)))} does not match this run's layout "
                             f"({self.sample_shape} {np.dtype(self.dtype)}); host and DPU disagree on the data")
-        return kind, epoch, step, count
+        return kind, epoch, step, count, flags
 
     def unpack_header(self, buf: "np.ndarray | BatchBuffer") -> Mapping[str, int]:
-        return dict(zip(("kind", "epoch", "step", "count"), self.read_header(buf)))
+        return dict(zip(("kind", "epoch", "step", "count", "flags"), self.read_header(buf)))
 
     def unpack_message(self, message: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Samples and labels of one whole message of exactly its size (a worker's packed batch,
@@ -209,6 +215,11 @@ class BatchBuffer:
 def _head(buf: "np.ndarray | BatchBuffer") -> np.ndarray:
     """The int64 header fields of a batch buffer (without building the other views)."""
     return buf.head if isinstance(buf, BatchBuffer) else buf[:HEADER_BYTES].view(np.int64)
+
+
+def stamp_flags(message: np.ndarray, flags: int) -> None:
+    """Set the `flags` field of a packed message (raw bytes from offset 0) just before it is sent."""
+    message[_FLAGS_AT:_FLAGS_AT + 8].view(np.int64)[0] = flags
 
 
 def layout_for(sample: torch.Tensor, max_batch: int) -> BatchLayout:

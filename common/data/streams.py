@@ -9,8 +9,12 @@ A host rank's loader is one ordered stream of batch messages from its feeder DPU
                                                epoch, until the next plan or epoch `end` (the
                                                loader's `epochs`, if known); epoch STOP: nothing
     DPU -> host, tag `stream_tag(loader)`, raw `common.data.batches` messages:
-        MARKER(seq)                            everything before it belongs to older plans
+        MARKER(seq)                            everything before it belongs to older plans (the
+                                               stream's first one is padded to a full batch: the
+                                               DPU rank's progress probe, `dpu.serve.SendRing`)
         BATCH(epoch, step) ...                 in order, at most `--da-buffers` in flight
+    Every DPU -> host message's `flags` say whether the host must poll often for the stream's large
+    messages to move (FLAG_POLL: another machine, or shared memory without single-copy).
 
 Why plans instead of one request per epoch: the DPU rank runs on into the next epoch while the
 host still trains on this one (per-sample seeds make batch i of epoch e+1 computable at any time),
