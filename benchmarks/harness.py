@@ -16,14 +16,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 DATA = ROOT / ".cache" / "data"
 RESULTS = ROOT / "benchmarks" / "results"
+NODES = ROOT / "scripts" / "nodes.sh"
 
 
 def job_env() -> dict[str, str]:
@@ -114,6 +116,51 @@ def emulated_node(dpu_ranks: int, dpu_speed: float) -> list[str]:
     """Launcher flags of the emulated node: host rank on core 0, DPU rank(s) on core 1, throttled."""
     return ["--host-ranks", "1", "--dpu-ranks", str(dpu_ranks), "--dpu-cores", "1", "--dpu-speed", str(dpu_speed),
             "--host-threads", "1", "--dpu-threads", "1", "--oversubscribe"]
+
+
+# ------------------------------------------------------------------------- emulated machines
+def machines_env(prefix: str, subnet: str, rate: Optional[str] = None, delay: Optional[str] = None) -> dict[str, str]:
+    """The job environment for `scripts/nodes.sh` machines of one benchmark.
+
+    Every benchmark names its own namespace prefix and /24 so two of them (or a test's machines)
+    never collide on one box; `rate` shapes every machine's link (tbf), `delay` puts the delay line
+    between them (see nodes.sh's header).
+    """
+    env = {**job_env(), "DPUOFFLOAD_NETNS_PREFIX": prefix, "DPUOFFLOAD_NETNS_SUBNET": subnet}
+    if rate:
+        env["DPUOFFLOAD_NETNS_RATE"] = rate
+    if delay:
+        env["DPUOFFLOAD_NETNS_DELAY"] = delay
+    return env
+
+
+@contextmanager
+def emulated_machines(names: Sequence[str], env: dict[str, str], what: str) -> Iterator[None]:
+    """Machines `names` up for the block and down on every way out of it (an error, a timeout,
+    sys.exit, Ctrl-C), so a failed benchmark leaves no namespace or delay line behind.
+
+    Raises:
+        SystemExit: `nodes.sh up` failed (its message says why, e.g. not root).
+    """
+    up = subprocess.run(["bash", str(NODES), "up", *names], capture_output=True, text=True, env=env)
+    if up.returncode != 0:
+        sys.exit(f"{what}: could not create the emulated machines: {up.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["bash", str(NODES), "down", *names], capture_output=True, env=env)
+
+
+def mpirun_on_machines(env: dict[str, str], parts: Sequence[tuple[str, Sequence[str]]],
+                       timeout: float = 600) -> subprocess.CompletedProcess:
+    """One plain `mpirun` (no dpurun) with one rank per (machine, argv) in `parts`, started on the
+    first part's machine with the flags the emulated machines need (`nodes.sh mpi-flags`)."""
+    flags = subprocess.run(["bash", str(NODES), "mpi-flags"], capture_output=True, text=True, env=env,
+                           check=True).stdout.split()
+    cmd = ["bash", str(NODES), "run", parts[0][0], str(BIN / "mpirun"), *flags, "--bind-to", "none"]
+    for i, (name, argv) in enumerate(parts):
+        cmd += ([":"] if i else []) + ["-np", "1", "--host", f"{name}:1", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
 
 
 # ------------------------------------------------------------------------------------ statistics

@@ -31,13 +31,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import (  # noqa: E402
+    NODES,
     ROOT,
     RunLog,
     Section,
     bench_parser,
-    job_env,
+    emulated_machines,
     machine,
     machine_line,
+    machines_env,
     make_data,
     read_log,
     settings,
@@ -47,21 +49,13 @@ from benchmarks.harness import (  # noqa: E402
 
 MODES = ("none", "da", "mv", "hybrid")
 MACHINES = ("h0", "h1", "d0", "d1")
-NODES = str(ROOT / "scripts" / "nodes.sh")
 LAUNCHER = ["--hosts", "h0:1,h1:1", "--dpus", "d0:2,d1:2", "--host-ranks", "2", "--dpu-ranks", "4"]
-
-
-def machines_env(rate: str | None) -> dict[str, str]:
-    env = {**job_env(), "DPUOFFLOAD_NETNS_PREFIX": f"dpbm{os.getpid() % 10000}", "DPUOFFLOAD_NETNS_SUBNET": "10.80.3"}
-    if rate:
-        env["DPUOFFLOAD_NETNS_RATE"] = rate
-    return env
 
 
 def run_mode(mode: str, args: argparse.Namespace, data: Path, env: dict[str, str]) -> RunLog:
     """One job across the emulated machines; its parsed logs (exits with the job's output if it fails)."""
     with tempfile.TemporaryDirectory(prefix="dpubench-mn-") as log:
-        cmd = ["bash", NODES, "dpurun", *LAUNCHER, "--", "--preset", "debug", "--data", str(data / "cifar10"),
+        cmd = ["bash", str(NODES), "dpurun", *LAUNCHER, "--", "--preset", "debug", "--data", str(data / "cifar10"),
                "--mode", mode, "--epochs", str(args.epochs), "--train-subset", str(args.train), "--val-subset",
                str(args.val), "--no-progress", "--log-dir", log]
         t0 = time.perf_counter()
@@ -114,19 +108,14 @@ def run(args: argparse.Namespace) -> Section:
         sys.exit("multinode benchmark: emulated machines need root (network namespaces); run it as root")
     if args.quick:
         args.reps, args.epochs, args.train, args.val = 1, 2, 128, 64
-    data, env = make_data(["cifar10"]), machines_env(args.rate)
-    up = subprocess.run(["bash", NODES, "up", *MACHINES], capture_output=True, text=True, env=env)
-    if up.returncode != 0:
-        sys.exit(f"multinode benchmark: could not create the emulated machines: {up.stderr.strip()}")
+    data, env = make_data(["cifar10"]), machines_env(f"dpbm{os.getpid() % 10000}", "10.80.3", args.rate)
     runs: dict[str, list[RunLog]] = {m: [] for m in MODES}
-    try:
+    with emulated_machines(MACHINES, env, "multinode benchmark"):
         for rep in range(args.reps):
             for mode in MODES:
                 runs[mode].append(run_mode(mode, args, data, env))
                 print(f"[multinode] rep {rep + 1}/{args.reps} {mode}: "
                       f"{statistics.median(runs[mode][-1].epoch_times()):.2f} s/epoch", file=sys.stderr, flush=True)
-    finally:
-        subprocess.run(["bash", NODES, "down", *MACHINES], capture_output=True, env=env)
     report, info = summarize(runs), machine()
     payload = {"machine": info, "settings": settings(args), "report": report}
     write_json(args.out, payload)

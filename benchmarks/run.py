@@ -9,7 +9,7 @@ Each benchmark NAME writes `<results>/<NAME>.json` and its PNG plots into `<resu
 appends one section with the machine description and every table to the markdown file.
 
 Benchmarks (default: all but `modes`, `baseline` (15+ min each on 2 cores), `own_loop` (12 min),
-`multinode` (root) and `gpu` (a GPU node)):
+`multinode` and `netmodel` (root) and `gpu` (a GPU node)):
   workloads  phase shares, the DataLoader peer, the ideal bounds of da and mv, prediction error
   augweight  light -> heavy augmentation: none / da / mv / peer at each weight
   sweep      samples/s vs threads per rank and batch size, host and (throttled) DPU
@@ -20,6 +20,8 @@ Benchmarks (default: all but `modes`, `baseline` (15+ min each on 2 cores), `own
   startup    wall time of a tiny dpurun job vs a plain torchvision + DataLoader script, and where it goes
   own_loop   a user's own script: torch's DataLoader on the spare core vs job.loader with a DPU rank there
   multinode  none / da / mv / hybrid across 2 emulated nodes and their DPUs (TCP between machines; root)
+  netmodel   the performance model's allreduce term vs measurement across emulated machines, unshaped and
+             shaped links (fitted link, training's allreduce per step, ring-model prediction; root)
   gpu        a GPU host rank fed by DPU and host cores: GPU-bound, the DataLoader peer, da, host + DPU shares,
              short epochs, the model's predictions (16 cores + a GPU; --quick: a CPU smoke run)
 
@@ -43,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import RESULTS, ROOT, Section, machine, machine_line, table  # noqa: E402
 
 BENCHMARKS = ("workloads", "augweight", "sweep", "transport", "interference", "startup", "fanin", "modes", "baseline",
-              "own_loop", "multinode", "gpu")
+              "own_loop", "multinode", "netmodel", "gpu")
 DEFAULT = ("workloads", "augweight", "sweep", "transport", "interference", "startup", "fanin")
 TITLES = {"workloads": "Phases, the DataLoader peer, ideal bounds and prediction error",
           "augweight": "Augmentation weight sweep", "sweep": "Thread and batch sweeps",
@@ -55,6 +57,7 @@ TITLES = {"workloads": "Phases, the DataLoader peer, ideal bounds and prediction
           "own_loop": "Own loop: a user's script, DataLoader worker vs job.loader",
           "fanin": "Fan-in: K worker processes building one host rank's batches (--dpu-workers)",
           "multinode": "Offload modes on 2 emulated nodes (TCP between machines)",
+          "netmodel": "The model's network term vs measurement on emulated machines",
           "gpu": "GPU host ranks fed by DPU cores and host cores"}
 
 

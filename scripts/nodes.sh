@@ -64,8 +64,8 @@ up() {
     ip -n "$ns" addr add "$SUBNET.$i/24" dev eth0
     ip -n "$ns" link set eth0 up
     ip -n "$ns" link set lo up
-    if [ -n "$RATE" ]; then  # (a burst of 2 MB: >= rate / HZ up to ~16 Gbit/s at HZ 1000)
-      ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst 2mb latency 50ms
+    if [ -n "$RATE" ]; then
+      ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst "$(burst_for "$RATE")" latency 50ms
     fi
   done
   for name in "$@"; do  # `ip netns exec` shows /etc/netns/NS/hosts as /etc/hosts: the names resolve
@@ -78,6 +78,16 @@ up() {
   local delays=""
   [ -z "$DELAY$NODE_DELAY" ] || delays=", delay ${DELAY:-0} within a node, ${NODE_DELAY:-0} across nodes (delay line)"
   echo "nodes.sh: up: $* on $SUBNET.0/24 (namespaces $PREFIX-*)${RATE:+, links at $RATE}$delays"
+}
+
+burst_for() {  # tbf's bucket, in bytes: 4 ms at the rate (a 250 Hz tick), at least 256 KB (a few GSO frames).
+  # A fixed 2 MB bucket let a training step's 1 MB allreduce leave at the veth's speed after every step's
+  # compute, whatever the rate (benchmarks/netmodel.py); the bucket must stay small against such messages.
+  awk -v r="$1" 'BEGIN {
+    n = r + 0; u = tolower(substr(r, length(n "") + 1))
+    m = (u == "kbit") ? 1e3 : (u == "mbit") ? 1e6 : (u == "gbit") ? 1e9 : (u == "tbit") ? 1e12 : (u == "bit" || u == "") ? 1 : -1
+    if (m < 0 || n <= 0) { print "nodes.sh: error: DPUOFFLOAD_NETNS_RATE=" r ": write it as tc does, e.g. 400mbit or 25gbit" > "/dev/stderr"; exit 1 }
+    b = n * m / 8 * 0.004; if (b < 262144) b = 262144; printf "%d\n", b }'
 }
 
 bridge() {  # each machine's eth0: one end of a veth pair whose other end sits on br0 in the switch namespace

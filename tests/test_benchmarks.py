@@ -253,3 +253,68 @@ def test_multinode_table_compares_each_mode_to_none_and_checks_the_training():
     assert r["none"]["ratio_to_none"] == 1.0 and r["da"]["epoch_s"] == 2.0  # median of the steady epochs 2..
     assert (r["da"]["min_s"], r["da"]["max_s"]) == (1.0, 3.0) and r["mv"]["ratio_to_none"] == 2.0
     assert r["da"]["same_training_as_none"] and not r["mv"]["same_training_as_none"]
+
+
+# --------------------------------------------------------------------------------- netmodel (pure)
+def test_netmodel_reads_steady_allreduce_per_step_from_host_phase_records():
+    from benchmarks import netmodel
+
+    def rec(rank, epoch, allreduce, steps=4, role="host"):
+        return {"world_rank": rank, "role": role, "epoch": epoch, "steps": steps, "phases": {"allreduce": allreduce}}
+
+    records = [rec(0, 0, 9.0), rec(1, 0, 9.0), rec(0, 1, 0.4), rec(1, 1, 0.8), rec(0, 2, 0.2),
+               rec(2, 1, 5.0, role="dpu"), rec(1, 2, 0.0, steps=0)]  # (a DPU rank's and an empty record: skipped)
+    assert netmodel.logged_allreduce_s(records) == [0.1, 0.2, 0.05]  # epoch 0 is warm-up
+    assert netmodel.logged_allreduce_s([rec(0, 0, 2.0)]) == [0.5]  # one epoch only: it counts
+
+
+def test_netmodel_takes_the_last_arriving_rank_per_step_from_the_trace():
+    from benchmarks import netmodel
+
+    def span(rank, epoch, step, ms, name="allreduce"):
+        return {"name": name, "ph": "X", "pid": rank, "ts": 0.0, "dur": ms * 1e3,
+                "args": {"epoch": epoch, "step": step}}
+
+    events = [span(0, 0, 1, 50.0), span(1, 0, 1, 40.0),                 # warm-up epoch: skipped
+              span(0, 1, 2, 30.0), span(1, 1, 2, 3.0),                  # rank 1 came last: it waited 3 ms
+              span(0, 1, 3, 2.0), span(1, 1, 3, 25.0),
+              span(0, 1, 4, 1.0),                                       # one rank's span only: skipped
+              span(0, 1, 5, 99.0, name="forward_backward"),
+              {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "host rank 0"}}]
+    assert netmodel.last_arriving_s(events) == pytest.approx([0.003, 0.002])
+
+
+def test_netmodel_fits_the_link_and_predicts_the_ring_allreduce():
+    from benchmarks import netmodel
+
+    bw, lat = 25e6, 2e-4  # 200 Mbit/s, 200 us
+    raw = {n: [lat + n / bw, lat + n / bw + 1e-3] for n in (1 << 16, 1 << 18, 1 << 20, 1 << 22)}
+    link = netmodel.link_record(raw, "synthetic")
+    assert link["median_s"][1 << 20] == pytest.approx(lat + (1 << 20) / bw + 5e-4)
+    assert link["bandwidth_Bps"] == pytest.approx(bw) and link["latency_s"] == pytest.approx(lat + 5e-4)
+    burst = netmodel.link_record(raw, "synthetic", max_bytes=1 << 20)
+    assert burst["fitted_sizes"] == [1 << 16, 1 << 18, 1 << 20]
+    assert netmodel.link_record({1 << 16: [1e-3]}, "one size")["bandwidth_Bps"] is None
+    # 2 ranks: 2 steps of half the bytes each way = 2 latencies + bytes / bandwidth
+    assert netmodel.predict_allreduce_s(1_000_000, link) == pytest.approx(2 * (lat + 5e-4) + 1_000_000 / bw)
+    assert netmodel.predict_allreduce_s(1_000_000, {"bandwidth_Bps": None, "latency_s": None}) is None
+    assert netmodel.grad_bytes_of("resnet20") == 4 * 269_722
+
+
+def test_netmodel_settings_and_their_ratios():
+    from benchmarks import netmodel
+
+    todo = netmodel.link_settings(["unshaped", "200mbit"], "1ms")
+    assert [s.label for s in todo] == ["unshaped", "200mbit", "200mbit + 1ms delay"]
+    assert (todo[0].rate, todo[2].rate, todo[2].delay) == (None, "200mbit", "1ms")
+    with pytest.raises(ValueError, match="--rates"):
+        netmodel.link_settings([], None)
+    link = {"bandwidth_Bps": 25e6, "latency_s": 0.0, "median_s": {}}
+    run = {"logged_s": [0.02, 0.04, 0.03], "last_arriving_s": [0.01, 0.02], "backend": "horovod", "step_s": 0.1,
+           "epoch_s": [1.0, 1.0], "job_s": 9.0}
+    row = netmodel.summarize(todo[1], {"stream": link, "idle": {**link, "bandwidth_Bps": None}}, run, 1_000_000)
+    assert row["stream"]["predicted_s"] == pytest.approx(0.04)
+    assert row["stream"]["ratio"] == pytest.approx(0.75)  # medians: 30 ms logged, 15 ms last-arriving, 40 predicted
+    assert row["stream"]["ratio_last_arriving"] == pytest.approx(0.375)
+    assert row["idle"]["predicted_s"] is None and row["idle"]["ratio"] is None
+    assert netmodel._rate_bps("1gbit") == 1e9 and netmodel._rate_bps("fast") is None

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.mpi
 def _da(bundled_data, log, *launcher: str) -> dict:
     res = dpurun(["--host-ranks", "1", "--dpu-ranks", "1", *launcher],
                  ["--preset", "debug", "--data", str(bundled_data / "cifar10"), "--epochs", "1", "--mode", "da",
-                  "--batch-size", "64", "--train-subset", "128", "--val-subset", "32", "--digest-batches", "--no-progress",
+                  "--batch-size", "64", "--train-subset", "128", "--val-subset", "32", "--digest-batches",
+                  "--no-progress",
                   "--log-dir", str(log)])
     assert res.returncode == 0, res.stdout + res.stderr
     dpu_end = next(r for r in read_jsonl(log / "phases-rank1.jsonl") if r.get("event") == "end")
