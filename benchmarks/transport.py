@@ -154,7 +154,7 @@ def ours(world, layout, items, steps: int, prepacked: bool = False, poll: bool =
             layout.pack_header(buf, 0, step, len(items))
             ring.send(slot, layout.nbytes(len(items)))
         else:
-            ring.send(slot, layout.pack_items(buf, 0, step, items))
+            ring.send_items(slot, layout, 0, step, items)
     answer_plan(world, layout, ring)  # the STOP plan of `close`
     ring.drain()
 

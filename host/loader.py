@@ -28,7 +28,7 @@ from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, StepSplit, en
 from dpuoffload.common.data.workers import WorkerPool
 from dpuoffload.common.errors import ConfigError, PeerError, PeerLost
 from dpuoffload.common.runtime.messages import Tag
-from dpuoffload.common.runtime.waits import REMOTE_MAX_SLEEP, lost_peer, wait
+from dpuoffload.common.runtime.waits import REMOTE_MAX_SLEEP, REMOTE_SPIN, lost_peer, wait
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -79,6 +79,7 @@ class RemoteSource:
         self.pinned = pinned
         self.max_sleep = REMOTE_MAX_SLEEP if remote else BATCH_POLL_MAX_SLEEP
         self.flags = FLAG_POLL if remote else 0      # the feeder's, as its last message said
+        self.spin = REMOTE_SPIN if remote else BATCH_POLL_SPIN
         self.buffers: list[BatchBuffer] = [layout.buffer(pinned), layout.buffer(pinned)]
         self.reqs: list[Optional["MPI.Request"]] = [None, None]
         self.head = 0                                # the buffer the next message lands in
@@ -200,7 +201,7 @@ class RemoteSource:
             with lost_peer(self._what(epoch, step, marker)):
                 raise
         if not done:
-            wait(req, self.timeout, self._what(epoch, step, marker), max_sleep=self.max_sleep, spin=BATCH_POLL_SPIN)
+            wait(req, self.timeout, self._what(epoch, step, marker), max_sleep=self.max_sleep, spin=self.spin)
         self.reqs[self.head] = None
         return self.buffers[self.head]
 
@@ -209,6 +210,7 @@ class RemoteSource:
         call into MPI (`dpu.serve.SendRing`: it found out with its first marker)."""
         self.flags = flags
         self.max_sleep = REMOTE_MAX_SLEEP if flags & FLAG_POLL else BATCH_POLL_MAX_SLEEP
+        self.spin = REMOTE_SPIN if flags & FLAG_POLL else BATCH_POLL_SPIN
 
     def _what(self, epoch: int, step: int, marker: bool) -> str:
         """What `_receive` waits for, for its errors."""

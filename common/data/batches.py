@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Mapping
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ BATCH_HEADER = HeaderLayout("batch", Tag.STREAM_BASE, ("kind", "epoch", "step", 
 FLAG_POLL = 1
 _FLAGS_AT = 8 * BATCH_HEADER.fields.index("flags")  # its byte offset
 HEADER_BYTES = 8 * len(BATCH_HEADER.fields)
+PACK_CHUNK_BYTES = 1 << 20  # `pack_items(between=...)`: samples stacked between two calls
 
 
 class BatchKind(IntEnum):
@@ -134,9 +135,12 @@ class BatchLayout:
         v.samples[:count] = samples
         return self.nbytes(count)
 
-    def pack_items(self, buf: "np.ndarray | BatchBuffer", epoch: int, step: int, items: list) -> int:
+    def pack_items(self, buf: "np.ndarray | BatchBuffer", epoch: int, step: int, items: list,
+                   between: Optional[Callable[[], None]] = None) -> int:
         """Stack a batch's (sample, label) items straight into `buf` (what `default_collate` would
-        build, bit for bit, without the intermediate batch tensor); return the bytes to send."""
+        build, bit for bit, without the intermediate batch tensor); return the bytes to send.
+        `between`: called after every PACK_CHUNK_BYTES of samples stacked (a sender whose messages
+        in flight move only while it calls into MPI keeps them moving meanwhile)."""
         count = len(items)
         if count > self.max_batch:
             raise ValueError(f"batch of {count} samples exceeds the layout's {self.max_batch}")
@@ -149,8 +153,15 @@ class BatchLayout:
             raise ValueError(f"a sample of shape {tuple(bad.shape)} {bad.dtype}; every sample must be "
                              f"[{', '.join(map(str, self.sample_shape))}] {np.dtype(self.dtype)}")
         v = self.views(buf)
-        try:  # (a full batch stacks into the whole view: no slice to build per batch)
-            torch.stack(samples, out=v.samples if count == self.max_batch else v.samples[:count])
+        out = v.samples if count == self.max_batch else v.samples[:count]  # (no slice per full batch)
+        try:
+            if between is None:
+                torch.stack(samples, out=out)
+            else:
+                per = max(1, PACK_CHUNK_BYTES // self._sample_bytes)  # type: ignore[attr-defined]
+                for first in range(0, count, per):
+                    torch.stack(samples[first:first + per], out=out[first:first + per])
+                    between()
         except RuntimeError as e:  # unequal shapes
             raise ValueError(f"samples of different shapes in one batch ({e}); every sample must be "
                              f"[{', '.join(map(str, self.sample_shape))}] {np.dtype(self.dtype)}") from None

@@ -22,6 +22,10 @@ _MAX_SLEEP = 0.05
 # both ends of a batch stream poll at least this often there (0.41 -> 0.65-0.84 of raw MPI at 3-19 MB,
 # benchmarks/RESULTS.md); on one box they sleep longer and leave shared cores to the other ranks.
 REMOTE_MAX_SLEEP = 0.00005
+# ...and an end that awaits such a message keeps calling into MPI without sleeping for up to this long
+# first: each sleep lets the pipeline of fragments run dry (without single-copy on one box, 3-19 MB
+# batches moved 2-3x faster spinning than sleeping 50 us between polls).
+REMOTE_SPIN = 0.005
 
 
 def wait(req: "MPI.Request", timeout: Optional[float], what: str, max_sleep: float = _MAX_SLEEP,
