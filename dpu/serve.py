@@ -39,7 +39,7 @@ from dpuoffload.common.runtime import inject
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
-from dpuoffload.common.runtime.waits import REMOTE_MAX_SLEEP, REMOTE_SPIN, is_failure, probe_any, wait
+from dpuoffload.common.runtime.waits import REMOTE_MAX_SLEEP, REMOTE_SPIN, is_failure, lost_peer, probe_any, wait
 from dpuoffload.dpu.idle import control_arrived, post_control
 
 if TYPE_CHECKING:
@@ -138,7 +138,9 @@ class SendRing:
         done = False
         for look in (alone, 4 * alone):
             time.sleep(look)
-            if done := bool(req.Test()):
+            with lost_peer(f"host world rank {self.dest} to receive a plan's marker"):
+                done = bool(req.Test())
+            if done:
                 break
         self.needs_progress, self.probed = not done, True
 

@@ -76,6 +76,21 @@ def test_pack_items_is_default_collate_for_every_kind_of_label(label, count):
     assert torch.equal(got_y, torch.as_tensor(want_y))
 
 
+def test_pack_items_in_chunks_calls_between_and_packs_the_same_bytes(monkeypatch):
+    """A polled ring stacks a batch in chunks and calls into MPI between them: same message."""
+    import dpuoffload.common.data.batches as batches
+
+    layout = BatchLayout((3, 8, 8), np.float32, 10)
+    samples, labels = random_batch(layout, 10)
+    items = [(x, int(y)) for x, y in zip(samples, labels)]
+    whole, chunked = layout.buffer(), layout.buffer()
+    n = layout.pack_items(whole, 0, 1, items)
+    monkeypatch.setattr(batches, "PACK_CHUNK_BYTES", 3 * 3 * 8 * 8 * 4)  # 3 samples a chunk
+    calls = []
+    assert layout.pack_items(chunked, 0, 1, items, between=lambda: calls.append(1)) == n
+    assert len(calls) == 4 and chunked.raw[:n].tobytes() == whole.raw[:n].tobytes()
+
+
 def test_only_the_first_count_bytes_are_sent():
     layout = BatchLayout((3, 8, 8), np.dtype(np.float32), max_batch=16)
     assert layout.samples_offset == HEADER_BYTES + 8 * 16

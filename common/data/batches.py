@@ -159,8 +159,8 @@ class BatchLayout:
                 torch.stack(samples, out=out)
             else:
                 per = max(1, PACK_CHUNK_BYTES // self._sample_bytes)  # type: ignore[attr-defined]
-                for first in range(0, count, per):
-                    torch.stack(samples[first:first + per], out=out[first:first + per])
+                for at in range(0, count, per):
+                    torch.stack(samples[at:at + per], out=out[at:at + per])
                     between()
         except RuntimeError as e:  # unequal shapes
             raise ValueError(f"samples of different shapes in one batch ({e}); every sample must be "
