@@ -77,9 +77,7 @@ class RemoteSource:
         self.timeout, self.copy = timeout, copy
         self.tag = stream_tag(loader_id)
         self.pinned = pinned
-        self.max_sleep = REMOTE_MAX_SLEEP if remote else BATCH_POLL_MAX_SLEEP
-        self.flags = FLAG_POLL if remote else 0      # the feeder's, as its last message said
-        self.spin = REMOTE_SPIN if remote else BATCH_POLL_SPIN
+        self.flags = FLAG_POLL if remote else 0      # the feeder's, as its last message said (how to poll)
         self.buffers: list[BatchBuffer] = [layout.buffer(pinned), layout.buffer(pinned)]
         self.reqs: list[Optional["MPI.Request"]] = [None, None]
         self.head = 0                                # the buffer the next message lands in
@@ -112,8 +110,7 @@ class RemoteSource:
                 continue
             buf = self._receive(epoch, step)
             kind, got_epoch, got_step, count, flags = self.layout.read_header(buf)
-            if flags != self.flags:
-                self._follow(flags)
+            self.flags = flags  # (the feeder's ring found out how its sends move: `dpu.serve.SendRing.probe`)
             if kind != BatchKind.BATCH or got_epoch != epoch or got_step != step:
                 raise PeerError(f"expected batch {step} of epoch {epoch} from {self.feeder_label}, got "
                                 f"{BatchKind(kind).name} epoch {got_epoch} step {got_step}: "
@@ -171,8 +168,7 @@ class RemoteSource:
         while True:
             buf = self._receive(epoch, start, marker=True)
             kind, seq, _, _, flags = self.layout.read_header(buf)
-            if flags != self.flags:
-                self._follow(flags)
+            self.flags = flags
             self._post(self._advance())
             if kind == BatchKind.MARKER and seq == self.seq:
                 break
@@ -205,12 +201,15 @@ class RemoteSource:
         self.reqs[self.head] = None
         return self.buffers[self.head]
 
-    def _follow(self, flags: int) -> None:
+    @property
+    def max_sleep(self) -> float:
         """Poll as the feeder's ring does: often where its large sends move only while both ends
-        call into MPI (`dpu.serve.SendRing`: it found out with its first marker)."""
-        self.flags = flags
-        self.max_sleep = REMOTE_MAX_SLEEP if flags & FLAG_POLL else BATCH_POLL_MAX_SLEEP
-        self.spin = REMOTE_SPIN if flags & FLAG_POLL else BATCH_POLL_SPIN
+        call into MPI (FLAG_POLL: another machine, or shared memory without single-copy)."""
+        return REMOTE_MAX_SLEEP if self.flags & FLAG_POLL else BATCH_POLL_MAX_SLEEP
+
+    @property
+    def spin(self) -> float:
+        return REMOTE_SPIN if self.flags & FLAG_POLL else BATCH_POLL_SPIN
 
     def _what(self, epoch: int, step: int, marker: bool) -> str:
         """What `_receive` waits for, for its errors."""
