@@ -40,7 +40,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from benchmarks.harness import BIN, RESULTS, ROOT, Section, job_env, machine, table, write_json  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    BIN,
+    RESULTS,
+    Section,
+    emulated_machines,
+    job_env,
+    machine,
+    machines_env,
+    mpirun_on_machines,
+    table,
+    write_json,
+)
 from dpuoffload.common.data.batches import layout_for  # noqa: E402
 from dpuoffload.common.data.loaders import Sampling  # noqa: E402
 from dpuoffload.common.data.streams import decode, stream_tag  # noqa: E402
@@ -198,20 +209,9 @@ def measure(me: list[str], where: str) -> list[dict]:
 
 def _on_machines(me: list[str]) -> subprocess.CompletedProcess:
     """The worker pair on machines h (receiver, core 0) and d (sender, core 1) of scripts/nodes.sh."""
-    nodes = [str(ROOT / "scripts" / "nodes.sh")]
-    env = {**job_env(), "DPUOFFLOAD_NETNS_PREFIX": "dptr", "DPUOFFLOAD_NETNS_SUBNET": "10.79.7"}
-    up = subprocess.run(["bash", *nodes, "up", "h", "d"], capture_output=True, text=True, env=env)
-    if up.returncode != 0:
-        sys.exit(f"--tcp needs emulated machines: {up.stderr.strip()}")
-    try:
-        flags = subprocess.run(["bash", *nodes, "mpi-flags"], capture_output=True, text=True, env=env,
-                               check=True).stdout.split()
-        cmd = ["bash", *nodes, "run", "h", str(BIN / "mpirun"), *flags, "--bind-to", "none",
-               "-np", "1", "--host", "h:1", "taskset", "-c", "0", *me, ":", "-np", "1", "--host", "d:1",
-               "taskset", "-c", "1", *me]
-        return subprocess.run(cmd, capture_output=True, text=True, env=env)
-    finally:
-        subprocess.run(["bash", *nodes, "down", "h", "d"], capture_output=True, env=env)
+    env = machines_env("dptr", "10.79.7")
+    with emulated_machines(("h", "d"), env, "--tcp"):
+        return mpirun_on_machines(env, [("h", ["taskset", "-c", "0", *me]), ("d", ["taskset", "-c", "1", *me])])
 
 
 def run(args: argparse.Namespace) -> Section:
