@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.modes import Mode
+from dpuoffload.common.modes import Mode, Numerics
 
 MODES = tuple(m.value for m in Mode)
 ALLREDUCE_BACKENDS = ("auto", "horovod", "torch", "mpi")
@@ -30,11 +30,12 @@ CKPT_COPIES = ("staged", "zero")
 CKPT_ERRORS = ("continue", "fail")
 DPU_FAILURES = ("stop", "fallback")
 RECOVERY = ("stop", "lossy-forward", "rollback")  # what a dead host rank does to the run
+NUMERICS = tuple(n.value for n in Numerics)
 AUTO_ALLOWS = ("naive",)  # modes that change the math, which --mode auto considers only on request
 # With a user's training script (`dpurun -- [flags] train.py`) the script owns the model, data, optimizer
 # and loop; these are the flags that still mean something, and the modes the public API serves so far.
 SCRIPT_FIELDS = ("mode", "script", "da_buffers", "dpu_workers", "da_host_share", "da_host_workers",
-                 "log_dir", "peer_timeout", "progress",
+                 "numerics", "numerics_samples", "log_dir", "peer_timeout", "progress",
                  "mv_dpu_fraction", "dpu_da_ranks", "dpu_mv_ranks", "da_fanout", "ckpt_dir", "ckpt_keep", "ckpt_copy",
                  "ckpt_errors", "resume", "clone_at", "device")
 SCRIPT_MODES = (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID)
@@ -79,6 +80,8 @@ class RunConfig:
     dpu_workers: int = 0
     da_host_share: Union[float, str] = 0.0
     da_host_workers: int = 1
+    numerics: Numerics = Numerics.WARN
+    numerics_samples: int = 16
     mv_dpu_fraction: Union[float, str] = 1.0
     dpu_da_ranks: Optional[int] = None
     dpu_mv_ranks: Optional[int] = None
@@ -133,6 +136,11 @@ class RunConfig:
                 isinstance(self.mv_dpu_fraction, (int, float)) and 0 <= self.mv_dpu_fraction <= 1):
             raise ConfigError(f"--mv-dpu-fraction must be a number in [0, 1] or 'auto', got {self.mv_dpu_fraction!r}")
         self._check_feeding()
+        _check_choice("numerics", self.numerics, NUMERICS)
+        object.__setattr__(self, "numerics", Numerics(self.numerics))
+        if self.numerics_samples < 1:
+            raise ConfigError(f"--numerics-samples must be >= 1, got {self.numerics_samples} (to skip the check: "
+                              "--numerics off)")
         for name in ("dpu_da_ranks", "dpu_mv_ranks", "da_fanout"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -407,6 +415,14 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
     p.add_argument("--da-host-workers", type=int, default=S, metavar="H",
                    help="--mode da/hybrid with --da-host-share: worker processes each host rank uses for its "
                         "share (0: in the training process itself)")
+    p.add_argument("--numerics", choices=NUMERICS, default=S,
+                   help="--mode da/hybrid: before training, every host rank builds the first --numerics-samples "
+                        "samples of each loader itself and compares them, byte for byte, with its DPU rank's "
+                        "(another CPU architecture or library version can round differently); on a difference "
+                        "strict stops the job, warn prints the first differing transform step and trains on, "
+                        "off skips the check")
+    p.add_argument("--numerics-samples", type=int, default=S, metavar="N",
+                   help="--numerics: samples of the training set compared per loader")
     p.add_argument("--dpu-workers", type=int, default=S, metavar="K",
                    help="--mode da/hybrid: worker processes each augmentation DPU rank forks per host rank it "
                         "feeds, to build that host's batches on K cores (0: in the DPU rank itself; a GPU host "

@@ -9,6 +9,11 @@ class ConfigError(DpuOffloadError, ValueError):
     """A flag, file or combination the user can fix. The message names the problem and the fix."""
 
 
+class NumericsError(ConfigError):
+    """`--numerics strict`: the samples a DPU rank builds differ from the host rank's own. The message
+    is the check's one line: which transform step first differs, by how much, and what to do."""
+
+
 class HandshakeError(DpuOffloadError):
     """Host and DPU programs disagree on version, protocol or run config."""
 

@@ -1,4 +1,5 @@
-"""The offload modes (`--mode`), one enum, and what each one asks of the DPU ranks.
+"""The offload modes (`--mode`), one enum, and what each one asks of the DPU ranks; and the numerics
+policy (`--numerics`), what a difference between DPU-built and host-built samples does.
 
 Code asks a mode what it does (`Mode.DA.augments_on_dpu`) instead of comparing strings, so a new
 mode is added here once. `Mode` is a `str` enum: configs stay JSON-serialisable and hash the same,
@@ -57,3 +58,25 @@ class Mode(str, Enum):
 
 # The concrete modes, in the order ties are broken (simpler first) by `--mode auto`.
 CONCRETE: tuple[Mode, ...] = (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID, Mode.NAIVE)
+
+
+class Numerics(str, Enum):
+    """`--numerics`: what a difference between DPU-built and host-built samples does."""
+
+    STRICT = "strict"  # stop before training
+    WARN = "warn"      # say so (one line per host rank, and <log-dir>/numerics-rank<N>.jsonl), train on
+    OFF = "off"        # no check
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @property
+    def checks(self) -> bool:
+        return self is not Numerics.OFF
+
+    @property
+    def stops(self) -> bool:
+        return self is Numerics.STRICT

@@ -31,8 +31,9 @@ import numpy as np
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.batches import FLAG_POLL, BatchBuffer, BatchLayout, stamp_flags
 from dpuoffload.common.data.loaders import RankLoader, probe_layout, unfit_samples
+from dpuoffload.common.data.numerics import fingerprint, step_output
 from dpuoffload.common.data.sampling import PerSampleSeeded
-from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, Recipe, StepSplit, decode, stream_tag
+from dpuoffload.common.data.streams import STOP, NumericsQuery, OpenLoader, Plan, Recipe, StepSplit, decode, stream_tag
 from dpuoffload.common.data.workers import WorkerPool, cores_note
 from dpuoffload.common.errors import PeerError, PeerLost
 from dpuoffload.common.runtime import inject
@@ -394,10 +395,15 @@ class LoaderService:
             raise PeerError(f"{self.topo.describe(host)} sent a loader message to {self.topo.describe()}, "
                             "which does not feed it: host and DPU programs disagree on the offload plan")
         if isinstance(message, OpenLoader):
-            self.streams[(host, message.loader)] = Stream(self.topo.world, host, self.topo.describe(host), message,
-                                                          self.cfg.da_buffers, self.timer, self.epoch_done,
-                                                          self.prebuilt, self.inject_at if self.injector else None,
-                                                          self.cfg.dpu_workers, remote=self.topo.on_other_machine(host))
+            stream = Stream(self.topo.world, host, self.topo.describe(host), message, self.cfg.da_buffers, self.timer,
+                            self.epoch_done, self.prebuilt, self.inject_at if self.injector else None,
+                            self.cfg.dpu_workers, remote=self.topo.on_other_machine(host))
+            self.streams[(host, message.loader)] = stream
+            if message.check:  # (the host rank waits for it before planning: `host.numerics`)
+                self.answer(host, fingerprint(stream.dataset, message.sampling.seed, message.check))
+        elif isinstance(message, NumericsQuery):
+            stream = self.streams[(host, message.loader)]
+            self.answer(host, step_output(stream.dataset, stream.loader.sampling.seed, message.index, message.step))
         elif isinstance(message, Plan):
             stream = self.streams.get((host, message.loader))
             if stream is None:
@@ -406,6 +412,11 @@ class LoaderService:
             self._follow_rings()
         else:
             raise PeerError(f"unknown loader message {type(message).__name__} from {self.topo.describe(host)}")
+
+    def answer(self, host: int, reply: Any) -> None:
+        """A numerics check's answer (`common.data.numerics`), pickled: start-up size, not per batch."""
+        req = self.topo.world.isend(reply, dest=host, tag=Tag.NUMERICS)
+        wait(req, self.cfg.peer_timeout, f"{self.topo.describe(host)} to take the numerics check's answer")
 
     def produce_round(self) -> bool:
         """One batch for each active stream whose ring has a free buffer, starting where the last

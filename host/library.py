@@ -19,6 +19,7 @@ script that returns without `job.finish()` finishes at exit.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import shlex
@@ -56,6 +57,7 @@ from dpuoffload.host.loader import (
     check_dataset,
     local_loader,
 )
+from dpuoffload.host.numerics import NumericsCheck, numerics_check
 from dpuoffload.host.validation import JobValidation
 
 if TYPE_CHECKING:
@@ -124,6 +126,13 @@ class Job:
         requested = self.cfg.device if self.cfg is not None else "auto"
         return resolve_device(requested, self.topo.local_rank if self.topo is not None else 0)
 
+    @functools.cached_property
+    def numerics(self) -> Optional[NumericsCheck]:
+        """`--numerics`: the check each loader a DPU rank feeds runs when it opens (None: off)."""
+        topo, cfg = cast(Topology, self.topo), cast(RunConfig, self.cfg)
+        return numerics_check(cfg.numerics, cfg.numerics_samples, topo.describe(), cfg.log_dir, topo.world_rank,
+                              loud=self.rank == 0)
+
     @property
     def offloaded(self) -> bool:
         """Whether DPU ranks build this rank's batches (never on a clone rank: it loads its own)."""
@@ -176,7 +185,7 @@ class Job:
         remote = RemoteSource(topo.world, feeder, topo.describe(feeder), len(self.loaders), layout, steps,
                               cfg.peer_timeout, copy, epochs, split, pinned=self.device.type == "cuda",
                               remote=topo.on_other_machine(feeder))
-        remote.prepare(dataset if build_on_dpu is None else Recipe(build_on_dpu), sampling)
+        remote.prepare(dataset if build_on_dpu is None else Recipe(build_on_dpu), sampling, self.numerics, own=dataset)
         source: Source = remote
         where = topo.describe(feeder)
         if cfg.da_host_share:

@@ -29,6 +29,7 @@ from dpuoffload.common.data.workers import WorkerPool
 from dpuoffload.common.errors import ConfigError, PeerError, PeerLost
 from dpuoffload.common.runtime.messages import Tag
 from dpuoffload.common.runtime.waits import REMOTE_MAX_SLEEP, REMOTE_SPIN, lost_peer, wait
+from dpuoffload.host.numerics import NumericsCheck
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -85,20 +86,30 @@ class RemoteSource:
         self.seq = 0
         self.next: Optional[tuple[int, int]] = None  # (epoch, step) of the stream's next batch; None: no plan
         self.opening: Optional[bytes] = None         # the pickled OpenLoader, until it is sent
+        self.check: Optional[NumericsCheck] = None   # --numerics: compare the feeder's samples at opening
+        self.checked: tuple[object, int] = (None, 0)  # ...with this data set's, under this seed
         self.closed = False
 
-    def prepare(self, dataset: object, sampling: Sampling) -> None:
+    def prepare(self, dataset: object, sampling: Sampling, check: Optional[NumericsCheck] = None,
+                own: object = None) -> None:
         """Pickle the loader's opening message now (a data set that cannot be sent fails at
         `job.loader`, not at the first batch); it goes to the feeder with the first batch request,
         so building a loader involves no communication (the built-in trainer builds its loader
-        during start-up, while the DPU ranks are in their own start-up collectives)."""
-        self.opening = encode(OpenLoader(self.loader_id, dataset, sampling, self.split.share))
+        during start-up, while the DPU ranks are in their own start-up collectives).
+        `check` (--numerics): compare the feeder's first samples with `own`, this rank's data set,
+        when the loader opens (`host.numerics`)."""
+        self.check = check if self.split.owned(host=False) else None  # (the feeder builds nothing: no check)
+        self.checked = (own if own is not None else dataset, sampling.seed)
+        samples = 0 if self.check is None else self.check.samples
+        self.opening = encode(OpenLoader(self.loader_id, dataset, sampling, self.split.share, samples))
 
     def _open(self) -> None:
         if self.opening is None:
             return
         self._send_bytes(self.opening, "OpenLoader")
         self.opening = None
+        if self.check is not None:
+            self.check.run(self.world, self.feeder, self.feeder_label, self.loader_id, *self.checked, self.timeout)
         for slot in (0, 1):
             self._post(slot)
 

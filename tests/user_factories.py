@@ -93,3 +93,42 @@ class _Varying(Dataset):
 
 def varying_shapes(root, train, download):
     return _Varying()
+
+
+class Photos(Dataset):
+    """Thirty-two 20x20 RGB images with a torchvision transform (for the numerics check's jobs)."""
+
+    classes = ["a", "b", "c", "d"]
+
+    def __init__(self, train: bool, transform) -> None:
+        import numpy as np
+        from PIL import Image
+
+        gen = np.random.default_rng(0 if train else 1)
+        n = 32 if train else 8
+        self.images = [Image.fromarray(gen.integers(0, 256, (20, 20, 3), dtype=np.uint8)) for _ in range(n)]
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        return self.transform(self.images[i]), i % 4
+
+
+def photos_pil(root, train, download):
+    """PIL crop and flip, then ToTensor + Normalize: steps that round the same on every CPU."""
+    from torchvision import transforms as T
+
+    steps = [T.RandomCrop(16, padding=2), T.RandomHorizontalFlip()] if train else [T.CenterCrop(16)]
+    return Photos(train, T.Compose(steps + [T.ToTensor(), T.Normalize((0.5,) * 3, (0.25,) * 3)]))
+
+
+def photos_jitter(root, train, download):
+    """ColorJitter on float tensors: its factors are float32 draws and its contrast a float32 mean, both of
+    which round differently with another CPU kernel level (ATEN_CPU_CAPABILITY) or architecture."""
+    from torchvision import transforms as T
+
+    steps = [T.RandomCrop(16, padding=2), T.ToTensor(), T.ColorJitter(0.4, 0.4, 0.4, 0.1)] if train else \
+        [T.CenterCrop(16), T.ToTensor()]
+    return Photos(train, T.Compose(steps + [T.Normalize((0.5,) * 3, (0.25,) * 3)]))

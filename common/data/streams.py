@@ -5,9 +5,14 @@ A host rank's loader is one ordered stream of batch messages from its feeder DPU
     host -> DPU, Tag.LOADER, pickled (`encode`/`decode`):
         OpenLoader(loader, dataset, sampling)  once per loader: the DPU rank builds the host's own
                                                `RankLoader` (same sampler, per-sample seeds, collate)
+                                               and, with `check` > 0, answers with a `Fingerprint`
+        NumericsQuery(loader, index, step)     after a fingerprint that differs from the host's: the
+                                               DPU rank answers with that step's output (an array)
         Plan(loader, seq, epoch, start, end)   produce batches from (epoch, start) on, epoch after
                                                epoch, until the next plan or epoch `end` (the
                                                loader's `epochs`, if known); epoch STOP: nothing
+    DPU -> host, Tag.NUMERICS, pickled: the answers above (`common.data.numerics`: the contract that
+        the samples a DPU rank builds equal the host's own, checked before the first plan)
     DPU -> host, tag `stream_tag(loader)`, raw `common.data.batches` messages:
         MARKER(seq)                            everything before it belongs to older plans (the
                                                stream's first one is padded to a full batch: the
@@ -62,6 +67,7 @@ class OpenLoader:
     dataset: Any          # the user's map-style data set, unwrapped (the DPU rank seeds it itself), or a Recipe
     sampling: Sampling
     host_share: float = 0.0   # --da-host-share: the steps the host builds itself (`StepSplit`); the DPU the rest
+    check: int = 0            # --numerics: fingerprint this many samples for the host before any plan (0: none)
 
     def materialize(self) -> Any:
         """The data set on the DPU rank: as received, or built from its recipe."""
@@ -78,6 +84,16 @@ class Plan:
 
 
 @dataclass(frozen=True)
+class NumericsQuery:
+    """The host asks for one step's output of one sample (`common.data.numerics.step_output`):
+    the first place where the DPU rank's fingerprint parted from the host's."""
+
+    loader: int
+    index: int
+    step: Optional[int]   # None: the sample's image as `__getitem__` returns it
+
+
+@dataclass(frozen=True)
 class ValidatorSetup:
     """`job.validate`'s first call (`--mode mv`/`hybrid`): what the DPU validation ranks evaluate.
     The model's weights are replaced every epoch by the state slices of the host ranks."""
@@ -87,7 +103,7 @@ class ValidatorSetup:
     batch_size: int
 
 
-Message = Union[OpenLoader, Plan, ValidatorSetup]
+Message = Union[OpenLoader, Plan, NumericsQuery, ValidatorSetup]
 
 
 @dataclass(frozen=True)

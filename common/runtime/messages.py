@@ -32,6 +32,8 @@ class Tag(IntEnum):
     LOADER = 40        # public API loaders, host -> its feeder DPU rank: pickled `common.data.streams` messages
     VALIDATOR = 41     # public API `job.validate`, host rank 0 -> every DPU validation rank, once: a pickled
                        # `common.data.streams.ValidatorSetup` (the model and the validation set)
+    NUMERICS = 42      # loader numerics check, DPU -> host, pickled: a `common.data.numerics.Fingerprint` after an
+                       # OpenLoader with `check`, a step's output (numpy array) after a NumericsQuery
     STREAM_BASE = 1000  # augmented batches of loader i, DPU -> host (--mode da), on tag STREAM_BASE + i;
                         # layout in `common.data.batches`, protocol in `common.data.streams`
 

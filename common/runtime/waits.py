@@ -116,6 +116,21 @@ def wait_object(req: "MPI.Request", timeout: Optional[float], what: str) -> Any:
         sleep = min(max(sleep * 2, 1e-4), _MAX_SLEEP)
 
 
+def recv_object(comm: "MPI.Comm", source: int, tag: int, timeout: Optional[float], what: str) -> Any:
+    """A pickled message of any size from `source` (a matched probe, then its receive), polled
+    without spinning, with `PeerError` after `timeout` seconds."""
+    t0, sleep = time.perf_counter(), 0.0
+    while True:
+        with lost_peer(what):
+            message = comm.improbe(source=source, tag=tag)
+        if message is not None:
+            return message.recv()
+        if timeout is not None and time.perf_counter() - t0 > timeout:
+            raise PeerError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(sleep)
+        sleep = min(max(sleep * 2, 1e-4), _MAX_SLEEP)
+
+
 def probe_any(comm: "MPI.Comm", tag: int, status: "MPI.Status", matched: bool = False) -> Any:
     """Probe for a message from any rank with `tag`: `Iprobe` (True/False), or with `matched`
     `improbe` (the matched `MPI.Message`, or None). Under fault tolerance (ULFM) a wildcard probe
