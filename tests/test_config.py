@@ -48,3 +48,13 @@ def test_handshake_names_both_values():
     assert "speaks protocol 1" in msg and "speaks 2" in msg
     msg = find_mismatch([ident(0, Role.HOST), ident(1, Role.DPU, cfg=RunConfig(seed=5))])
     assert "run config mismatch" in msg and "seed=0 vs 5" in msg
+
+
+def test_handshake_takes_another_architecture_but_not_another_byte_order():
+    x86 = Identity(0, Role.HOST, "0.1.0", 1, "h", {}, "x86_64")
+    arm = Identity(1, Role.DPU, "0.1.0", 1, "h", {}, "aarch64")
+    assert find_mismatch([x86, arm]) is None
+    big = Identity(1, Role.DPU, "0.1.0", 1, "h", {}, "s390x", "big")
+    msg = find_mismatch([x86, big])
+    assert "byte order mismatch: host program (world rank 0) runs on x86_64 (little-endian)" in msg
+    assert "DPU program (world rank 1) on s390x (big-endian)" in msg and "machines of one byte order" in msg

@@ -1,12 +1,18 @@
-"""Start-up check: every rank runs the same project version, protocol version and run config.
+"""Start-up check: every rank runs the same project version, protocol version and run config, on
+machines of the same byte order.
 
 A job started by hand (or with a stale install on the DPUs) could otherwise run for hours with
-host and DPU programs disagreeing on message layouts or batch shapes. `check_peers` is a collective
+host and DPU programs disagreeing on message layouts or batch shapes. Architectures may differ (an
+aarch64 DPU beside an x86-64 host): every raw message is little-endian numbers of fixed sizes, and
+pickles and safetensors are portable, but a big-endian peer would misread them, so byte order is
+compared too (numerics differences are the loaders' check, `common.data.numerics`). `check_peers` is a collective
 over COMM_WORLD; on mismatch every rank raises the same `HandshakeError`, naming both values.
 """
 
 from __future__ import annotations
 
+import platform
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
@@ -24,13 +30,16 @@ class Identity:
     protocol: int
     config_hash: str
     config: Mapping[str, Any]
+    machine: str = ""          # platform.machine(): x86_64, aarch64, ...
+    byteorder: str = "little"
 
     def label(self) -> str:
         return f"{self.role.program} (world rank {self.world_rank})"
 
 
 def local_identity(world_rank: int, role: Role, cfg: RunConfig) -> Identity:
-    return Identity(world_rank, role, __version__, PROTOCOL_VERSION, cfg.config_hash(), cfg.to_dict())
+    return Identity(world_rank, role, __version__, PROTOCOL_VERSION, cfg.config_hash(), cfg.to_dict(),
+                    platform.machine(), sys.byteorder)
 
 
 def find_mismatch(ids: Sequence[Identity]) -> Optional[str]:
@@ -43,6 +52,10 @@ def find_mismatch(ids: Sequence[Identity]) -> Optional[str]:
         if other.protocol != ref.protocol:
             return (f"protocol version mismatch: {ref.label()} speaks protocol {ref.protocol}, "
                     f"{other.label()} speaks {other.protocol}; install the same version on hosts and DPUs")
+        if other.byteorder != ref.byteorder:
+            return (f"byte order mismatch: {ref.label()} runs on {ref.machine} ({ref.byteorder}-endian), "
+                    f"{other.label()} on {other.machine} ({other.byteorder}-endian); batches and state travel as raw "
+                    "little-endian buffers: run host and DPU programs on machines of one byte order")
         if other.config_hash != ref.config_hash:
             diffs = [f"{k}={ref.config.get(k)!r} vs {other.config.get(k)!r}"
                      for k in sorted(set(ref.config) | set(other.config))
