@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.modes import Mode, Numerics
+from dpuoffload.common.modes import Mode, Numerics, Wire
 
 MODES = tuple(m.value for m in Mode)
 ALLREDUCE_BACKENDS = ("auto", "horovod", "torch", "mpi")
@@ -31,11 +31,12 @@ CKPT_ERRORS = ("continue", "fail")
 DPU_FAILURES = ("stop", "fallback")
 RECOVERY = ("stop", "lossy-forward", "rollback")  # what a dead host rank does to the run
 NUMERICS = tuple(n.value for n in Numerics)
+WIRES = tuple(w.value for w in Wire)
 AUTO_ALLOWS = ("naive",)  # modes that change the math, which --mode auto considers only on request
 # With a user's training script (`dpurun -- [flags] train.py`) the script owns the model, data, optimizer
 # and loop; these are the flags that still mean something, and the modes the public API serves so far.
 SCRIPT_FIELDS = ("mode", "script", "da_buffers", "dpu_workers", "da_host_share", "da_host_workers",
-                 "numerics", "numerics_samples", "log_dir", "peer_timeout", "progress",
+                 "numerics", "numerics_samples", "wire", "log_dir", "peer_timeout", "progress",
                  "mv_dpu_fraction", "dpu_da_ranks", "dpu_mv_ranks", "da_fanout", "ckpt_dir", "ckpt_keep", "ckpt_copy",
                  "ckpt_errors", "resume", "clone_at", "device")
 SCRIPT_MODES = (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID)
@@ -82,6 +83,7 @@ class RunConfig:
     da_host_workers: int = 1
     numerics: Numerics = Numerics.WARN
     numerics_samples: int = 16
+    wire: Wire = Wire.AUTO
     mv_dpu_fraction: Union[float, str] = 1.0
     dpu_da_ranks: Optional[int] = None
     dpu_mv_ranks: Optional[int] = None
@@ -135,12 +137,14 @@ class RunConfig:
         if self.mv_dpu_fraction != "auto" and not (
                 isinstance(self.mv_dpu_fraction, (int, float)) and 0 <= self.mv_dpu_fraction <= 1):
             raise ConfigError(f"--mv-dpu-fraction must be a number in [0, 1] or 'auto', got {self.mv_dpu_fraction!r}")
-        self._check_feeding()
         _check_choice("numerics", self.numerics, NUMERICS)
         object.__setattr__(self, "numerics", Numerics(self.numerics))
+        _check_choice("wire", self.wire, WIRES)
+        object.__setattr__(self, "wire", Wire(self.wire))
         if self.numerics_samples < 1:
             raise ConfigError(f"--numerics-samples must be >= 1, got {self.numerics_samples} (to skip the check: "
                               "--numerics off)")
+        self._check_feeding()
         for name in ("dpu_da_ranks", "dpu_mv_ranks", "da_fanout"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -173,6 +177,11 @@ class RunConfig:
                 isinstance(self.da_host_share, (int, float)) and 0 <= self.da_host_share <= 1):
             raise ConfigError(f"--da-host-share must be in [0, 1] (the share of every epoch's steps the host ranks "
                               f"build themselves) or 'auto', got {self.da_host_share!r}")
+        defaults = {"numerics": Numerics.WARN, "numerics_samples": 16, "wire": Wire.AUTO}
+        for name, default in defaults.items():
+            if getattr(self, name) != default and self.mode not in (Mode.DA, Mode.HYBRID, Mode.AUTO):
+                raise ConfigError(f"--{_flag(name)} only applies where DPU ranks augment (--mode da or hybrid), not "
+                                  f"--mode {self.mode}")
         for name in ("dpu_workers", "da_host_share"):
             if getattr(self, name) and self.mode not in (Mode.DA, Mode.HYBRID, Mode.AUTO):
                 raise ConfigError(f"--{_flag(name)} only applies where DPU ranks augment (--mode da or hybrid), not "
@@ -423,6 +432,12 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
                         "off skips the check")
     p.add_argument("--numerics-samples", type=int, default=S, metavar="N",
                    help="--numerics: samples of the training set compared per loader")
+    p.add_argument("--wire", choices=WIRES, default=S,
+                   help="--mode da/hybrid: what DPU ranks send. uint8: when the transform ends in element-wise float "
+                        "steps (ToTensor, ConvertImageDtype, ToDtype, Normalize), the DPU ranks run the steps before "
+                        "them and send uint8 images, and the host ranks run the float steps on each batch: 4x fewer "
+                        "bytes, and no DPU float arithmetic to round differently; auto: uint8 where possible; float: "
+                        "the transform's output")
     p.add_argument("--dpu-workers", type=int, default=S, metavar="K",
                    help="--mode da/hybrid: worker processes each augmentation DPU rank forks per host rank it "
                         "feeds, to build that host's batches on K cores (0: in the DPU rank itself; a GPU host "

@@ -1,5 +1,6 @@
 """The offload modes (`--mode`), one enum, and what each one asks of the DPU ranks; and the numerics
-policy (`--numerics`), what a difference between DPU-built and host-built samples does.
+policy (`--numerics`), what a difference between DPU-built and host-built samples does, and the
+wire (`--wire`), what DPU ranks send.
 
 Code asks a mode what it does (`Mode.DA.augments_on_dpu`) instead of comparing strings, so a new
 mode is added here once. `Mode` is a `str` enum: configs stay JSON-serialisable and hash the same,
@@ -80,3 +81,17 @@ class Numerics(str, Enum):
     @property
     def stops(self) -> bool:
         return self is Numerics.STRICT
+
+
+class Wire(str, Enum):
+    """`--wire`: what DPU ranks send their host ranks."""
+
+    AUTO = "auto"    # uint8 where the transform ends in deterministic float steps, else float
+    UINT8 = "uint8"  # uint8 or an error saying why not
+    FLOAT = "float"  # the transform's output as it is (float32 for most pipelines)
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)

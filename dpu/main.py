@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
@@ -124,8 +125,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if job.work == DA:  # the pairing, as the ranks found it (node: what --dpus maps it to)
         stats["feeds"] = {str(h): topo.ranks[h].node for h in runner.hosts}
         stats["polls"] = runner.polls()  # the streams whose sends move only while this rank polls
+        stats["wires"] = runner.wires()  # what each stream sends: uint8 (the host runs the float steps) or float32
     log.write({"event": "end", "world_rank": topo.world_rank, "role": "dpu", "work": job.work, "mode": cfg.mode,
-               "node": topo.ranks[topo.world_rank].node, "torch_imported": "torch" in sys.modules, **stats})
+               "node": topo.ranks[topo.world_rank].node, "machine": platform.machine(),
+               "torch_imported": "torch" in sys.modules, **stats})
     trace.finish(topo.world, cfg.trace)
     return 0
 

@@ -177,7 +177,7 @@ class Stream:
         self.world, self.host, self.host_label, self.timer = world, host, host_label, timer
         self.on_epoch_end, self.on_batch = on_epoch_end, on_batch
         dataset = _prebuilt_or_none(opened, prebuilt or {})
-        dataset = opened.materialize() if dataset is None else dataset
+        dataset = opened.wire_view(opened.materialize() if dataset is None else dataset)
         train = PerSampleSeeded(dataset, opened.sampling.seed)
         self.loader = RankLoader(opened.sampling, train, collate=False)
         self.layout = probe_layout(train, opened.sampling)
@@ -365,6 +365,10 @@ class LoaderService:
         for (host, _), stream in self.streams.items():
             polled[str(host)] = polled.get(str(host), False) or stream.ring.needs_progress
         return polled
+
+    def wires(self) -> dict[str, str]:
+        """Per host rank fed: the dtype its batches travel in (uint8: `common.data.wire`; for the end record)."""
+        return {str(host): str(stream.layout.dtype) for (host, _), stream in self.streams.items()}
 
     def _follow_rings(self) -> None:
         """Idle as briefly as the rings poll: with full rings, each poll (`ready()`) also moves the

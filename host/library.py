@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.data.loaders import Sampling, probe_layout, steps_per_epoch
-from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.data.loaders import Sampling, steps_per_epoch
 from dpuoffload.common.data.streams import Recipe, StepSplit
+from dpuoffload.common.data.wire import choose
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.modes import Mode
 from dpuoffload.common.plan.offload import OffloadPlan, plan_offload, require_feeder
@@ -140,7 +140,7 @@ class Job:
 
     def loader(self, dataset: Any, batch_size: int, *, shuffle: bool = True, seed: int = 0,
                drop_last: bool = False, copy: bool = True, epochs: Optional[int] = None,
-               build_on_dpu: Optional[Callable[[], Any]] = None) -> DpuLoader:
+               build_on_dpu: Optional[Callable[[], Any]] = None, host_steps: Optional[int] = None) -> DpuLoader:
         """A loader of `dataset` for this host rank, augmented by its DPU rank in `--mode da`/`hybrid`.
 
         Args:
@@ -159,6 +159,10 @@ class Job:
             build_on_dpu: a picklable zero-argument callable (a module-level function, or a
                 `functools.partial` of one) that builds the same data set on the DPU rank, sent instead
                 of `dataset` itself: for data sets held in memory (CIFAR-10's arrays are 150 MB).
+            host_steps: the last k steps of the data set's torchvision Compose that this host rank runs on
+                each batch, while the DPU rank runs the others and sends uint8 images (`--wire`); only
+                element-wise float steps (ToTensor, ConvertImageDtype, ToDtype, Normalize) can go, so the
+                batches stay bit-identical. None: `--wire` decides (auto: all such trailing steps); 0: none.
 
         No communication happens here: the DPU rank hears of the loader with the first batch request.
         """
@@ -170,22 +174,21 @@ class Job:
         if not self.offloaded:
             made = local_loader(dataset, sampling, epochs)
         else:
-            made = self._remote_loader(dataset, sampling, copy, epochs, build_on_dpu)
+            made = self._remote_loader(dataset, sampling, copy, epochs, build_on_dpu, host_steps)
         self.loaders.append(made)
         return made
 
     def _remote_loader(self, dataset: Any, sampling: Sampling, copy: bool, epochs: Optional[int],
-                       build_on_dpu: Optional[Callable[[], Any]]) -> DpuLoader:
+                       build_on_dpu: Optional[Callable[[], Any]], host_steps: Optional[int]) -> DpuLoader:
         topo, cfg, plan = cast(Topology, self.topo), cast(RunConfig, self.cfg), cast(OffloadPlan, self.plan)
         feeder = require_feeder(plan, topo.world_rank if self.fed_as is None else self.fed_as, topo.describe())
-        seeded_set = PerSampleSeeded(dataset, sampling.seed)
-        layout = probe_layout(seeded_set, sampling)
+        wire = choose(dataset, cfg.wire, host_steps, sampling)  # (--wire uint8: the host runs the float steps)
         steps = steps_per_epoch(len(dataset), sampling.replicas, sampling.batch_size, sampling.drop_last)
         split = StepSplit(cfg.da_host_share, steps)
-        remote = RemoteSource(topo.world, feeder, topo.describe(feeder), len(self.loaders), layout, steps,
+        remote = RemoteSource(topo.world, feeder, topo.describe(feeder), len(self.loaders), wire.layout, steps,
                               cfg.peer_timeout, copy, epochs, split, pinned=self.device.type == "cuda",
                               remote=topo.on_other_machine(feeder))
-        remote.prepare(dataset if build_on_dpu is None else Recipe(build_on_dpu), sampling, self.numerics, own=dataset)
+        remote.prepare(dataset if build_on_dpu is None else Recipe(build_on_dpu), sampling, wire, self.numerics)
         source: Source = remote
         where = topo.describe(feeder)
         if cfg.da_host_share:

@@ -25,6 +25,7 @@ from dpuoffload.common.data.batches import FLAG_POLL, BatchBuffer, BatchKind, Ba
 from dpuoffload.common.data.loaders import RankLoader, Sampling, probe_layout, unfit_samples
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, StepSplit, encode, stream_tag
+from dpuoffload.common.data.wire import Chosen, HostSteps
 from dpuoffload.common.data.workers import WorkerPool
 from dpuoffload.common.errors import ConfigError, PeerError, PeerLost
 from dpuoffload.common.runtime.messages import Tag
@@ -88,20 +89,22 @@ class RemoteSource:
         self.opening: Optional[bytes] = None         # the pickled OpenLoader, until it is sent
         self.check: Optional[NumericsCheck] = None   # --numerics: compare the feeder's samples at opening
         self.checked: tuple[object, int] = (None, 0)  # ...with this data set's, under this seed
+        self.tail: Optional[HostSteps] = None        # --wire uint8: the float steps this rank runs on each batch
         self.closed = False
 
-    def prepare(self, dataset: object, sampling: Sampling, check: Optional[NumericsCheck] = None,
-                own: object = None) -> None:
+    def prepare(self, dataset: object, sampling: Sampling, wire: Chosen, check: Optional[NumericsCheck] = None) -> None:
         """Pickle the loader's opening message now (a data set that cannot be sent fails at
         `job.loader`, not at the first batch); it goes to the feeder with the first batch request,
         so building a loader involves no communication (the built-in trainer builds its loader
         during start-up, while the DPU ranks are in their own start-up collectives).
-        `check` (--numerics): compare the feeder's first samples with `own`, this rank's data set,
-        when the loader opens (`host.numerics`)."""
+        `wire`: what the feeder sends (uint8: this rank runs the float steps on each batch).
+        `check` (--numerics): compare the feeder's first samples with this rank's own, built as the
+        feeder builds them, when the loader opens (`host.numerics`)."""
         self.check = check if self.split.owned(host=False) else None  # (the feeder builds nothing: no check)
-        self.checked = (own if own is not None else dataset, sampling.seed)
+        self.checked = (wire.view, sampling.seed)
+        self.tail = None if wire.split is None else wire.split.host
         samples = 0 if self.check is None else self.check.samples
-        self.opening = encode(OpenLoader(self.loader_id, dataset, sampling, self.split.share, samples))
+        self.opening = encode(OpenLoader(self.loader_id, dataset, sampling, self.split.share, samples, wire.host_steps))
 
     def _open(self) -> None:
         if self.opening is None:
@@ -128,7 +131,11 @@ class RemoteSource:
                                 "host and DPU programs disagree on the loader's batches")
             x, y = self.layout.unpack(buf, count)
             self.next = self.split.next_of(False, epoch, step + 1)
-            if self.copy:  # (pin_memory() copies into torch's cached page-locked blocks)
+            if self.tail is not None:  # (a new float batch: the buffer is free at once, as with a copy)
+                x, y = self.tail(x), y.clone()
+                x, y = (x.pin_memory(), y.pin_memory()) if self.pinned else (x, y)
+                self._post(self._advance())
+            elif self.copy:  # (pin_memory() copies into torch's cached page-locked blocks)
                 x, y = (x.pin_memory(), y.pin_memory()) if self.pinned else (x.clone(), y.clone())
                 self._post(self._advance())
             else:

@@ -25,7 +25,7 @@ TRAINING_FLAGS = {
     "--lr", "--momentum", "--weight-decay", "--lr-schedule", "--seed", "--allreduce", "--device", "--amp",
     "--channels-last", "--log-dir",
     "--no-progress", "--peer-timeout", "--digest-batches", "--da-buffers", "--dpu-workers",
-    "--da-host-share", "--da-host-workers", "--numerics", "--numerics-samples", "--mv-dpu-fraction",
+    "--da-host-share", "--da-host-workers", "--numerics", "--numerics-samples", "--wire", "--mv-dpu-fraction",
     "--dpu-da-ranks", "--dpu-mv-ranks", "--da-fanout", "--dpu-batch-size", "--auto-allow", "--save-weights", "--trace",
     "--ckpt-dir", "--ckpt-every", "--ckpt-every-epoch", "--ckpt-keep", "--ckpt-mem-keep", "--ckpt-copy",
     "--ckpt-errors", "--dpu-failure", "--recovery", "--reassign", "--resume", "--stop-at-step",

@@ -80,6 +80,8 @@ def test_da_batches_losses_and_weights_equal_none(run):
     for rank in (2, 3):  # each DPU rank sent its host's 6 of the 8 steps of every epoch
         dpu = [r for r in da["phases"][rank] if r.get("work") == "da" and "epoch" in r]
         assert [r["batches"] for r in dpu] == [STEPS - STEPS // 4] * int(EPOCHS)
+        end = next(r for r in da["phases"][rank] if r.get("event") == "end")
+        assert list(end["wires"].values()) == ["uint8"]  # --wire auto: the host ran ToTensor + Normalize
 
 
 def test_da_fan_out_several_hosts_per_dpu(run):
@@ -200,11 +202,12 @@ def test_uneven_tiny_epochs_more_hosts_than_dpus(run):
 
 def test_drop_last_and_more_dpu_ranks_than_needed(run):
     opts = ("--train-subset", "50", "--drop-last", "--val-subset", "32")  # checks training only
-    none, da = none_ref(run, 1, *opts), run("da", 1, 3, *opts)
+    none, da = none_ref(run, 1, *opts), run("da", 1, 3, *opts, "--wire", "float")  # (the float wire, to the bit too)
     assert_same_training(da, none, hosts=1)
     assert all(e["steps"] == 3 for e in da["phases"][0])  # 50 // 16
     idle = [r for rank in (2, 3) for r in da["phases"][rank] if r.get("event") == "end"]
     assert [r["work"] for r in idle] == ["idle", "idle"]
+    assert next(r for r in da["phases"][1] if r.get("event") == "end")["wires"] == {"0": "float32"}
 
 
 # ------------------------------------------------------------------------------ faults, input

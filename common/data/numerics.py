@@ -131,7 +131,7 @@ def step_output(dataset: Any, seed: int, index: int, step: Optional[int]) -> np.
 
 def transform_steps(dataset: Any) -> list[Callable[[Any], Any]]:
     """The steps of the data set's transform when it is a Compose (nested ones flattened), else []."""
-    holder = _transform_holder(dataset)
+    holder = transform_holder(dataset)
     return [] if holder is None else _flatten(holder.transform)
 
 
@@ -140,7 +140,7 @@ def _build(dataset: Any, seed: int, index: int, record: Callable[[Any], None]) -
     transform is swapped for a tracer of the same steps only for this call: the draws stay the same."""
     from dpuoffload.common.data.sampling import PerSampleSeeded
 
-    holder = _transform_holder(dataset)
+    holder = transform_holder(dataset)
     steps = [] if holder is None else _flatten(holder.transform)
     if not steps:
         return PerSampleSeeded(dataset, seed)[index]
@@ -165,7 +165,7 @@ class _Tracer:
         return x
 
 
-def _transform_holder(dataset: Any) -> Any:
+def transform_holder(dataset: Any) -> Any:
     """The object whose `transform` attribute `__getitem__` applies (through Subset-like wrappers)."""
     seen = 0
     while dataset is not None and seen < 16:

@@ -68,6 +68,16 @@ class OpenLoader:
     sampling: Sampling
     host_share: float = 0.0   # --da-host-share: the steps the host builds itself (`StepSplit`); the DPU the rest
     check: int = 0            # --numerics: fingerprint this many samples for the host before any plan (0: none)
+    host_steps: int = 0       # --wire uint8: the transform's last steps the host runs on batches (`common.data.wire`)
+
+    def wire_view(self, dataset: Any) -> Any:
+        """The data set as this loader's DPU rank builds it: without the host's last steps, in uint8."""
+        if not self.host_steps:
+            return dataset
+        from dpuoffload.common.data.numerics import transform_steps
+        from dpuoffload.common.data.wire import Split, dpu_view
+
+        return dpu_view(dataset, Split(tuple(transform_steps(dataset)), self.host_steps))
 
     def materialize(self) -> Any:
         """The data set on the DPU rank: as received, or built from its recipe."""
