@@ -112,7 +112,9 @@ class RemoteSource:
         self._send_bytes(self.opening, "OpenLoader")
         self.opening = None
         if self.check is not None:
-            self.check.run(self.world, self.feeder, self.feeder_label, self.loader_id, *self.checked, self.timeout)
+            wire = "" if self.tail is None else f"uint8 (then {', '.join(self.tail.names)} here)"
+            self.check.run(self.world, self.feeder, self.feeder_label, self.loader_id, *self.checked, self.timeout,
+                           wire)
         for slot in (0, 1):
             self._post(slot)
 

@@ -50,8 +50,9 @@ class NumericsCheck:
     loud: bool               # print the verdict even when the samples agree (host rank 0)
 
     def run(self, world: "MPI.Comm", feeder: int, feeder_label: str, loader_id: int, dataset: Any, seed: int,
-            timeout: float) -> Verdict:
-        """Steps 1-3 above, after the OpenLoader went out. Raises `NumericsError` under strict."""
+            timeout: float, wire: str = "") -> Verdict:
+        """Steps 1-3 above, after the OpenLoader went out; `dataset` as the feeder builds it (its part
+        of the transform under the uint8 wire, `wire` then says so). Raises `NumericsError` under strict."""
         t0 = time.perf_counter()
         mine = fingerprint(dataset, seed, self.samples)
         theirs = recv_object(world, feeder, Tag.NUMERICS, timeout, f"{feeder_label}'s sample fingerprint")
@@ -66,7 +67,7 @@ class NumericsCheck:
         verdict = Verdict(self.host_label, feeder_label, self.policy, mine.platform, theirs.platform,
                           min(len(mine.samples), len(theirs.samples)), time.perf_counter() - t0, difference,
                           magnitude, () if difference is None else
-                          fixes_for(mine.platform, theirs.platform, difference.step_name))
+                          fixes_for(mine.platform, theirs.platform, difference.step_name), wire)
         self.report(verdict)
         return verdict
 

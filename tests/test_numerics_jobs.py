@@ -66,4 +66,5 @@ def test_steps_that_round_alike_are_found_identical(scalar_python, tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     (record,) = read_jsonl(tmp_path / "numerics-rank0.jsonl")
     assert record["identical"] and record["policy"] == "warn" and record["compared"] == 16
+    assert record["wire"] == "uint8 (then ToTensor, Normalize here)"  # (the DPU part compared, as sent)
     assert "identical on all 16 compared" in res.stdout and "cpu capability" in record["line"]

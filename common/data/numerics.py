@@ -306,6 +306,7 @@ class Verdict:
     difference: Optional[Difference] = None
     magnitude: Optional[Magnitude] = None
     fixes: tuple[str, ...] = field(default=())
+    wire: str = ""             # what was compared when the host runs the float steps: "uint8 (...)"
 
     @property
     def identical(self) -> bool:
@@ -314,6 +315,8 @@ class Verdict:
     def line(self) -> str:
         """One line: the verdict, where and how much, what to do."""
         sides = f"{self.dpu} ({self.dpu_platform.describe()}) vs {self.host}'s own ({self.host_platform.describe()})"
+        if self.wire:
+            sides += f", sent as {self.wire}"
         if self.difference is None:
             caveat = self.host_platform.differences(self.dpu_platform)
             tail = (f"; they differ in {', '.join(caveat)}, so samples outside the check may still differ "
@@ -342,7 +345,7 @@ class Verdict:
                 "step_name": None if d is None else d.step_name,
                 "elements": None if m is None else m.differing, "max_abs": None if m is None else m.max_abs,
                 "host_platform": _platform_record(self.host_platform),
-                "dpu_platform": _platform_record(self.dpu_platform), "line": self.line()}
+                "dpu_platform": _platform_record(self.dpu_platform), "wire": self.wire or "float", "line": self.line()}
 
 
 def _platform_record(p: Platform) -> dict[str, Any]:
