@@ -133,9 +133,9 @@ class RemoteSource:
                                 "host and DPU programs disagree on the loader's batches")
             x, y = self.layout.unpack(buf, count)
             self.next = self.split.next_of(False, epoch, step + 1)
-            if self.tail is not None:  # (a new float batch: the buffer is free at once, as with a copy)
-                x, y = self.tail(x), y.clone()
-                x, y = (x.pin_memory(), y.pin_memory()) if self.pinned else (x, y)
+            if self.tail is not None:  # (the float batch is other memory: the buffer is free at once, as with a copy)
+                x, y = self.tail(x, reuse=not self.copy, pinned=self.pinned), y.clone()
+                y = y.pin_memory() if self.pinned else y
                 self._post(self._advance())
             elif self.copy:  # (pin_memory() copies into torch's cached page-locked blocks)
                 x, y = (x.pin_memory(), y.pin_memory()) if self.pinned else (x.clone(), y.clone())
