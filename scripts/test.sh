@@ -14,6 +14,19 @@ if [ "${DPUOFFLOAD_TEST_MPICH:-1}" = "1" ]; then
     DPUOFFLOAD_TORCH_FROM="$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")" \
     bash "$ROOT/scripts/setup.sh"
 fi
+# An aarch64 venv run through qemu-user (scripts/aarch64.sh: sysroot, binfmt handler, torch 2.9.1 CPU
+# wheels; ~2.5 min and ~0.8 GB the first time, seconds after), so the mixed-architecture tests run the
+# DPU program as a real aarch64 process on an aarch64 emulated machine (scripts/nodes.sh up h0 d0:aarch64).
+# DPUOFFLOAD_TEST_AARCH64=0 skips it and those tests say so; without root it cannot be made (apt-get,
+# binfmt_misc), and they say that instead.
+if [ "${DPUOFFLOAD_TEST_AARCH64:-1}" = "1" ]; then
+  if [ "$(id -u)" = 0 ]; then
+    bash "$ROOT/scripts/aarch64.sh" setup
+  else
+    echo "test.sh: not root: no aarch64 environment (scripts/aarch64.sh needs apt-get and binfmt_misc); its tests skip"
+  fi
+fi
+export DPUOFFLOAD_TEST_AARCH64=${DPUOFFLOAD_TEST_AARCH64:-1}
 # Lint first (ruff settings in pyproject.toml): findings fail the test command before any test runs.
 "$VENV/bin/ruff" check .
 # The minimum Python (3.10, pyproject.toml) byte-compiles the project and runs the torch-free tests.
