@@ -316,6 +316,15 @@ EOF
       "$(du -sh "$WHEELS" | cut -f1) wheel cache ($(du -sh "$DEBS" | cut -f1) .debs)"
 }
 
+download_aarch64() {  # DIR PYTHON_VERSION REQUIREMENT...: these aarch64 wheels (MIRRORED holds torch's own needs).
+  # --no-deps: pip evaluates dependency markers on the machine it runs on, so on x86 it would add torch's
+  # `platform_machine == "x86_64"` CUDA wheels.
+  local dir=$1 pyver=$2; shift 2
+  "$XVENV/bin/python" -m pip download --disable-pip-version-check --only-binary=:all: --no-deps \
+      --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 --platform manylinux_2_17_aarch64 \
+      --python-version "$pyver" -d "$dir" "$@" scipy setuptools wheel
+}
+
 wheels() {  # DIR [PYTHON_VERSION]: every wheel a real BlueField's DPU program needs, for `setup.sh` with no index there
   local dir=${1:-} pyver=${2:-3.10} versions log
   [ -n "$dir" ] || die "usage: bash scripts/aarch64.sh wheels DIR [PYTHON_VERSION] (the DPU's python3, e.g. 3.10 on Ubuntu 22.04)"
@@ -324,13 +333,17 @@ wheels() {  # DIR [PYTHON_VERSION]: every wheel a real BlueField's DPU program n
   versions=$(x86_versions)
   mkdir -p "$dir"
   log=$dir/.pip-download.log
-  say "pip download (aarch64 wheels, Python $pyver, with their dependencies): $TORCH_PINS $versions scipy setuptools wheel"
+  say "pip download (aarch64 wheels, Python $pyver): $TORCH_PINS $versions scipy setuptools wheel"
   # shellcheck disable=SC2086
-  "$XVENV/bin/python" -m pip download --disable-pip-version-check --only-binary=:all: \
-      --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 --platform manylinux_2_17_aarch64 \
-      --python-version "$pyver" -d "$dir" $TORCH_PINS $versions scipy setuptools wheel > "$log" 2>&1 \
-    || { grep -v "^WARNING: Location" "$log" | tail -n 20 >&2
-         die "pip download failed (above; full log $log): these versions may have no aarch64 wheel for Python $pyver"; }
+  if ! download_aarch64 "$dir" "$pyver" $TORCH_PINS $versions > "$log" 2>&1; then
+    # The host's versions may have no wheel for the DPU's Python (numpy 2.4 needs Python >= 3.11): newest that fit
+    say "not every host version has an aarch64 wheel for Python $pyver: the newest that do instead" \
+        "(the numerics check tells whether the DPU's samples still equal the host's)"
+    # shellcheck disable=SC2086
+    download_aarch64 "$dir" "$pyver" $TORCH_PINS $MIRRORED > "$log" 2>&1 \
+      || { grep -v "^WARNING: Location" "$log" | tail -n 20 >&2
+           die "pip download failed (above; full log $log): no aarch64 wheels of $TORCH_PINS for Python $pyver?"; }
+  fi
   "$XVENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w "$dir" "$ROOT" \
       >> "$log" 2>&1 || { tail -n 20 "$log" >&2; die "building dpuoffload's own wheel failed (full log $log)"; }
   rm -f "$log"
