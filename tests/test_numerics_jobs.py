@@ -68,3 +68,12 @@ def test_steps_that_round_alike_are_found_identical(scalar_python, tmp_path):
     assert record["identical"] and record["policy"] == "warn" and record["compared"] == 16
     assert record["wire"] == "uint8 (then ToTensor, Normalize here)"  # (the DPU part compared, as sent)
     assert "identical on all 16 compared" in res.stdout and "cpu capability" in record["line"]
+
+
+def test_a_scripts_loader_is_checked_too(scalar_python, tmp_path):
+    res = dpurun(["--host-ranks", "1", "--dpu-ranks", "1", "--dpu-python", scalar_python],
+                 ["--mode", "da", "--log-dir", str(tmp_path), "tests/api_scripts/jitter_loop.py"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    (record,) = read_jsonl(tmp_path / "numerics-rank0.jsonl")
+    assert not record["identical"] and record["step_name"].startswith("ColorJitter(") and record["policy"] == "warn"
+    assert record["line"] in res.stdout and "script: 4 batches" in res.stdout
