@@ -59,7 +59,7 @@ class Split:
 def float_tail(steps: Sequence[Any]) -> int:
     """How many trailing steps the host may run on batches: from the first float step on, when every
     step from there is a known element-wise one (0: none)."""
-    names = [type(s).__name__ for s in steps]
+    names = [_name(s) for s in steps]
     first = next((i for i, n in enumerate(names) if n in FLOAT_STEPS), None)
     if first is None or any(n not in FLOAT_STEPS + PASSIVE_STEPS for n in names[first:]):
         return 0
@@ -93,7 +93,7 @@ def _explicit(steps: Sequence[Any], movable: int, host_steps: int) -> Optional[S
         return None
     if host_steps > movable:
         asked = steps[len(steps) - host_steps:] if host_steps <= len(steps) else []
-        stuck = next((s for s in asked if type(s).__name__ not in FLOAT_STEPS + PASSIVE_STEPS or
+        stuck = next((s for s in asked if _name(s) not in FLOAT_STEPS + PASSIVE_STEPS or
                       not _scales_to_float(s)), asked[0] if asked else None)
         why = (f"the transform has {len(steps)} step(s)" if stuck is None else
                f"{type(stuck).__name__} is not an element-wise float step the host can apply to a batch bit for "
@@ -108,13 +108,18 @@ def _why_not(dataset: Any, steps: Sequence[Any]) -> str:
         return "the data set has no `transform` attribute to split"
     if not steps:
         return "its transform is not a torchvision Compose"
-    names = [type(s).__name__ for s in steps]
+    names = [_name(s) or type(s).__name__ for s in steps]
     if not any(n in FLOAT_STEPS for n in names):
         return f"its transform ({', '.join(names)}) has no float step to move to the host"
     first = next(i for i, n in enumerate(names) if n in FLOAT_STEPS)
     blocking = next(n for n in names[first:] if n not in FLOAT_STEPS + PASSIVE_STEPS)
     return (f"{blocking} comes after the float step {names[first]}, and only element-wise steps "
             f"({', '.join(FLOAT_STEPS + PASSIVE_STEPS)}) can run on batches bit for bit")
+
+
+def _name(step: Any) -> str:
+    """The class name of a torchvision step ("" for another library's: a Normalize of its own may differ)."""
+    return type(step).__name__ if type(step).__module__.startswith("torchvision.transforms") else ""
 
 
 def _scales_to_float(step: Any) -> bool:
