@@ -1,8 +1,11 @@
 """uint8 on the wire: the DPU rank runs the integer part of a transform, the host rank the float part.
 
 Why: a DPU built on Arm cores rounds float arithmetic differently from the host (and another torch
-rounds differently again: `common.data.numerics`), while decoding, crops, flips and PIL resizes give
-the same bytes everywhere. A float32 sample is also 4x the bytes of its uint8 image. So when a
+rounds differently again: `common.data.numerics`), while JPEG decoding, crops, flips and PIL resizes
+gave the same bytes on every side measured (`benchmarks/crossarch.py`: x86 AVX2 and scalar kernels,
+aarch64 Neoverse-N1 and Cortex-A72). A float32 sample is also 4x the bytes of its uint8 image. Not
+every integer step is portable: torchvision v2's antialiased uint8 resizes differed by one level on
+every other side, so the DPU's part is checked all the same (`--numerics`). So when a
 torchvision `Compose` ends in deterministic float steps (`ToTensor`, `ConvertImageDtype`,
 `v2.ToDtype`, `Normalize`, `v2.ToPureTensor`), the DPU rank runs the steps before them, converts the
 result to a uint8 CHW tensor, and sends uint8 batches; the host rank applies the float steps to each
