@@ -406,7 +406,9 @@ class LoaderService:
             if message.check:  # (the host rank waits for it before planning: `host.numerics`)
                 self.answer(host, fingerprint(stream.dataset, message.sampling.seed, message.check))
         elif isinstance(message, NumericsQuery):
-            stream = self.streams[(host, message.loader)]
+            stream = self.streams.get((host, message.loader))
+            if stream is None:
+                raise PeerError(f"{self.topo.describe(host)} asked about loader {message.loader}, never opened")
             self.answer(host, step_output(stream.dataset, stream.loader.sampling.seed, message.index, message.step))
         elif isinstance(message, Plan):
             stream = self.streams.get((host, message.loader))

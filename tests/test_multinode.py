@@ -27,9 +27,9 @@ import pytest
 
 from tests.mpijobs import REPO, job_env, read_jsonl
 
-pytestmark = pytest.mark.mpi
 NODES = ("h0", "h1", "d0", "d1")
 DPU_ARCH = os.environ.get("DPUOFFLOAD_TEST_DPU_ARCH", "x86_64")  # aarch64: the four-machine tests' DPUs are Arm
+pytestmark = [pytest.mark.mpi, *([pytest.mark.timeout(1800)] if DPU_ARCH == "aarch64" else [])]
 UP = ("h0", "h1", "d0:aarch64", "d1:aarch64") if DPU_ARCH == "aarch64" else NODES
 JOB_TIMEOUT = 900 if DPU_ARCH == "aarch64" else 300
 SCRIPT = str(REPO / "scripts" / "nodes.sh")
