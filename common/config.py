@@ -436,8 +436,8 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
                    help="--mode da/hybrid: what DPU ranks send. uint8: when the transform ends in element-wise float "
                         "steps (ToTensor, ConvertImageDtype, ToDtype, Normalize), the DPU ranks run the steps before "
                         "them and send uint8 images, and the host ranks run the float steps on each batch: 4x fewer "
-                        "bytes, and no DPU float arithmetic to round differently; auto: uint8 where possible; float: "
-                        "the transform's output")
+                        "bytes, and no DPU float arithmetic to round differently; auto: uint8 where possible (float on "
+                        "a GPU host rank, whose CPU would be slower than its GPU); float: the transform's output")
     p.add_argument("--dpu-workers", type=int, default=S, metavar="K",
                    help="--mode da/hybrid: worker processes each augmentation DPU rank forks per host rank it "
                         "feeds, to build that host's batches on K cores (0: in the DPU rank itself; a GPU host "

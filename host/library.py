@@ -36,7 +36,7 @@ from dpuoffload.common.data.loaders import Sampling, steps_per_epoch
 from dpuoffload.common.data.streams import Recipe, StepSplit
 from dpuoffload.common.data.wire import choose
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.modes import Mode
+from dpuoffload.common.modes import Mode, Wire
 from dpuoffload.common.plan.offload import OffloadPlan, plan_offload, require_feeder
 from dpuoffload.common.runtime import env, faults
 from dpuoffload.common.runtime.failure import JobFailed, abort_job, failure_line, set_rank_label
@@ -134,6 +134,14 @@ class Job:
                               loud=self.rank == 0)
 
     @property
+    def wire_policy(self) -> Wire:
+        """`--wire`, with `auto` on a GPU host rank meaning float: its float steps would run on its CPU
+        (0.3-0.7 ms per 224 px sample here, `benchmarks/wire.py`), slower than the GPU takes the
+        batches; they move to the GPU in a later step (issue 32)."""
+        wire = cast(RunConfig, self.cfg).wire
+        return Wire.FLOAT if wire is Wire.AUTO and self.device.type == "cuda" else wire
+
+    @property
     def offloaded(self) -> bool:
         """Whether DPU ranks build this rank's batches (never on a clone rank: it loads its own)."""
         return self.topo is not None and not self.is_clone and self.mode.augments_on_dpu
@@ -182,7 +190,7 @@ class Job:
                        build_on_dpu: Optional[Callable[[], Any]], host_steps: Optional[int]) -> DpuLoader:
         topo, cfg, plan = cast(Topology, self.topo), cast(RunConfig, self.cfg), cast(OffloadPlan, self.plan)
         feeder = require_feeder(plan, topo.world_rank if self.fed_as is None else self.fed_as, topo.describe())
-        wire = choose(dataset, cfg.wire, host_steps, sampling)  # (--wire uint8: the host runs the float steps)
+        wire = choose(dataset, self.wire_policy, host_steps, sampling)  # (uint8: the host runs the float steps)
         steps = steps_per_epoch(len(dataset), sampling.replicas, sampling.batch_size, sampling.drop_last)
         split = StepSplit(cfg.da_host_share, steps)
         remote = RemoteSource(topo.world, feeder, topo.describe(feeder), len(self.loaders), wire.layout, steps,

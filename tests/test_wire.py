@@ -139,3 +139,19 @@ def test_to_wire_takes_uint8_images_only():
     assert to_wire(np.zeros((4, 5), np.uint8)).shape == (1, 4, 5)
     with pytest.raises(ValueError, match="returns Tensor torch.float32; the uint8 wire takes"):
         to_wire(torch.zeros(3, 4, 4))
+
+
+def test_auto_keeps_the_float_wire_on_a_gpu_host_rank(monkeypatch):
+    """A GPU host rank would run the float steps on its CPU (slower than its GPU takes batches): auto
+    means float there until they run on the GPU; an explicit uint8 is obeyed."""
+    from dpuoffload.common.config import RunConfig
+    from dpuoffload.common.modes import Mode
+    from dpuoffload.host.library import Job
+
+    on = {"device": "cpu"}
+    monkeypatch.setattr(Job, "device", property(lambda self: torch.device(on["device"])))
+    auto = Job(0, 1, Mode.DA, cfg=RunConfig(mode="da"))
+    uint8 = Job(0, 1, Mode.DA, cfg=RunConfig(mode="da", wire="uint8"))
+    assert auto.wire_policy is Wire.AUTO and uint8.wire_policy is Wire.UINT8
+    on["device"] = "cuda"
+    assert auto.wire_policy is Wire.FLOAT and uint8.wire_policy is Wire.UINT8
