@@ -2,7 +2,9 @@
 
 `dpurun` calls `check_before_launch` once, after flag parsing and before `mpirun`. Each problem is
 one line naming the problem and its fix (`dpurun: error: ...`); all of them are printed at once
-and the exit code is 2, within a few seconds. Warnings are printed and the job still starts.
+and the exit code is 2. The checks that import nothing answer first, in a fraction of a second: when
+they find an error, the dry import of the user's factories (seconds) waits for the next try, and a
+warning says so. Warnings are printed and the job still starts.
 
 What is checked:
 - rank counts against the mode (offloading, the hybrid split, checkpoints and clones need DPU
@@ -104,7 +106,9 @@ def parse_training(training_args: Sequence[str], prog: str = "dpurun") -> RunCon
 def check_before_launch(cfg: RunConfig, facts: LaunchFacts, training_args: Sequence[str]) -> list[Problem]:
     """Every check, each independent group reporting its own problem; the dry import last.
 
-    The dry import runs only when the names resolved (otherwise it would repeat their error).
+    The dry import runs only when the names resolved (otherwise it would repeat their error) and the
+    other checks found no error: a flag mistake is told in a fraction of a second, not after the
+    seconds the user's factories take to import.
     """
     if cfg.script is not None:  # a user's script owns its model and data: ranks, file, directories, resume
         return _collect(lambda: check_ranks(cfg, facts), lambda: check_script(cfg, facts),
@@ -119,6 +123,9 @@ def check_before_launch(cfg: RunConfig, facts: LaunchFacts, training_args: Seque
                          lambda: check_resume(cfg, facts))
     if names:
         return problems
+    if dry and any(not p.warning for p in problems):  # (the cheap checks answer first: no seconds of import)
+        return problems + [Problem("the model and data set factories were not imported yet (a dry import takes "
+                                   "seconds): they are checked once the errors below are fixed", warning=True)]
     if dry:
         return problems + dry_import(facts, training_args)
     return problems + _collect(lambda: check_known_sizes(cfg, facts.host_ranks))

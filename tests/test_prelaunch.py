@@ -148,13 +148,27 @@ def test_ckpt_dir_with_a_file_in_the_way(tmp_path, bundled_data):
                "pass a directory path (or move the file)")
 
 
-def test_all_problems_are_reported_at_once(tmp_path):
+def test_all_problems_are_reported_at_once_the_cheap_ones_first(tmp_path):
+    """Every check that imports nothing reports together, at once; the dry import of the factories (seconds)
+    comes on the next try, once those are fixed, and a warning says so."""
     (tmp_path / "logs").write_text("")
-    r = dpurun(tmp_path, "--", *TINY, "--model", "tests.bad_factories:model_without_num_classes",
-               "--log-dir", str(tmp_path / "logs"))
+    argv = ["--", *TINY, "--model", "tests.bad_factories:model_without_num_classes", "--inject", "dpu:3@2"]
+    r = dpurun(tmp_path, *argv, "--log-dir", str(tmp_path / "logs"))
     assert r.returncode == 2 and not r.launched
-    assert [ln.split(":")[2].strip() for ln in r.errors] == ["--log-dir " + str(tmp_path / "logs"),
-                                                             "--model tests.bad_factories"]
+    assert [ln.split(":")[2].strip() for ln in r.errors] == ["--inject dpu", "--log-dir " + str(tmp_path / "logs")]
+    assert r.warnings == ["dpurun: warning: the model and data set factories were not imported yet (a dry import "
+                          "takes seconds): they are checked once the errors below are fixed"]
+    r = dpurun(tmp_path, *argv[:-2], "--log-dir", str(tmp_path / "new-logs"))
+    assert [ln.split(":")[2].strip() for ln in r.errors] == ["--model tests.bad_factories"] and not r.warnings
+
+
+def test_a_flag_mistake_is_told_before_the_factories_are_imported(tmp_path):
+    """`--dpu-ranks 0 --mode da` with user factories: the rank check's line alone (no dry import first)."""
+    r = dpurun(tmp_path, "--dpu-ranks", "0", "--", *TINY, "--mode", "da",
+               "--model", "tests.bad_factories:model_without_num_classes")
+    assert r.errors == ["dpurun: error: --mode da offloads work to DPU ranks, but --dpu-ranks is 0; use --dpu-ranks 1 "
+                        "or more (or --mode none)"], r.stderr
+    assert "model_without_num_classes" not in r.stderr
 
 
 # ---------------------------------------------------------------------------- batch vs data
