@@ -16,12 +16,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from dpuoffload.common.config import build_parser
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.runtime.roles import Role
-from dpuoffload.launch import checks, placement, restart, supervise, throttle
+from dpuoffload.launch import checks, placement, restart, slurm, supervise, throttle
 from dpuoffload.launch.command import FLAVORS, LaunchSpec, build_command
 
 PROG = "dpurun"
@@ -88,10 +88,11 @@ def build_launcher_parser() -> argparse.ArgumentParser:
 
 
 def _add_rank_flags(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--host-ranks", type=int, default=1, metavar="N",
-                   help="host program ranks")
-    g.add_argument("--dpu-ranks", type=int, default=1, metavar="M",
-                   help="DPU program ranks; 0 only with --mode none")
+    g.add_argument("--host-ranks", type=int, metavar="N",
+                   help="host program ranks (default: 1; in a Slurm allocation: its host nodes' slots)")
+    g.add_argument("--dpu-ranks", type=int, metavar="M",
+                   help="DPU program ranks; 0 only with --mode none (default: 1; in a Slurm allocation: its DPU "
+                        "nodes' slots, or one per DPU named by --dpu-name/--dpu-map)")
     g.add_argument("--dpu-cores", metavar="LIST",
                    help="cores for the DPU ranks, e.g. 1, 2-3 or 2,3; the host ranks get the rest "
                         "(default: the last round(cores*M/(N+M)) cores, at least 1)")
@@ -133,6 +134,14 @@ def _add_cluster_flags(g: argparse._ArgumentGroup) -> None:
                    help="host nodes as an Open MPI hostfile, 'name slots=N' per line (default: none)")
     g.add_argument("--dpu-hostfile", metavar="FILE",
                    help="DPUs as a hostfile; line i is the DPU of host node i (default: none)")
+    g.add_argument("--dpu-name", metavar="PATTERN",
+                   help="in a Slurm allocation whose nodes are hosts only: each host node's DPU by name, e.g. "
+                        "'{host}-bf' (default: none: the DPUs are allocated nodes, see --dpu-nodes)")
+    g.add_argument("--dpu-map", metavar="FILE",
+                   help="in a Slurm allocation whose nodes are hosts only: 'HOST DPU' per line (default: none)")
+    g.add_argument("--dpu-nodes", default=slurm.DEFAULT_DPU_NODES, metavar="REGEX",
+                   help="in a Slurm allocation: the allocated nodes whose names match are DPUs, paired with the "
+                        "other (host) nodes in allocation order (default: bf)")
 
 
 def _add_mpi_flags(g: argparse._ArgumentGroup) -> None:
@@ -189,6 +198,7 @@ def parse_launcher_args(argv: Sequence[str]) -> argparse.Namespace:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    apply_allocation(args, os.environ)
     if args.dpu_ranks < 0:
         raise ConfigError(f"--dpu-ranks must be >= 0, got {args.dpu_ranks}")
     if args.clone_ranks < 0:
@@ -201,6 +211,36 @@ def parse_launcher_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.clone_cores and not args.clone_ranks:
         raise ConfigError("--clone-cores places clone ranks, but --clone-ranks is 0: add --clone-ranks C")
     return args
+
+
+def apply_allocation(args: argparse.Namespace, env: Mapping[str, str]) -> Optional[slurm.Derived]:
+    """Inside a Slurm allocation without --hosts/--hostfile: the host nodes, their DPUs and the rank
+    counts from the allocation (`launch.slurm`); else the rank counts' defaults (1 and 1)."""
+    naming_flags = args.dpu_name or args.dpu_map or args.dpu_nodes != slurm.DEFAULT_DPU_NODES
+    alloc = None if _cluster_mode(args) else slurm.Allocation.from_env(env)
+    if alloc is None:
+        if naming_flags:
+            raise ConfigError("--dpu-name, --dpu-map and --dpu-nodes find DPUs in a Slurm allocation (SLURM_JOB_ID "
+                              "set, no --hosts/--hostfile); outside one give --hosts and --dpus")
+        args.host_ranks = 1 if args.host_ranks is None else args.host_ranks
+        args.dpu_ranks = 1 if args.dpu_ranks is None else args.dpu_ranks
+        return None
+    derived = slurm.derive(alloc, slurm.DpuNaming(args.dpu_name, args.dpu_map, args.dpu_nodes), args.dpu_ranks)
+    args.hosts, args.dpus = derived.host_list, derived.dpu_list
+    args.host_ranks = derived.host_slots if args.host_ranks is None else args.host_ranks
+    args.dpu_ranks = derived.dpu_slots if args.dpu_ranks is None else args.dpu_ranks
+    for side, ranks, slots, nodes in (("host", args.host_ranks, derived.host_slots, args.hosts),
+                                      ("DPU", args.dpu_ranks, derived.dpu_slots, args.dpus)):
+        if ranks > slots and not args.oversubscribe:
+            raise ConfigError(f"the Slurm allocation holds {slots} {side} slot(s) ({nodes}; SLURM_TASKS_PER_NODE="
+                              f"{env.get('SLURM_TASKS_PER_NODE')}) and --{side.lower()}-ranks {ranks} asks for more; "
+                              f"ask Slurm for more tasks (sbatch --ntasks-per-node), lower --{side.lower()}-ranks, "
+                              "or pass --oversubscribe")
+    for line in derived.why if args.dry_run else derived.why[:1]:
+        _note(line)
+    _note(f"from the allocation: --hosts {args.hosts} --dpus {args.dpus} --host-ranks {args.host_ranks} "
+          f"--dpu-ranks {args.dpu_ranks}")
+    return derived
 
 
 # --------------------------------------------------------------------------------- resolution

@@ -46,7 +46,7 @@ case "$(uname -m)" in
   aarch64) TORCH_PINS="torch==2.9.1 torchvision==0.24.1" ;;
   *)       TORCH_PINS="torch torchvision" ;;
 esac
-DEPS="numpy pillow scipy scikit-learn mpi4py tqdm psutil safetensors matplotlib tensorboard lightning pytest pytest-timeout pytest-xdist ruff cmake setuptools>=70 wheel"
+DEPS="numpy pillow scipy scikit-learn mpi4py tqdm psutil safetensors python-hostlist matplotlib tensorboard lightning pytest pytest-timeout pytest-xdist ruff cmake setuptools>=70 wheel"
 # The DPU program's own needs (scipy: SVHN's .mat files); the same versions as the host's keep samples identical.
 [ "$SIDE" = dpu ] && DEPS="numpy pillow scipy mpi4py tqdm psutil safetensors setuptools>=70 wheel"
 case "$MPI_KIND" in

@@ -13,7 +13,7 @@ LAUNCHER_FLAGS = {
     "-h", "--help",
     "--host-ranks", "--dpu-ranks", "--dpu-cores", "--dpu-speed", "--host-threads", "--dpu-threads",
     "--oversubscribe", "--share-cores", "--clone-ranks", "--spare-ranks", "--clone-cores", "--restarts",
-    "--hosts", "--dpus", "--hostfile", "--dpu-hostfile",
+    "--hosts", "--dpus", "--hostfile", "--dpu-hostfile", "--dpu-name", "--dpu-map", "--dpu-nodes",
     "--mpi-flavor", "--mpirun", "--python", "--dpu-python", "--mpirun-arg", "--dry-run",
     "--skip-checks",
 }

@@ -1,0 +1,102 @@
+"""`dpurun` inside a Slurm allocation (`launch.slurm`): host nodes, slots and each host node's DPU from
+Slurm's environment, for both kinds of site (DPUs as allocated nodes; DPUs outside Slurm under a name
+derived from the host's), and the errors when the allocation cannot give them. Pure: the environment
+is a dict, name lookups a function; `dpurun --dry-run` shows the derived command without a Slurm."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.launch import cli
+from dpuoffload.launch.slurm import Allocation, DpuNaming, derive, expand_counts, expand_nodelist
+from tests.mpijobs import DPURUN, REPO
+
+THOR = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "thor[001-002],thor-bf[01-02]",
+        "SLURM_TASKS_PER_NODE": "8(x2),4(x2)"}
+DINE = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "b[101,103]", "SLURM_TASKS_PER_NODE": "16(x2)"}
+
+
+def test_slurms_host_lists_and_task_counts():
+    assert expand_nodelist("h[0-1],bf[01-02],r[1-2]-n[1,3]") == ["h0", "h1", "bf01", "bf02", "r1-n1", "r1-n3",
+                                                                 "r2-n1", "r2-n3"]
+    assert expand_counts("2(x3),1") == [2, 2, 2, 1] and expand_counts("16") == [16]
+    with pytest.raises(ConfigError, match=r"SLURM_TASKS_PER_NODE=2\(3\): cannot read '2\(3\)'"):
+        expand_counts("2(3)")
+    with pytest.raises(ConfigError, match="not a Slurm host list"):
+        expand_nodelist("h[0-")
+    assert Allocation.from_env({}) is None
+    alloc = Allocation.from_env(THOR)
+    assert alloc.nodes == ("thor001", "thor002", "thor-bf01", "thor-bf02") and alloc.tasks == (8, 8, 4, 4)
+    with pytest.raises(ConfigError, match="gives 1 node.*2; give --hosts/--dpus instead"):
+        Allocation.from_env({**DINE, "SLURM_TASKS_PER_NODE": "16"})
+
+
+def test_dpus_as_allocated_nodes_are_paired_in_order():
+    got = derive(Allocation.from_env(THOR), DpuNaming())
+    assert (got.host_list, got.dpu_list) == ("thor001:8,thor002:8", "thor-bf01:4,thor-bf02:4")
+    assert (got.host_slots, got.dpu_slots) == (16, 8)
+    assert "pairs in allocation order: thor001 -> thor-bf01, thor002 -> thor-bf02" in got.why
+
+
+def test_dpus_outside_slurm_by_pattern_or_map(tmp_path):
+    seen = []
+    got = derive(Allocation.from_env(DINE), DpuNaming(pattern="{host}-bf"), dpu_ranks=4,
+                 resolves=lambda n: seen.append(n) or True)
+    assert (got.host_list, got.dpu_list, seen) == ("b101:16,b103:16", "b101-bf:2,b103-bf:2", ["b101-bf", "b103-bf"])
+    mapped = tmp_path / "dpus"
+    mapped.write_text("# host dpu\nb101 dpu-a\nb103 dpu-b  # the second\n")
+    got = derive(Allocation.from_env(DINE), DpuNaming(map_file=str(mapped)), resolves=lambda n: True)
+    assert got.dpu_list == "dpu-a:1,dpu-b:1"
+
+
+def test_what_cannot_be_derived_is_named_with_the_fix(tmp_path):
+    with pytest.raises(ConfigError, match=r"has no DPU node \(no name matches --dpu-nodes 'bf'\); if the DPUs are "
+                                          r"outside Slurm, name each host node's DPU: --dpu-name '\{host\}-bf'"):
+        derive(Allocation.from_env(DINE), DpuNaming())
+    odd = {**THOR, "SLURM_JOB_NODELIST": "thor[001-003],thor-bf01", "SLURM_TASKS_PER_NODE": "8(x3),4"}
+    with pytest.raises(ConfigError, match=r"3 host node\(s\) .* and 1 DPU node\(s\) .*every host node needs its own"):
+        derive(Allocation.from_env(odd), DpuNaming())
+    with pytest.raises(ConfigError, match=r"the DPU of b101, b101-dpu \(from --dpu-name '\{host\}-dpu'\), does not "
+                                          "resolve here"):
+        derive(Allocation.from_env(DINE), DpuNaming(pattern="{host}-dpu"), resolves=lambda n: False)
+    (tmp_path / "m").write_text("b101 dpu-a\n")
+    with pytest.raises(ConfigError, match="names no DPU for b103"):
+        derive(Allocation.from_env(DINE), DpuNaming(map_file=str(tmp_path / "m")), resolves=lambda n: True)
+    with pytest.raises(ConfigError, match="has no {host}"):
+        DpuNaming(pattern="bf")
+    with pytest.raises(ConfigError, match="give one"):
+        DpuNaming(pattern="{host}-bf", map_file="m")
+
+
+def test_outside_an_allocation_the_defaults_and_the_naming_flags():
+    args = cli.parse_launcher_args([])
+    assert (args.host_ranks, args.dpu_ranks, args.hosts) == (1, 1, None)
+    with pytest.raises(ConfigError, match="find DPUs in a Slurm allocation"):
+        cli.parse_launcher_args(["--dpu-name", "{host}-bf"])
+
+
+def dry_run(env: dict, *launcher: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    return subprocess.run([DPURUN, *launcher, "--dry-run", "--mpi-flavor", "openmpi", "--", "--dataset", "fake",
+                           "--mode", "da"], capture_output=True, text=True, env={**clean, **env}, cwd=REPO, timeout=60)
+
+
+def test_dry_run_in_an_allocation_says_what_it_derived_and_why():
+    res = dry_run(THOR)
+    assert res.returncode == 0, res.stderr
+    assert "dpurun: note: Slurm job 4242: SLURM_JOB_NODELIST=thor[001-002],thor-bf[01-02] (4 node(s))" in res.stderr
+    assert "dpurun: note: pairs in allocation order: thor001 -> thor-bf01, thor002 -> thor-bf02" in res.stderr
+    assert ("dpurun: note: from the allocation: --hosts thor001:8,thor002:8 --dpus thor-bf01:4,thor-bf02:4 "
+            "--host-ranks 16 --dpu-ranks 8") in res.stderr
+    assert "-np 16 --host thor001:8,thor002:8" in res.stdout and "-np 8 --host thor-bf01:4,thor-bf02:4" in res.stdout
+    res = dry_run(DINE, "--dpu-name", "{host}-nosuchdpu.invalid")
+    assert res.returncode == 2 and "dpurun: error: the DPU of b101, b101-nosuchdpu.invalid" in res.stderr
+    res = dry_run(THOR, "--host-ranks", "64")
+    assert res.returncode == 2 and res.stderr.strip().endswith(
+        "dpurun: error: the Slurm allocation holds 16 host slot(s) (thor001:8,thor002:8; SLURM_TASKS_PER_NODE="
+        "8(x2),4(x2)) and --host-ranks 64 asks for more; ask Slurm for more tasks (sbatch --ntasks-per-node), lower "
+        "--host-ranks, or pass --oversubscribe"), res.stderr
