@@ -92,19 +92,23 @@ class RemoteSource:
         self.tail: Optional[HostSteps] = None        # --wire uint8: the float steps this rank runs on each batch
         self.closed = False
 
-    def prepare(self, dataset: object, sampling: Sampling, wire: Chosen, check: Optional[NumericsCheck] = None) -> None:
+    def prepare(self, dataset: object, sampling: Sampling, wire: Optional[Chosen] = None,
+                check: Optional[NumericsCheck] = None) -> None:
         """Pickle the loader's opening message now (a data set that cannot be sent fails at
         `job.loader`, not at the first batch); it goes to the feeder with the first batch request,
         so building a loader involves no communication (the built-in trainer builds its loader
         during start-up, while the DPU ranks are in their own start-up collectives).
-        `wire`: what the feeder sends (uint8: this rank runs the float steps on each batch).
+        `wire`: what the feeder sends (uint8: this rank runs the float steps on each batch; None: the
+        data set's own samples, as `layout` says)
         `check` (--numerics): compare the feeder's first samples with this rank's own, built as the
         feeder builds them, when the loader opens (`host.numerics`)."""
         self.check = check if self.split.owned(host=False) else None  # (the feeder builds nothing: no check)
-        self.checked = (wire.view, sampling.seed)
-        self.tail = None if wire.split is None else wire.split.host
+        split = None if wire is None else wire.split
+        self.checked = (dataset if wire is None else wire.view, sampling.seed)
+        self.tail = None if split is None else split.host
         samples = 0 if self.check is None else self.check.samples
-        self.opening = encode(OpenLoader(self.loader_id, dataset, sampling, self.split.share, samples, wire.host_steps))
+        self.opening = encode(OpenLoader(self.loader_id, dataset, sampling, self.split.share, samples,
+                                         0 if split is None else split.host_steps))
 
     def _open(self) -> None:
         if self.opening is None:
