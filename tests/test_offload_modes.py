@@ -42,7 +42,8 @@ def run(bundled_data, tmp_path_factory):
         metrics = read_jsonl(log / "metrics.jsonl")
         phases = {int(p.stem.split("rank")[1]): read_jsonl(p) for p in log.glob("phases-rank*.jsonl")}
         return {"epochs": [m for m in metrics if m["event"] == "epoch"],
-                "end": next(m for m in metrics if m["event"] == "end"), "phases": phases, "stdout": res.stdout}
+                "end": next(m for m in metrics if m["event"] == "end"), "phases": phases, "stdout": res.stdout,
+                "log": log}
     return _run
 
 
@@ -82,6 +83,11 @@ def test_da_batches_losses_and_weights_equal_none(run):
         assert [r["batches"] for r in dpu] == [STEPS - STEPS // 4] * int(EPOCHS)
         end = next(r for r in da["phases"][rank] if r.get("event") == "end")
         assert list(end["wires"].values()) == ["uint8"]  # --wire auto: the host ran ToTensor + Normalize
+    for host in (0, 1):  # the numerics check (--numerics warn, the default) before each loader's first batch
+        (check,) = read_jsonl(da["log"] / f"numerics-rank{host}.jsonl")
+        assert check["identical"] and check["compared"] == 16
+        assert check["wire"] == "uint8 (then ToTensor, Normalize here)"
+    assert "identical on all 16 compared" in da["stdout"]  # (host rank 0's line)
 
 
 def test_da_fan_out_several_hosts_per_dpu(run):
