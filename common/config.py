@@ -177,9 +177,10 @@ class RunConfig:
                 isinstance(self.da_host_share, (int, float)) and 0 <= self.da_host_share <= 1):
             raise ConfigError(f"--da-host-share must be in [0, 1] (the share of every epoch's steps the host ranks "
                               f"build themselves) or 'auto', got {self.da_host_share!r}")
-        defaults = {"numerics": Numerics.WARN, "numerics_samples": 16, "wire": Wire.AUTO}
-        for name, default in defaults.items():
-            if getattr(self, name) != default and self.mode not in (Mode.DA, Mode.HYBRID, Mode.AUTO):
+        augmenting = ("numerics", "numerics_samples", "wire")  # (what DPU ranks that augment do)
+        for f in (f for f in dataclasses.fields(self) if f.name in augmenting):
+            name = f.name
+            if getattr(self, name) != f.default and self.mode not in (Mode.DA, Mode.HYBRID, Mode.AUTO):
                 raise ConfigError(f"--{_flag(name)} only applies where DPU ranks augment (--mode da or hybrid), not "
                                   f"--mode {self.mode}")
         for name in ("dpu_workers", "da_host_share"):

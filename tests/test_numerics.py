@@ -186,6 +186,11 @@ def test_policy_flag():
         RunConfig(numerics="loose")
     with pytest.raises(ConfigError, match="--numerics-samples must be >= 1, got 0 .*--numerics off"):
         RunConfig(numerics_samples=0)
+    with pytest.raises(ConfigError, match="--numerics only applies where DPU ranks augment .*not --mode mv"):
+        RunConfig(mode="mv", numerics="strict")
+    with pytest.raises(ConfigError, match="--wire only applies where DPU ranks augment .*not --mode none"):
+        RunConfig(wire="uint8")
+    assert RunConfig(mode="hybrid", numerics="off", wire="float").numerics is Numerics.OFF
 
 
 def test_fingerprints_pickle_across_processes():
