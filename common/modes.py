@@ -12,19 +12,24 @@ from __future__ import annotations
 from enum import Enum
 
 
-class Mode(str, Enum):
-    NONE = "none"      # host ranks do everything; DPU ranks check in and sleep
-    NAIVE = "naive"    # DPU ranks train as extra replicas with a smaller batch
-    DA = "da"          # DPU ranks load + augment the host ranks' batches
-    MV = "mv"          # DPU ranks validate epoch i while the host ranks train epoch i+1
-    HYBRID = "hybrid"  # some DPU ranks augment, the others validate
-    AUTO = "auto"      # profile a few steps, predict every mode, run the fastest
+class FlagValue(str, Enum):
+    """A flag's values as a `str` enum that prints and formats as its value ("da", not "Mode.DA"), so
+    configs stay JSON-serialisable, hash the same, and messages read as the flag was written."""
 
     def __str__(self) -> str:
         return self.value
 
     def __format__(self, spec: str) -> str:
         return format(self.value, spec)
+
+
+class Mode(FlagValue):
+    NONE = "none"      # host ranks do everything; DPU ranks check in and sleep
+    NAIVE = "naive"    # DPU ranks train as extra replicas with a smaller batch
+    DA = "da"          # DPU ranks load + augment the host ranks' batches
+    MV = "mv"          # DPU ranks validate epoch i while the host ranks train epoch i+1
+    HYBRID = "hybrid"  # some DPU ranks augment, the others validate
+    AUTO = "auto"      # profile a few steps, predict every mode, run the fastest
 
     @property
     def augments_on_dpu(self) -> bool:
@@ -61,18 +66,12 @@ class Mode(str, Enum):
 CONCRETE: tuple[Mode, ...] = (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID, Mode.NAIVE)
 
 
-class Numerics(str, Enum):
+class Numerics(FlagValue):
     """`--numerics`: what a difference between DPU-built and host-built samples does."""
 
     STRICT = "strict"  # stop before training
     WARN = "warn"      # say so (one line per host rank, and <log-dir>/numerics-rank<N>.jsonl), train on
     OFF = "off"        # no check
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
     @property
     def checks(self) -> bool:
@@ -83,15 +82,9 @@ class Numerics(str, Enum):
         return self is Numerics.STRICT
 
 
-class Wire(str, Enum):
+class Wire(FlagValue):
     """`--wire`: what DPU ranks send their host ranks."""
 
     AUTO = "auto"    # uint8 where the transform ends in deterministic float steps, else float
     UINT8 = "uint8"  # uint8 or an error saying why not
     FLOAT = "float"  # the transform's output as it is (float32 for most pipelines)
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
