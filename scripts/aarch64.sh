@@ -167,7 +167,7 @@ editable_files() {  # how the x86 venv finds dpuoffload: its editable-install fi
 
 make_sysroot() {
   command -v apt-get > /dev/null || die "no apt-get: the sysroot is made of Debian bookworm's arm64 packages"
-  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  if ! grep -qx arm64 <<<"$(dpkg --print-foreign-architectures)"; then
     say "dpkg --add-architecture arm64 (lets apt download arm64 packages; nothing arm64 is installed)"
     dpkg --add-architecture arm64
   fi

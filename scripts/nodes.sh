@@ -195,7 +195,7 @@ is_aarch64() { [ -f "$ARM" ] && grep -qx "machine $1" "$ARM"; }
 
 run_on() {
   local name=$1; shift
-  ip netns list | grep -q "^$PREFIX-$name\b" || die "no machine $name (bash scripts/nodes.sh up ... first)"
+  grep -q "^$PREFIX-$name\b" <<<"$(ip netns list)" || die "no machine $name (bash scripts/nodes.sh up ... first)"
   if is_aarch64 "$name"; then  # (the agent knows how to enter an aarch64 machine: one place for it)
     DPUOFFLOAD_AGENT_ARGV=1 DPUOFFLOAD_NETNS_PREFIX=$PREFIX exec sh "$AGENT" "$name" "$@"
   fi
@@ -211,6 +211,13 @@ hydra_env() {  # what MPICH's Hydra needs across these machines (mpiexec reads t
   echo "HYDRA_LAUNCHER=rsh HYDRA_LAUNCHER_EXEC=$AGENT HYDRA_IFACE=eth0"
 }
 
+is_mpich() {  # whether VENV's mpirun is MPICH's Hydra (the output is read whole: `| grep -q` under
+  # pipefail fails at random when grep exits before mpirun has written everything and mpirun dies of SIGPIPE)
+  local version
+  version=$("$1/bin/mpirun" --version 2>/dev/null || true)
+  [[ $version == *HYDRA* ]]
+}
+
 dpurun_on_first() {
   [ -e "$STATE" ] || die "no nodes are up (bash scripts/nodes.sh up h0 h1 d0 d1 first)"
   local first venv
@@ -219,13 +226,13 @@ dpurun_on_first() {
   if [ -f "$ARM" ]; then  # aarch64 machines show the aarch64 venv at the path of the venv `up` saw
     local over
     over=$(sed -n 's/^over //p' "$ARM")
-    if "$venv/bin/mpirun" --version 2>/dev/null | grep -q "HYDRA"; then
+    if is_mpich "$venv"; then
       die "aarch64 machines run Open MPI (scripts/aarch64.sh makes no aarch64 MPICH venv): leave DPUOFFLOAD_VENV=$venv out"
     fi
     [ "$(realpath "$venv")" = "$over" ] || die "the aarch64 machines show their venv at $over (the venv at \`up\`)," \
       "not at $venv: take the nodes down and up again with DPUOFFLOAD_VENV=$venv"
   fi
-  if "$venv/bin/mpirun" --version 2>/dev/null | grep -q "HYDRA"; then  # MPICH (DPUOFFLOAD_VENV=.venv-mpich)
+  if is_mpich "$venv"; then  # MPICH (DPUOFFLOAD_VENV=.venv-mpich)
     # shellcheck disable=SC2046
     run_on "$first" env PATH="$venv/bin:$PATH" $(hydra_env) "$venv/bin/dpurun" "$@"
   else
