@@ -19,6 +19,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.faults.policy import (
+    SIMULATED_SPELLINGS,
+    DpuFailure,
+    Recovery,
+    RecoveryPolicy,
+    SimulatedRecovery,
+)
 from dpuoffload.common.modes import Mode, Numerics, Wire
 
 MODES = tuple(m.value for m in Mode)
@@ -28,8 +35,8 @@ AMPS = ("off", "bf16", "fp16")
 LR_SCHEDULES = ("cosine", "step", "constant")
 CKPT_COPIES = ("staged", "zero")
 CKPT_ERRORS = ("continue", "fail")
-DPU_FAILURES = ("stop", "fallback")
-RECOVERY = ("stop", "lossy-forward", "rollback")  # what a dead host rank does to the run
+DPU_FAILURES = tuple(f.value for f in DpuFailure)
+RECOVERY = tuple(r.value for r in Recovery)  # what a dead host rank does to the run
 NUMERICS = tuple(n.value for n in Numerics)
 WIRES = tuple(w.value for w in Wire)
 AUTO_ALLOWS = ("naive",)  # modes that change the math, which --mode auto considers only on request
@@ -99,8 +106,8 @@ class RunConfig:
     ckpt_mem_keep: int = 0
     ckpt_copy: str = "staged"
     ckpt_errors: str = "continue"
-    dpu_failure: str = "stop"
-    recovery: str = "stop"
+    dpu_failure: DpuFailure = DpuFailure.STOP
+    recovery: Recovery = Recovery.STOP
     reassign: bool = False
     resume: Optional[str] = None
     stop_at_step: Optional[int] = None
@@ -108,7 +115,7 @@ class RunConfig:
     clone_override: tuple[str, ...] = ()
     inject: tuple[str, ...] = ()
     inject_simulate: tuple[str, ...] = ()
-    simulate_recovery: str = "lf"
+    simulate_recovery: SimulatedRecovery = SimulatedRecovery.LOSSY_FORWARD
     script: Optional[str] = None
 
     def __post_init__(self) -> None:
@@ -224,10 +231,13 @@ class RunConfig:
         _check_choice("ckpt_copy", self.ckpt_copy, CKPT_COPIES)
         _check_choice("ckpt_errors", self.ckpt_errors, CKPT_ERRORS)
         _check_choice("dpu_failure", self.dpu_failure, DPU_FAILURES)
-        if self.dpu_failure == "fallback" and self.trace:
+        object.__setattr__(self, "dpu_failure", DpuFailure(self.dpu_failure))
+        _check_choice("recovery", self.recovery, RECOVERY)
+        object.__setattr__(self, "recovery", Recovery(self.recovery))
+        if self.recovery_policy.survives_dpu_loss and self.trace:
             raise ConfigError("--trace gathers every rank's events at the end, which a dead rank would break: "
                               "leave out --trace or --dpu-failure fallback")
-        if self.dpu_failure == "fallback" and self.mode.dpu_trains:
+        if self.recovery_policy.survives_dpu_loss and self.mode.dpu_trains:
             raise ConfigError(f"--dpu-failure fallback: in --mode {self.mode} DPU ranks train, so a lost one is a "
                               "lost replica; use --mode da, mv, hybrid or none")
         self._check_recovery()
@@ -255,34 +265,35 @@ class RunConfig:
                               f"front: use --mode none, da, mv or hybrid, not {self.mode}")
         if self.clone_override and self.clone_at is None:
             raise ConfigError("--clone-override only applies with --clone-at STEP")
-        from dpuoffload.common.runtime.inject import RECOVERIES, parse_all, parse_simulated_all
+        from dpuoffload.common.faults.inject import parse_all, parse_simulated_all
 
         parse_all(self.inject)
         parse_simulated_all(self.inject_simulate)
-        _check_choice("simulate_recovery", self.simulate_recovery, RECOVERIES)
+        _check_choice("simulate_recovery", self.simulate_recovery, SIMULATED_SPELLINGS)
+        object.__setattr__(self, "simulate_recovery", SimulatedRecovery.parse(self.simulate_recovery))
         if self.inject_simulate and self.mode in (Mode.NAIVE, Mode.AUTO):
             raise ConfigError(f"--inject-simulate fails host ranks' gradients in a run whose replicas are the host "
                               f"ranks: use --mode none, da, mv or hybrid, not {self.mode}")
 
     def _check_recovery(self) -> None:
         """`--recovery lossy-forward` / `rollback`: what they can survive so far, and the flags they cannot go with."""
-        _check_choice("recovery", self.recovery, RECOVERY)
-        if self.reassign and self.recovery != "lossy-forward":
+        policy = self.recovery_policy
+        if self.reassign and not policy.shrinks_group:
             raise ConfigError("--reassign hands a dead host rank's samples to the survivors: add --recovery "
                               "lossy-forward")
-        if self.recovery == "stop":
+        if not policy.survives_host_loss:
             return
         validators = self.mode in (Mode.MV, Mode.HYBRID)
         refused = [(self.mode not in (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID), f"--mode {self.mode} (use none, "
                     "da, mv or hybrid: naive replicas are not survived yet)"),
-                   (validators and self.dpu_failure == "fallback", f"--dpu-failure fallback in --mode {self.mode} "
+                   (validators and policy.survives_dpu_loss, f"--dpu-failure fallback in --mode {self.mode} "
                     "(a dead DPU validation rank and a dead host rank are not survived in one run yet: drop one)"),
                    (validators and self.mv_dpu_fraction == "auto", "--mv-dpu-fraction auto (it measures on host "
                     "rank 0 at the start: give the DPU share as a number)"),
                    (self.allreduce in ("horovod", "torch"), f"--allreduce {self.allreduce} (Horovod and "
                     "torch.distributed cannot shrink their group: leave --allreduce out, or use mpi)"),
                    (self.clone_at is not None, "clones (the clone ranks wait for every host rank's slice)"),
-                   (self.dpu_failure == "fallback" and (self.ckpt_every is not None or self.ckpt_every_epoch),
+                   (policy.survives_dpu_loss and (self.ckpt_every is not None or self.ckpt_every_epoch),
                     "--dpu-failure fallback with checkpoints (a dead keeper and a dead host rank are not survived "
                     "in one run yet: drop one)"),
                    (self.trace, "--trace (its end-of-run gather needs every rank)"),
@@ -294,9 +305,14 @@ class RunConfig:
         object.__setattr__(self, "allreduce", "mpi")
 
     @property
+    def recovery_policy(self) -> RecoveryPolicy:
+        """What the run survives (`common.faults.policy`): every decision about a death asks this."""
+        return RecoveryPolicy.of(self)
+
+    @property
     def fault_tolerant(self) -> bool:
         """Whether the run must survive a dead rank: MPI started with fault tolerance (ULFM)."""
-        return self.dpu_failure == "fallback" or self.recovery != "stop"
+        return self.recovery_policy.needs_ulfm
 
     @property
     def checkpointing(self) -> bool:
@@ -554,9 +570,10 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
                    help="simulate a failure as the recovery study does, no process lost (repeatable, or "
                         "comma-separated): host rank R (host:R, node:N) loses the gradients after share P of the "
                         "backward pass of global step WHEN (default 50%%), e.g. host:1@12:25%%")
-    g.add_argument("--simulate-recovery", choices=("lf", "ir"), default=S,
-                   help="--inject-simulate's recovery: lf (lossy forward: the survivors average the lost "
-                        "gradients and go on) or ir (immediate rollback: replay the mini-batch) (default: lf)")
+    g.add_argument("--simulate-recovery", choices=SIMULATED_SPELLINGS, default=S, metavar="{lossy-forward,rollback}",
+                   help="--inject-simulate's recovery, named as --recovery names them: lossy-forward (the survivors "
+                        "average the lost gradients and go on) or rollback (immediate rollback: replay the "
+                        "mini-batch) (default: lossy-forward; the old lf / ir still work, with a deprecation message)")
 
 
 def _or_auto(cast: Callable[[str], Any], expected: str) -> Callable[[str], Any]:

@@ -43,5 +43,5 @@ class WorkerError(Exception):
 class DeathNotSurvived(DpuOffloadError):
     """A rank's death that the run turns out not to survive, found by a rank's own code rather than
     by the failure watch's verdict (under --recovery rollback: no spare left for its seat). The
-    message is the death's one line (`common.runtime.faults.death_line`), so `dpurun` reports a
+    message is the death's one line (`common.faults.watch.death_line`), so `dpurun` reports a
     death, not an error, and `--restarts` relaunches the job."""

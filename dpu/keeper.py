@@ -49,9 +49,9 @@ import numpy as np
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import PeerError, PeerLost
+from dpuoffload.common.faults import inject, watch
+from dpuoffload.common.faults.abort import EXIT_CHECKPOINT_FAILED, PREFIX, abort_job, ending_line
 from dpuoffload.common.plan.assign import StateAssignment
-from dpuoffload.common.runtime import faults, inject
-from dpuoffload.common.runtime.failure import EXIT_CHECKPOINT_FAILED, PREFIX, abort_job, ending_line
 from dpuoffload.common.runtime.heartbeat import Heartbeat, interval_for
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.metrics import JsonlLog
@@ -109,9 +109,9 @@ class Keeper:
         self.memory = MemoryStore(memory_root(cfg.ckpt_dir), comm.Get_rank(), cfg.ckpt_mem_keep) \
             if cfg.ckpt_mem_keep and cfg.ckpt_dir else None
         self.hands_off = cfg.checkpointing or (cfg.clone_at is not None and bool(topo.clone_ranks))
-        self.rerouted = faults.survives_keeper_loss(cfg)  # (routes follow each header's lost keepers)
-        self.surviving = cfg.recovery != "stop"   # host ranks may die: hand-offs from the living, or a notice
-        self.rollback = cfg.recovery == "rollback"  # ... or from the spares in their seats
+        self.rerouted = cfg.recovery_policy.survives_keeper_loss  # (routes follow each header's lost keepers)
+        self.surviving = cfg.recovery_policy.survives_host_loss  # host ranks may die: hand-offs from the living
+        self.rollback = cfg.recovery_policy.uses_spares  # ... or from the spares in their seats
         self.seats = tuple(topo.host_ranks.index(h) for h in self.hosts)   # the seats this keeper keeps
         self.sources = {s: topo.host_ranks[s] for s in self.seats}   # (rollback) seat -> who trains in it now
         self.joined: dict[int, int] = {}   # (rollback) seat -> global step its newest spare started from
@@ -343,7 +343,7 @@ class Keeper:
 
     def seat_dead(self, seat: int) -> bool:
         source = self.sources[seat]
-        return source in self.gone or source in faults.dead_ranks()
+        return source in self.gone or source in watch.dead_ranks()
 
     def no_spare_brings(self, seat: int, first: Mapping[str, int]) -> bool:
         """Whether no spare will send `seat`'s part of the hand-off `first` (its rank is dead): a
@@ -547,7 +547,7 @@ class Keeper:
             while (report := self.surviving_report(source, step, what))["step"] not in (step, -1):
                 missed.setdefault(report["step"], []).append(report)
             reports.append(report)
-        mine = ", ".join(self.topo.describe(h) for h in self.hosts if h in self.gone | faults.dead_ranks())
+        mine = ", ".join(self.topo.describe(h) for h in self.hosts if h in self.gone | watch.dead_ranks())
         for early, theirs in sorted(missed.items()):
             meta = next(r["meta"] for r in theirs if r.get("meta"))
             self.commit(meta, theirs + [{"step": early, "files": {}, "write_s": 0.0, "host_died": True,
@@ -575,7 +575,7 @@ class Keeper:
             done, report = req.test()
             if done:
                 return report
-            dead = [h in faults.dead_ranks() for h in self.assign.hosts_kept_by(source)]
+            dead = [h in watch.dead_ranks() for h in self.assign.hosts_kept_by(source)]
             if any(dead) if self.rollback else all(dead):  # (rollback: it may be waiting for a spare)
                 deadline = float("inf")
             if time.monotonic() > deadline:

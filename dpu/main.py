@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.faults import inject, watch
+from dpuoffload.common.faults.abort import run_program
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.plan.offload import DA, IDLE, MV, plan_offload
-from dpuoffload.common.runtime import faults, inject, trace
-from dpuoffload.common.runtime.failure import run_program
+from dpuoffload.common.runtime import trace
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import init_torch, start_program
@@ -114,12 +115,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for record in runner.run():
             log.write({"world_rank": topo.world_rank, "role": "dpu", "work": job.work, **record})
         if runner.ends_on_shutdown:
-            faults.ending()  # (told to shut down: host ranks leave from now on)
+            watch.ending()  # (told to shut down: host ranks leave from now on)
         runner.close()
     # (the loader service and a script's validation end on the shutdown message itself)
     idle = runner is None or not runner.ends_on_shutdown
-    stats: dict[str, Any] = idle_until_shutdown(topo, cfg.recovery != "stop") if idle else {}
-    faults.ending()
+    stats: dict[str, Any] = idle_until_shutdown(topo, cfg.recovery_policy.survives_host_loss) if idle else {}
+    watch.ending()
     if job.keeper is not None:
         stats["handoffs"] = len(job.keeper.join())
     if job.work == DA:  # the pairing, as the ranks found it (node: what --dpus maps it to)

@@ -13,7 +13,7 @@ and ends when host rank 0 sends SHUTDOWN (`job.finish()`, after every host close
 
 There is no deadline on a full ring: the host decides when it wants its next batch (a user's own
 validation may take an hour). A dead host rank ends the job through mpirun (or, under
-`--dpu-failure fallback`, through `common.runtime.faults`); under `--recovery lossy-forward` its
+`--dpu-failure fallback`, through `common.faults.watch`); under `--recovery lossy-forward` its
 stream is dropped and the survivors take its batches over; under `--recovery rollback` the spare
 rank that takes its seat opens the same loader here (a spare's messages are served like a fed
 host rank's).
@@ -36,7 +36,7 @@ from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.data.streams import STOP, NumericsQuery, OpenLoader, Plan, Recipe, StepSplit, decode, stream_tag
 from dpuoffload.common.data.workers import WorkerPool, cores_note
 from dpuoffload.common.errors import PeerError, PeerLost
-from dpuoffload.common.runtime import inject
+from dpuoffload.common.faults import inject
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
@@ -339,7 +339,7 @@ class LoaderService:
     def run(self) -> list[dict[str, Any]]:
         """Serve until SHUTDOWN; a record per epoch all streams produced (phases, batches sent)."""
         shutdown = CONTROL.empty()
-        any_host = self.cfg.recovery != "stop"
+        any_host = self.cfg.recovery_policy.survives_host_loss
         ctl = post_control(self.topo, shutdown, any_host)
         sleep, moved_at = 0.0, time.perf_counter()
         while True:
@@ -395,7 +395,7 @@ class LoaderService:
         return got
 
     def handle(self, host: int, message: Any) -> None:
-        if host not in self.hosts and not (self.cfg.recovery == "rollback" and host in self.topo.spare_ranks):
+        if host not in self.hosts and not (self.cfg.recovery_policy.uses_spares and host in self.topo.spare_ranks):
             raise PeerError(f"{self.topo.describe(host)} sent a loader message to {self.topo.describe()}, "
                             "which does not feed it: host and DPU programs disagree on the offload plan")
         if isinstance(message, OpenLoader):
@@ -447,7 +447,7 @@ class LoaderService:
         try:
             yield
         except (PeerLost, MPI.Exception) as e:
-            if self.cfg.recovery == "stop" or not (isinstance(e, PeerLost) or is_failure(e)):
+            if not self.cfg.recovery_policy.survives_host_loss or not (isinstance(e, PeerLost) or is_failure(e)):
                 raise
             self.streams = {k: s for k, s in self.streams.items() if s is not stream}
             stream.abandon()

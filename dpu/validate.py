@@ -29,9 +29,9 @@ from torch.utils.data import Dataset
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.streams import decode
 from dpuoffload.common.errors import PeerError, PeerLost
+from dpuoffload.common.faults import inject, watch
+from dpuoffload.common.faults.abort import arrive
 from dpuoffload.common.plan.validation_split import dpu_count
-from dpuoffload.common.runtime import faults, inject
-from dpuoffload.common.runtime.failure import arrive
 from dpuoffload.common.runtime.messages import CONTROL, STATE_HEADER, STATE_HEADER_BYTES, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
@@ -73,14 +73,14 @@ class Validator:
         self.cfg, self.topo, self.comm, self.model, self.val_set = cfg, topo, comm, model, val_set
         self.epochs, self.steps, self.total_steps = tuple(epochs), steps, total_steps
         self.hosts = hosts  # world ranks of the host ranks whose slices this rank receives
-        self.fallback = cfg.dpu_failure == "fallback"
+        self.fallback = cfg.recovery_policy.survives_dpu_loss
         self.validators = frozenset(validators)
         self.injector = inject.for_rank(cfg.inject, topo)
         self.tensors = state_tensors(model.state_dict())
         plan = cached_plan(tuple(t.numel() for t in self.tensors), len(topo.host_ranks))
         self.sizes = [STATE_HEADER_BYTES + packed_nbytes(self.tensors, plan.rank_pieces(k))
                       for k in range(len(topo.host_ranks))]
-        self.surviving = cfg.recovery != "stop"   # the senders of an epoch's state can change
+        self.surviving = cfg.recovery_policy.survives_host_loss   # the senders of an epoch's state can change
         self.early: dict[int, list[np.ndarray]] = {}   # (--recovery) messages of a later epoch, received
         self.sources: tuple[int, ...] = ()   # world ranks that sent the epoch's state (the results go back there)
         self.timer = PhaseTimer()
@@ -102,7 +102,7 @@ class Validator:
     def check_fellows(self) -> None:
         """While a state is awaited: stop if another validation rank is known dead (the host ranks
         validate from now on, so no state may come)."""
-        dead = sorted(self.validators & faults.dead_ranks())
+        dead = sorted(self.validators & watch.dead_ranks())
         if dead:
             raise ValidationLost(", ".join(self.topo.describe(r) for r in dead) + " died")
 
@@ -117,7 +117,7 @@ class Validator:
             pass
         print(f"[dpuoffload] {self.topo.describe()}: validation stops at epoch {epoch + 1} ({why}); the host ranks "
               "validate from here on", flush=True)
-        faults.note({"event": "validation_stopped", "epoch": epoch, "why": str(why), "time": time.time()})
+        watch.note({"event": "validation_stopped", "epoch": epoch, "why": str(why), "time": time.time()})
 
     def send_profile(self) -> None:
         """Tell host rank 0 what a validation sample costs here (it picks the DPU share from it)."""
@@ -206,7 +206,7 @@ class Validator:
         not come."""
         if not n or expect is None or time.monotonic() - last < self.cfg.peer_timeout:
             return
-        dead = sorted(faults.dead_ranks() & {*self.topo.host_ranks, *self.topo.spare_ranks})
+        dead = sorted(watch.dead_ranks() & {*self.topo.host_ranks, *self.topo.spare_ranks})
         if dead:
             raise PeerError(f"epoch {epoch}: {n} of the {expect} model state messages due here came, and "
                             f"{', '.join(self.topo.describe(r) for r in dead)} died: the rest cannot come, so this "

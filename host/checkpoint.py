@@ -30,9 +30,9 @@ from torch import nn
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import PeerError, PeerLost
+from dpuoffload.common.faults import watch
+from dpuoffload.common.faults.abort import EXIT_CHECKPOINT_FAILED, PREFIX
 from dpuoffload.common.plan.assign import StateAssignment
-from dpuoffload.common.runtime import faults
-from dpuoffload.common.runtime.failure import EXIT_CHECKPOINT_FAILED, PREFIX
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Topology
@@ -54,7 +54,7 @@ from dpuoffload.common.state.trainstate import (
     set_rng,
     shared_tensors,
 )
-from dpuoffload.common.train.survivors import SurvivorGroup, seat_hosts, world_ranks
+from dpuoffload.host.recovery.survivors import SurvivorGroup, seat_hosts, world_ranks
 
 ZERO_POLL_MAX_SLEEP = 0.0005  # the next optimizer step waits on these: poll often
 
@@ -167,7 +167,7 @@ class StateHandoff:
         self.comm: Any = topo.side_comm if group is None else group
         self.seat_host = seat_hosts(self.comm, topo.host_ranks)[self.rank]  # whose place this rank trains in
         self.keeper = self.assign.keeper_of(self.seat_host)
-        self.fallback = faults.survives_keeper_loss(cfg)  # a dead keeper: the next hand-offs go to a living one
+        self.fallback = cfg.recovery_policy.survives_keeper_loss  # a dead keeper: the next hand-offs go to a living one
         self.lost: frozenset[int] = frozenset()        # the keepers the host ranks agreed are dead
         self.inflight: list[tuple["MPI.Request", Any]] = []   # requests and the buffers they read
         self.zero_pending: list["MPI.Request"] = []   # zero-copy sends straight from tensor memory
@@ -376,7 +376,7 @@ class StateHandoff:
             return
         from mpi4py import MPI
 
-        known = self.lost | (faults.dead_ranks() & set(self.assign.keeper_ranks))
+        known = self.lost | (watch.dead_ranks() & set(self.assign.keeper_ranks))
         mine, agreed = np.array([self.assign.lost_mask(known)], dtype=np.int64), np.zeros(1, dtype=np.int64)
         self.comm.Allreduce(mine, agreed, op=MPI.BOR)
         lost = self.assign.lost_of(int(agreed[0]))
@@ -388,5 +388,5 @@ class StateHandoff:
         if keeper != self.keeper:
             print(f"{PREFIX} {self.topo.describe()}: its checkpoint keeper {self.topo.describe(self.keeper)} died; "
                   f"its state goes to {self.topo.describe(keeper)} from here on (--dpu-failure fallback)", flush=True)
-            faults.note({"event": "keeper_moved", "dead": self.keeper, "keeper": keeper, "time": time.time()})
+            watch.note({"event": "keeper_moved", "dead": self.keeper, "keeper": keeper, "time": time.time()})
         self.keeper = keeper

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dpuoffload.common.errors import PeerLost
-from dpuoffload.common.runtime.faults import dead_ranks
+from dpuoffload.common.faults.watch import dead_ranks
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import wait

@@ -36,10 +36,11 @@ from dpuoffload.common.data.loaders import Sampling, steps_per_epoch
 from dpuoffload.common.data.streams import Recipe, StepSplit
 from dpuoffload.common.data.wire import choose
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.faults import watch
+from dpuoffload.common.faults.abort import JobFailed, abort_job, failure_line, set_rank_label
 from dpuoffload.common.modes import Mode, Wire
 from dpuoffload.common.plan.offload import OffloadPlan, plan_offload, require_feeder
-from dpuoffload.common.runtime import env, faults
-from dpuoffload.common.runtime.failure import JobFailed, abort_job, failure_line, set_rank_label
+from dpuoffload.common.runtime import env
 from dpuoffload.common.runtime.messages import StateKind
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import start_program
@@ -112,9 +113,9 @@ class Job:
         self.exit_code = 0
         self.finished = False
         self.fed_as: Optional[int] = None  # a spare in a dead host rank's seat: that rank (world), whose DPU rank
-        # feeds this one's loaders (`host.spare`)
+        # feeds this one's loaders (`host.recovery.spare_rank`)
         self.survivors: Any = None  # --recovery: the host ranks' SurvivorGroup (the built-in trainer's)
-        self.spares: Any = None     # --recovery rollback: the pool of host and spare ranks (`common.train.spares`)
+        self.spares: Any = None     # --recovery rollback: the pool of host and spare ranks (`host.recovery.spares`)
 
     @property
     def device(self) -> "torch.device":
@@ -202,7 +203,7 @@ class Job:
         if cfg.da_host_share:
             source = SharedSource(remote, HostPart(dataset, sampling, split, cfg.da_host_workers, epochs))
             where = f"{topo.describe(feeder)} and this host rank ({split.owned(host=True)} of {steps} steps)"
-        if cfg.dpu_failure == "fallback" or self.fed_as is not None:  # (a dead feeder: this rank loads from the
+        if cfg.recovery_policy.survives_dpu_loss or self.fed_as is not None:  # (a dead feeder: this rank loads from the
             # step that did not come; a spare's feeder may have died with the rank whose seat it takes)
             source = FallbackSource(source, dataset, sampling, steps, cfg.da_host_workers, epochs, topo.describe())
         return DpuLoader(source, sampling, steps, dataset, where, epochs)
@@ -407,7 +408,7 @@ class Job:
             self.handoff.finish()
         if self.topo is not None and self.cfg is not None:
             (self.topo.side_comm if self.survivors is None else self.survivors).Barrier()
-            faults.ending()  # (every host rank is done: ranks that leave now are not dying)
+            watch.ending()  # (every host rank is done: ranks that leave now are not dying)
             if self.spares is not None:  # the spares still standing by leave too
                 self.spares.release()
             if not self.is_clone:  # (the clone group needs the DPU ranks no more once it has the state)

@@ -331,7 +331,7 @@ class FallbackSource:
 
     def _fall_back(self, e: PeerLost, epoch: int, step: int) -> HostPart:
         """`e` says what did not arrive (logged); the line printed says what happens now."""
-        from dpuoffload.common.runtime import faults
+        from dpuoffload.common.faults import watch
 
         remote = self.primary.remote if isinstance(self.primary, SharedSource) else self.primary
         remote.abandon()
@@ -341,7 +341,7 @@ class FallbackSource:
         workers = f" ({self.workers} worker process(es), --da-host-workers)" if self.workers else ""
         print(f"[dpuoffload] {self.where}: {remote.feeder_label} is gone; building this rank's batches here from "
               f"step {step} of epoch {epoch} on{workers}, the same ones", flush=True)
-        faults.note({"event": "fallback", "feeder": remote.feeder, "epoch": epoch, "step": step,
+        watch.note({"event": "fallback", "feeder": remote.feeder, "epoch": epoch, "step": step,
                      "error": str(e), "time": time.time()})
         return local
 

@@ -14,12 +14,12 @@ from dpuoffload.common.data.datasets import build_datasets
 from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.faults.abort import run_program
 from dpuoffload.common.models.zoo import build_model
 from dpuoffload.common.modes import Mode
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.plan.offload import plan_offload
 from dpuoffload.common.runtime import trace
-from dpuoffload.common.runtime.failure import run_program
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import start_program
@@ -31,13 +31,13 @@ from dpuoffload.common.train.device import Compute, resolve_device
 from dpuoffload.common.train.evaluation import LocalValidation
 from dpuoffload.common.train.loop import Trainer, TrainJob
 from dpuoffload.common.train.naive import build_naive_feed, measure_profile, naive_backend
-from dpuoffload.common.train.spares import Rollback, SparePool
-from dpuoffload.common.train.survivors import LossyForward, SurvivorGroup
 from dpuoffload.host.checkpoint import report_end, resume_trainer
 from dpuoffload.host.clone import check_clone_flags, clone_config, describe_overrides
 from dpuoffload.host.extensions import CloneAdopter, HostExtensions
 from dpuoffload.host.library import attach, current
-from dpuoffload.host.spare import run_spare, spare_feed
+from dpuoffload.host.recovery.spare_rank import run_spare, spare_feed
+from dpuoffload.host.recovery.spares import Rollback, SparePool
+from dpuoffload.host.recovery.survivors import LossyForward, SurvivorGroup
 from dpuoffload.host.validation import build_validation
 
 
@@ -95,8 +95,8 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
     if topo.role is Role.SPARE:
         return run_spare(cfg, topo, job)
     group: Any = topo.side_comm
-    if cfg.recovery != "stop":  # the host ranks' group shrinks to the survivors of a dead one (or calls spares in)
-        spares = current().spares = SparePool(topo, cfg.peer_timeout) if cfg.recovery == "rollback" else None
+    if cfg.recovery_policy.survives_host_loss:  # the group shrinks to the survivors of a dead rank (or calls spares in)
+        spares = current().spares = SparePool(topo, cfg.peer_timeout) if cfg.recovery_policy.uses_spares else None
         group = current().survivors = SurvivorGroup(topo, cfg.peer_timeout, spares)
     if cfg.mode.dpu_trains:  # DPU ranks are replicas too: one gradient group over the whole job
         source = "balanced by --mode auto's profile" if started.auto is not None else "from --dpu-batch-size"
@@ -112,7 +112,7 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
     validation, share = build_validation(cfg, topo, job, group if isinstance(group, SurvivorGroup) else None)
     trainer = Trainer(cfg, topo, job, sync, validation, share, group=group,
                       hooks=lambda t: ext.hooks_factory(cfg, topo, t))
-    if cfg.recovery == "rollback":
+    if cfg.recovery_policy.uses_spares:
         trainer.recovery = Rollback(group, trainer, cfg.epochs)
     elif isinstance(group, SurvivorGroup):
         sampling = Sampling.of(cfg, len(topo.host_ranks), topo.side_rank)

@@ -25,9 +25,9 @@ from torch.utils.data import Dataset
 
 from dpuoffload.common.data.streams import ValidatorSetup, encode
 from dpuoffload.common.errors import ConfigError, PeerError
+from dpuoffload.common.faults import watch
 from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.plan.validation_split import auto_share, dpu_count
-from dpuoffload.common.runtime import faults
 from dpuoffload.common.runtime.messages import (
     METRICS_FIELDS,
     STATE_HEADER,
@@ -57,7 +57,7 @@ from dpuoffload.common.train.evaluation import (
     metrics_from_sums,
     shard_range,
 )
-from dpuoffload.common.train.survivors import seat_hosts
+from dpuoffload.host.recovery.survivors import seat_hosts
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -307,7 +307,7 @@ class FallbackValidation:
         rank, host rank 0 has every DPU result due); drops the messages of epochs rank 0 has."""
         from mpi4py import MPI
 
-        lost = self.failed or bool(self.mv & faults.dead_ranks())
+        lost = self.failed or bool(self.mv & watch.dead_ranks())
         mine = np.array([lost, self.off.confirmed, len(self.off.pending)], dtype=np.int64)
         got = np.empty_like(mine)
         self.comm.Allreduce(mine, got, op=MPI.MAX)
@@ -333,7 +333,7 @@ class FallbackValidation:
         self.abandoned += [k.send for k in self.kept.values()]
         self.kept.clear()
         self.local = LocalValidation(self.off.model, self.off.val_set, self.off.batch_size, self.comm)
-        faults.note({"event": "validation_fallback", "epoch": epoch, "revalidated": redo, "time": time.time()})
+        watch.note({"event": "validation_fallback", "epoch": epoch, "revalidated": redo, "time": time.time()})
         if first:
             again = f"; epoch(s) {', '.join(str(e + 1) for e in redo)} validated again here from the state kept " \
                     "for them" if redo else ""
@@ -388,7 +388,7 @@ class SurvivingValidation:
     none of its own), so at each epoch's end the host ranks agree in one allreduce (MAX) of every
     epoch's host and DPU sums, a rank that lacks one contributing zeros (sums are never negative),
     and each returns an epoch once both parts are in somewhere. The epoch records a spare needs
-    came with its state (`common.train.spares.pack_state`).
+    came with its state (`host.recovery.spares.pack_state`).
     """
 
     def __init__(self, offloaded: OffloadedValidation, epochs: int, timeout: float) -> None:
@@ -530,7 +530,7 @@ def build_validation(cfg: "RunConfig", topo: Topology, job: "TrainJob",
     if not job.plan.mv_ranks:
         return LocalValidation(job.model, val, bs, topo.side_comm if group is None else group), None
     leader = job.plan.mv_ranks[0]
-    fallback = cfg.dpu_failure == "fallback"  # (a dead validation rank: the host ranks validate from then on)
+    fallback = cfg.recovery_policy.survives_dpu_loss  # (a dead validation rank: the host ranks validate from then on)
     offloaded = OffloadedValidation(job.model, val, bs, topo, job.plan.mv_target, job.plan.mv_ranks,
                                     cfg.peer_timeout, keep=fallback, group=group)
     validation: Validation = offloaded

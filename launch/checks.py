@@ -167,17 +167,17 @@ def check_ranks(cfg: RunConfig, facts: LaunchFacts) -> None:
     if facts.clone_ranks and cfg.clone_at is None:
         raise ConfigError(f"--clone-ranks {facts.clone_ranks} without --clone-at STEP: the clones would never "
                           "start; add --clone-at STEP after '--'")
-    if cfg.recovery == "rollback" and facts.spare_ranks == 0:
+    if cfg.recovery_policy.uses_spares and facts.spare_ranks == 0:
         raise ConfigError("--recovery rollback puts a spare rank in a dead host rank's place: add --spare-ranks S "
                           "before '--'")
-    if facts.spare_ranks and cfg.recovery != "rollback":
+    if facts.spare_ranks and not cfg.recovery_policy.uses_spares:
         raise ConfigError(f"--spare-ranks {facts.spare_ranks} without --recovery rollback: the spares would only "
                           "stand by; add --recovery rollback after '--'")
 
 
 def check_injections(cfg: RunConfig, facts: LaunchFacts) -> None:
     """`--inject` names ranks that exist (a spec naming none would silently inject nothing)."""
-    from dpuoffload.common.runtime.inject import parse_all, parse_simulated_all
+    from dpuoffload.common.faults.inject import parse_all, parse_simulated_all
 
     for inj in (*parse_all(cfg.inject), *(s.injection for s in parse_simulated_all(cfg.inject_simulate))):
         count, what = (facts.dpu_ranks, "DPU") if inj.who == "dpu" else (facts.host_ranks, "host")

@@ -138,7 +138,7 @@ def _openmpi_command(spec: LaunchSpec) -> list[str]:
     # Each rank runs multi-threaded torch: binding it to one core (Open MPI's default) would
     # serialize its threads; locally, taskset does the pinning instead.
     cmd += ["--bind-to", "none"]
-    if spec.fault_tolerant:  # ULFM: a dead rank is reported to the others, who go on (common.runtime.faults)
+    if spec.fault_tolerant:  # ULFM: a dead rank is reported to the others, who go on (common.faults.watch)
         cmd += ["--with-ft", "ulfm"]
     if spec.local:
         # Count logical CPUs as slots, like os.sched_getaffinity that dpurun checked the

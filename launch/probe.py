@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 from dpuoffload.common.config import RunConfig, parse_run_config
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.factories import is_factory_spec, load_factory
-from dpuoffload.common.runtime.failure import short_path, user_frame
+from dpuoffload.common.faults.abort import short_path, user_frame
 from dpuoffload.launch.checks import PROBE_MARK, batch_vs_size
 
 

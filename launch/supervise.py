@@ -59,13 +59,13 @@ _PATTERNS = (
 )
 
 
-# The ranks' own one-line reports (common/runtime/failure.py, dpu/keeper.py): they come before Open
+# The ranks' own one-line reports (common/faults/abort.py, dpu/keeper.py): they come before Open
 # MPI's, name the rank that failed first and why, and so beat the ranks Open MPI reports dying after.
 _LABEL = r"\w+ rank \d+ \(world rank (\d+)\b[^)]*\)"   # topo.describe(): 'host rank 1 (world rank 1, node vm)'
 _OWN_FAILURE = ((re.compile(r"^\[dpuoffload\] " + _LABEL + r" failed: (.*)$"), "failed first"),  # run_program
                 (re.compile(r"^\[dpuoffload\] error on (?:\d+ ranks \()?" + _LABEL + r".*?\)?: (.*)$"),
                  "failed first"),  # collective
-                # --dpu-failure fallback (common/runtime/faults.py): a death the run does not survive
+                # --dpu-failure fallback (common/faults/watch.py): a death the run does not survive
                 (re.compile(r"^\[dpuoffload\] " + _LABEL + r" died; (.*: ending the job)$"), "died"))
 _OWN_SUMMARY = re.compile(r"^\[dpuoffload\] (checkpoints: .*)$")
 # Open MPI's TCP banner when a peer hangs up ("An MPI communication peer process has unexpectedly

@@ -20,8 +20,8 @@ import pytest
 
 from dpuoffload.common.config import parse_run_config
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.faults.watch import verdict
 from dpuoffload.common.plan.offload import plan_offload
-from dpuoffload.common.runtime.faults import verdict
 from dpuoffload.common.runtime.roles import RankInfo, Role, Topology, pair_ranks
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.launch.command import LaunchSpec, build_command

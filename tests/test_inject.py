@@ -8,8 +8,8 @@ import pytest
 
 from dpuoffload.common.config import parse_run_config
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.runtime import inject
-from dpuoffload.common.runtime.inject import InjectedFailure, Injection, Injector, parse, parse_all, targets_me
+from dpuoffload.common.faults import inject
+from dpuoffload.common.faults.inject import InjectedFailure, Injection, Injector, parse, parse_all, targets_me
 
 
 def test_specs_parse_to_who_when_and_how():

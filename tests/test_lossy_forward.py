@@ -16,9 +16,9 @@ from torch.utils.data import DistributedSampler
 from dpuoffload.common.config import parse_run_config
 from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.runtime.faults import require_ft
+from dpuoffload.common.faults.watch import require_ft
 from dpuoffload.common.state import ckptfiles
-from dpuoffload.common.train.survivors import LossyForward, Shrink, Takeover
+from dpuoffload.host.recovery.survivors import LossyForward, Shrink, Takeover
 from tests.mpijobs import dpurun, read_jsonl
 from tests.test_dpu_failure import D, H, epochs, topo_of
 from tests.test_dpu_failure import judge as _judge
@@ -62,8 +62,8 @@ def test_flags_and_fault_tolerance():
 
 
 def judge(flags, layout, dead, gone=(), seated=None):
+    from dpuoffload.common.faults.watch import verdict
     from dpuoffload.common.plan.offload import plan_offload
-    from dpuoffload.common.runtime.faults import verdict
 
     cfg = parse_run_config(flags)
     topo = topo_of(layout)

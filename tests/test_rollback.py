@@ -20,7 +20,7 @@ from dpuoffload.common.runtime.roles import Role, role_from_appnum
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.trainstate import Position
 from dpuoffload.common.train.loop import build_optimizer, lr_factor
-from dpuoffload.common.train.spares import CALL_IN, Command, pack_state, unpack_state
+from dpuoffload.host.recovery.spares import CALL_IN, Command, pack_state, unpack_state
 from dpuoffload.launch import checks, cli
 from dpuoffload.launch.command import build_command
 from tests.mpijobs import dpurun, read_jsonl

@@ -10,9 +10,12 @@ import torch
 
 from dpuoffload.common.config import parse_run_config
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.runtime.inject import parse_simulated
-from dpuoffload.common.train.simulate import FailureSimulator, StepFailure, lose_gradients
+from dpuoffload.common.faults.inject import parse_simulated
+from dpuoffload.common.faults.policy import SimulatedRecovery
+from dpuoffload.common.faults.simulate import FailureSimulator, StepFailure, lose_gradients
 from tests.mpijobs import dpurun, read_jsonl
+
+LF = SimulatedRecovery.LOSSY_FORWARD
 
 
 def test_specs_name_host_ranks_a_step_and_the_share_computed_before_the_failure():
@@ -28,23 +31,36 @@ def test_specs_name_host_ranks_a_step_and_the_share_computed_before_the_failure(
 
 
 def test_simulator_groups_casualties_per_step_and_refuses_what_cannot_run():
-    sim = FailureSimulator(["host:1@4:25%,host:2@4:25%", "node:0@0.5"], "lf", total_steps=10, replicas=4)
-    assert sim.at(4) == StepFailure(4, (1, 2), 0.25, "lf") and sim.at(5) == StepFailure(5, (0,), 0.5, "lf")
+    sim = FailureSimulator(["host:1@4:25%,host:2@4:25%", "node:0@0.5"], "lossy-forward", total_steps=10, replicas=4)
+    assert sim.at(4) == StepFailure(4, (1, 2), 0.25, LF) and sim.at(5) == StepFailure(5, (0,), 0.5, LF)
     assert sim.at(3) is None
     with pytest.raises(ConfigError, match="another spec fails step 4 after 25%"):
-        FailureSimulator(["host:1@4:25%", "host:2@4:50%"], "lf", 10, 4)
+        FailureSimulator(["host:1@4:25%", "host:2@4:50%"], LF, 10, 4)
     with pytest.raises(ConfigError, match="every host rank is a casualty at step 2, so lossy forward"):
-        FailureSimulator(["host:0@2", "host:1@2"], "lf", 10, 2)
-    FailureSimulator(["host:0@2", "host:1@2"], "ir", 10, 2)  # rollback needs no survivor
+        FailureSimulator(["host:0@2", "host:1@2"], LF, 10, 2)
+    FailureSimulator(["host:0@2", "host:1@2"], "rollback", 10, 2)  # rollback needs no survivor
     with pytest.raises(ConfigError, match="there is no host rank 2"):
-        FailureSimulator(["host:2@2"], "lf", 10, 2)
+        FailureSimulator(["host:2@2"], LF, 10, 2)
 
 
 def _allreduce_average(per_rank: list[list[torch.Tensor]]) -> list[torch.Tensor]:
     return [sum(ts) / len(per_rank) for ts in zip(*per_rank)]
 
 
-@pytest.mark.parametrize("recovery", ["lf", "ir"])
+def test_simulate_recovery_speaks_the_recoveries_names_and_reads_the_old_ones_with_a_warning(capsys):
+    """One vocabulary: --simulate-recovery says lossy-forward / rollback as --recovery does; lf / ir still
+    parse (the same strategies) with one deprecation line naming the new spelling."""
+    assert parse_run_config(["--simulate-recovery", "rollback"]).simulate_recovery is SimulatedRecovery.ROLLBACK
+    assert capsys.readouterr().err == ""
+    assert parse_run_config(["--simulate-recovery", "ir"]).simulate_recovery is SimulatedRecovery.ROLLBACK
+    assert "--simulate-recovery ir is deprecated: say --simulate-recovery rollback" in capsys.readouterr().err
+    assert parse_run_config([]).simulate_recovery is LF
+    with pytest.raises(SystemExit):
+        parse_run_config(["--simulate-recovery", "undo"])
+    assert "argument --simulate-recovery: invalid choice: 'undo'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recovery", list(SimulatedRecovery))
 def test_lost_gradients_average_over_the_survivors_or_vanish(recovery):
     torch.manual_seed(0)
     size, n = 4, 8                                       # 4 replicas, 8 gradient tensors each
@@ -56,7 +72,7 @@ def test_lost_gradients_average_over_the_survivors_or_vanish(recovery):
     for i in range(n - 2, n):                            # computed before the failure: everyone's average
         assert torch.allclose(reduced[i], sum(g[i] for g in grads) / size)
     for i in range(n - 2):                               # lost: the survivors' (0 and 2) average, or nothing
-        want = (grads[0][i] + grads[2][i]) / 2 if recovery == "lf" else torch.zeros(3)
+        want = (grads[0][i] + grads[2][i]) / 2 if recovery is LF else torch.zeros(3)
         assert torch.allclose(reduced[i], want, atol=1e-6)
 
 
@@ -72,7 +88,7 @@ def test_a_simulated_failure_changes_only_the_steps_after_it_and_is_reported(bun
              "--batch-size", "16", "--data", str(bundled_data / "cifar10"), "--no-progress"]
     runs = {}
     for name, extra in (("free", []), ("lf", ["--inject-simulate", "host:1@3:50%"]),
-                        ("ir", ["--inject-simulate", "host:1@3:50%", "--simulate-recovery", "ir"])):
+                        ("ir", ["--inject-simulate", "host:1@3:50%", "--simulate-recovery", "rollback"])):
         r = dpurun(["--host-ranks", "2", "--dpu-ranks", "1"], [*flags, *extra, "--log-dir", str(tmp_path / name)])
         assert r.returncode == 0, r.stdout + r.stderr
         runs[name] = (r.stdout, _losses(tmp_path / name))
@@ -83,7 +99,8 @@ def test_a_simulated_failure_changes_only_the_steps_after_it_and_is_reported(bun
         assert len(losses) == 8 and losses[:same] == free[:same] and losses[same] != free[same], name
         event = next(json.loads(ln) for ln in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
                      if "simulated_failure" in ln)
-        assert (event["global_step"], event["casualties"], event["recovery"]) == (3, [1], name)
+        assert (event["global_step"], event["casualties"], event["recovery"]) == \
+            (3, [1], {"lf": "lossy-forward", "ir": "rollback"}[name])
         assert event["gradients_lost"] == event["gradients"] // 2 + event["gradients"] % 2
     assert "simulated failure at global step 3: host rank(s) 1 lost" in runs["lf"][0]
     assert "lossy forward: the 1 survivor(s) average them" in runs["lf"][0]

@@ -17,7 +17,7 @@ from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.data.streams import StepSplit
 from dpuoffload.common.data.workers import STOP, PlannedKeys, WorkerPool, cores_note
 from dpuoffload.common.errors import ConfigError, WorkerError
-from dpuoffload.common.runtime.failure import describe_error
+from dpuoffload.common.faults.abort import describe_error
 from dpuoffload.host.loader import HostPart, local_loader
 
 

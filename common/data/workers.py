@@ -96,7 +96,7 @@ class Packing(EpochTagged):
         try:
             items = super().__getitems__(keys)
         except Exception as e:  # noqa: BLE001 - any failure of the user's code goes to the parent
-            from dpuoffload.common.runtime.failure import describe_error
+            from dpuoffload.common.faults.abort import describe_error
 
             return WorkerError(describe_error(e), "".join(traceback.format_exception(type(e), e, e.__traceback__)))
         buf = self.layout.buffer()

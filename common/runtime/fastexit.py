@@ -77,6 +77,6 @@ def _fault_tolerant() -> bool:
     """Whether this rank runs under Open MPI's fault tolerance (see the module docstring)."""
     if "mpi4py.MPI" not in sys.modules:
         return False
-    from dpuoffload.common.runtime.faults import ft_active
+    from dpuoffload.common.faults.watch import ft_active
 
     return ft_active()

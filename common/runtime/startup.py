@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
 
 from dpuoffload.common.config import RunConfig, parse_run_config
+from dpuoffload.common.faults import watch
+from dpuoffload.common.faults.abort import collective_call, set_error_dir, set_rank_label
 from dpuoffload.common.modes import Mode
-from dpuoffload.common.runtime import env, faults, metrics, trace
+from dpuoffload.common.runtime import env, metrics, trace
 from dpuoffload.common.runtime.env import horovod_available
-from dpuoffload.common.runtime.failure import collective_call, set_error_dir, set_rank_label
 from dpuoffload.common.runtime.handshake import check_peers
 from dpuoffload.common.runtime.malloc import freeze_startup_objects, tune_malloc
 from dpuoffload.common.runtime.roles import Role, Topology, build_topology
@@ -112,7 +113,7 @@ def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[
     prog = "python -m dpuoffload.host" if role is Role.HOST else "python -m dpuoffload.dpu"
     cfg = collective_call(topo.world, lambda: configure(argv, prog), label)
     collective_call(topo.world, lambda: check_peers(topo, cfg), label)
-    collective_call(topo.world, lambda: faults.require_ft(cfg), label)
+    collective_call(topo.world, lambda: watch.require_ft(cfg), label)
     set_error_dir(cfg.log_dir)
     metrics.set_run(topo.world.bcast(metrics.new_run_id() if topo.world.Get_rank() == 0 else None, root=0),
                     resuming=cfg.resume is not None)
@@ -132,6 +133,6 @@ def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[
     mine = collective_call(topo.world, lambda: {"horovod": horovod_available(), **profile(cfg, topo, state)}, label)
     profiles = topo.world.allgather(mine)
     trace.start(topo, cfg.trace is not None)
-    faults.start_watch(topo, cfg)
+    watch.start_watch(topo, cfg)
     freeze_startup_objects()  # no full collection walks start-up's objects in a step (common/runtime/malloc.py)
     return Started(cfg, topo, state, profiles, auto)

@@ -173,7 +173,7 @@ def _rendezvous_address(group: "MPI.Comm") -> str:
 class MpiSync:
     """The replicas' sums as one MPI allreduce of every gradient (mpi4py, through host memory).
 
-    Over a `common.train.survivors.SurvivorGroup` it survives a dead replica: the group agrees the
+    Over a `host.recovery.survivors.SurvivorGroup` it survives a dead replica: the group agrees the
     allreduce failed, shrinks to the survivors and redoes it, and the step's gradient becomes the
     survivors' mean (lossy forward). A weight per replica travels in the same message (1, or its
     share of the step's samples) so that the mean is right for unequal batches too.

@@ -23,6 +23,7 @@ import numpy as np
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import build_datasets, build_train_set
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.faults.abort import collective_call
 from dpuoffload.common.models.zoo import build_model
 from dpuoffload.common.modes import Mode
 from dpuoffload.common.plan.offload import plan_offload
@@ -35,7 +36,6 @@ from dpuoffload.common.plan.perfmodel import (
     format_table,
     predict_all,
 )
-from dpuoffload.common.runtime.failure import collective_call
 from dpuoffload.common.runtime.messages import Tag
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import init_torch

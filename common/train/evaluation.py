@@ -79,7 +79,7 @@ def allreduce_sums(comm: "MPI.Comm", sums: Sums) -> Sums:
 def allreduce_shards(comm: "MPI.Comm", sums_of: Callable[[int, int], Sums]) -> Sums:
     """Sum `sums_of(rank, size)` (sums over this rank's shard of a set) over `comm`.
 
-    On a `common.train.survivors.SurvivorGroup` that lost a rank during the sum (its `generation`
+    On a `host.recovery.survivors.SurvivorGroup` that lost a rank during the sum (its `generation`
     moved), the shards are recomputed for the new size: else the dead rank's shard would be missing.
     """
     while True:

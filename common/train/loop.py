@@ -34,9 +34,11 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import DatasetPair
 from dpuoffload.common.data.feeds import Batch, Feed
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.faults import inject
+from dpuoffload.common.faults.simulate import FailureSimulator, StepFailure, lose_gradients
 from dpuoffload.common.files import write_atomic
 from dpuoffload.common.plan.offload import OffloadPlan
-from dpuoffload.common.runtime import env, inject, trace
+from dpuoffload.common.runtime import env, trace
 from dpuoffload.common.runtime.metrics import JsonlLog, PhaseTimer
 from dpuoffload.common.runtime.report import Reports, build_reports
 from dpuoffload.common.runtime.roles import Topology
@@ -51,7 +53,6 @@ from dpuoffload.common.train.evaluation import (
     allreduce_sums,
     metrics_from_sums,
 )
-from dpuoffload.common.train.simulate import FailureSimulator, StepFailure, lose_gradients
 
 
 class StateHooks(Protocol):
@@ -73,8 +74,8 @@ class StateHooks(Protocol):
 
 
 class Recovery(Protocol):
-    """What the trainer asks of `--recovery` (`common.train.survivors.LossyForward`,
-    `common.train.spares.Rollback`): the step's batch, a hook around the step's allreduce, and
+    """What the trainer asks of `--recovery` (`host.recovery.survivors.LossyForward`,
+    `host.recovery.spares.Rollback`): the step's batch, a hook around the step's allreduce, and
     after each step the failures to report (each by the rank that `reports` says); between epochs
     a chance to change the group (rollback's spares take seats left vacant)."""
 
@@ -202,7 +203,7 @@ class Trainer:
         built = hooks(self) if hooks is not None else None
         self.hands_off = built is not None  # time the hooks as their own phase only when there are some
         self.hooks: StateHooks = built if built is not None else NoHooks()
-        self.recovery: Optional[Recovery] = None  # --recovery (`common.train.survivors`, `common.train.spares`)
+        self.recovery: Optional[Recovery] = None  # --recovery (`host.recovery.survivors`, `host.recovery.spares`)
         self.at = Position()  # the step in flight (rollback hands a spare the state before it)
 
     @property
@@ -379,7 +380,7 @@ class Trainer:
         Otherwise the loss is scaled by n_i / total and gradients summed: the sample-weighted mean.
         `staged` False: the batch is not the feed's (a takeover added to it), so not the one staged
         on the GPU.
-        A step `--inject-simulate` fails loses gradients before the allreduce (`common.train.simulate`)
+        A step `--inject-simulate` fails loses gradients before the allreduce (`common.faults.simulate`)
         and, with immediate rollback, is replayed (`replay`) on the state it left."""
         failure = None if replay or self.simulator is None else self.simulator.at(self.global_step + 1)
         loss, correct, out, mean = 0.0, 0, None, None

@@ -9,7 +9,7 @@ import time
 
 from mpi4py import MPI
 
-from dpuoffload.common.runtime.failure import set_rank_label
+from dpuoffload.common.faults.abort import set_rank_label
 from dpuoffload.dpu.keeper import Keeper
 
 

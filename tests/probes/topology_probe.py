@@ -8,8 +8,8 @@ import sys
 from mpi4py import MPI
 
 from dpuoffload.common.config import parse_run_config
+from dpuoffload.common.faults.abort import collective_call
 from dpuoffload.common.runtime import handshake as handshake_module
-from dpuoffload.common.runtime.failure import collective_call
 from dpuoffload.common.runtime.handshake import check_peers
 from dpuoffload.common.runtime.roles import Role, build_topology
 

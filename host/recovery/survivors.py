@@ -39,8 +39,9 @@ from dpuoffload.common.data.feeds import Batch
 from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import PeerLost
-from dpuoffload.common.runtime import faults
-from dpuoffload.common.runtime.failure import PREFIX
+from dpuoffload.common.faults import watch
+from dpuoffload.common.faults.abort import PREFIX
+from dpuoffload.common.faults.policy import Recovery
 from dpuoffload.common.runtime.waits import is_failure, wait
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 
     from dpuoffload.common.runtime.roles import Topology
     from dpuoffload.common.state.trainstate import Position
-    from dpuoffload.common.train.spares import Regroup, SparePool
+    from dpuoffload.host.recovery.spares import Regroup, SparePool
 
 
 COLLECTIVE_SPIN = 0.05         # poll a collective without sleeping this long (a blocking MPI call would spin)...
@@ -96,7 +97,7 @@ class SurvivorGroup:
     def __init__(self, topo: "Topology", timeout: Optional[float] = None, spares: Optional["SparePool"] = None) -> None:
         """Collective over the host ranks (it duplicates their communicator). With `spares`
         (`--recovery rollback`) it is the pool's seated ranks instead, and a death calls a spare
-        into the dead rank's seat (`common.train.spares`) rather than leaving the group smaller."""
+        into the dead rank's seat (`host.recovery.spares`) rather than leaving the group smaller."""
         from mpi4py import MPI
 
         self.topo, self.timeout, self.spares = topo, timeout, spares
@@ -177,7 +178,7 @@ class SurvivorGroup:
         self.shrinks.append(Shrink(lost, self.alive, survivors, failed_call_s, shrink_s, learnt))
         self.comm, self.alive = new, survivors
         self.generation += 1
-        faults.mark_dead(self.topo.host_ranks[h] for h in lost)
+        watch.mark_dead(self.topo.host_ranks[h] for h in lost)
 
     def _regroup(self, failed_call_s: float, learnt: float) -> None:
         """Rollback: the pool shrinks and, inside a step, spares take the dead ranks' seats now."""
@@ -188,7 +189,7 @@ class SurvivorGroup:
         self.shrinks.append(shrink)
         self.regroups.append((shrink, regroup))
         self._adopt()
-        faults.mark_dead(regroup.lost_world)
+        watch.mark_dead(regroup.lost_world)
 
     def fill(self, state: Callable[[], tuple["Position", bytes]]) -> None:
         """Rollback, at a step boundary: spares into the seats a death outside a step left vacant."""
@@ -335,7 +336,7 @@ class LossyForward:
                 f"finished the step with their own gradients (agreed failed after {s.failed_call_s * 1e3:.0f} ms, "
                 f"group shrunk in {s.shrink_s * 1e3:.1f} ms){took}; {len(failure.lost_ids)} samples lost{left}; "
                 f"they take its batches over from {self._from()}")
-        record = {"event": "recovery", "strategy": "lossy-forward", "reassign": self.reassign,
+        record = {"event": "recovery", "strategy": Recovery.LOSSY_FORWARD, "reassign": self.reassign,
                   "lost_host_ranks": list(s.lost), "survivors": list(s.survivors), "epoch": failure.epoch,
                   "step": failure.step, "global_step": failure.global_step, "failed_call_s": s.failed_call_s,
                   "shrink_s": s.shrink_s, "learnt_time": s.learnt_time,

@@ -2,7 +2,7 @@
 dead host rank's seat.
 
 The spare builds everything a host rank has at start-up (data sets, model), then waits in the
-pool's broadcast (`common.train.spares.SparePool.stand_by`). Called in, it receives the state of
+pool's broadcast (`host.recovery.spares.SparePool.stand_by`). Called in, it receives the state of
 the step to replay (or of the step boundary to start from), and trains in that seat to the end of
 the run like any host rank. Its batches are the dead rank's: in `--mode da` it opens the same
 loader on the DPU rank that fed the dead rank (which dropped the dead rank's stream and serves
@@ -22,18 +22,18 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import build_train_set
 from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.faults import watch
 from dpuoffload.common.plan.offload import OffloadPlan
-from dpuoffload.common.runtime import faults
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.state.trainstate import describe_position
 from dpuoffload.common.train.allreduce import build_sync
 from dpuoffload.common.train.loop import Trainer, TrainJob
-from dpuoffload.common.train.spares import Rollback, SparePool, unpack_state
-from dpuoffload.common.train.survivors import SurvivorGroup
 from dpuoffload.host.checkpoint import StateHandoff, report_end
 from dpuoffload.host.extensions import LoaderFeed, build_hooks
 from dpuoffload.host.library import Job
 from dpuoffload.host.loader import local_loader
+from dpuoffload.host.recovery.spares import Rollback, SparePool, unpack_state
+from dpuoffload.host.recovery.survivors import SurvivorGroup
 from dpuoffload.host.validation import build_validation
 
 
@@ -43,7 +43,7 @@ def spare_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded, seat: int
     and in `none`, loaded in this process). Without `plan`: the placeholder of start-up."""
     host = topo.host_ranks[seat]
     feeder = plan.feeder.get(host) if plan is not None and cfg.mode.augments_on_dpu else None
-    if feeder is None or feeder in faults.dead_ranks():
+    if feeder is None or feeder in watch.dead_ranks():
         return LoaderFeed(local_loader(train.dataset, Sampling.of(cfg, len(topo.host_ranks), seat)))
     job = Job(seat, len(topo.host_ranks), cfg.mode, None, topo, cfg, plan)
     job.fed_as = host  # (the same loader the host rank would open, on its own DPU rank)
@@ -76,7 +76,7 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob) -> int:
     pool = SparePool(topo, cfg.peer_timeout)
     call = pool.stand_by()
     if call is None:   # the run ended without needing this spare
-        faults.ending()
+        watch.ending()
         return 0
     feed = job.feed = spare_feed(cfg, topo, job.train, call.seat, job.plan)
     group = SurvivorGroup(topo, cfg.peer_timeout, spares=pool)
@@ -95,7 +95,7 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob) -> int:
     trainer.fit()
     feed.loader.close()   # (before the barrier, as `Job.finish` on the host ranks: then the DPU ranks stop)
     group.Barrier()
-    faults.ending()
+    watch.ending()
     pool.release()
     sync.shutdown()
     return report_end(cfg, topo, trainer)  # (in seat 0 it has the checkpoint summary)

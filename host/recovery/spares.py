@@ -13,7 +13,7 @@ The recovery study's immediate mini-batch rollback (IR), with real lost processe
   sends the called spare the pre-step state (parameters, optimizer and scheduler state, BatchNorm
   buffers: the same on every survivor, data parallelism's own redundancy). The spare takes the
   dead rank's batch of that step (from that rank's DPU rank in `da`, else built itself: per-sample
-  seeds make it the same batch; `host.spare`), runs forward and backward and joins the survivors,
+  seeds make it the same batch; `host.recovery.spare_rank`), runs forward and backward and joins the survivors,
   who redo the allreduce with their own unchanged gradients: the step's result is the failure-free
   run's, to the bit.
 - A death outside a step (in the epoch's end work) shrinks the seated ranks for that work, and
@@ -42,8 +42,9 @@ from safetensors.torch import save as st_save
 
 from dpuoffload.common.data.feeds import Batch
 from dpuoffload.common.errors import ConfigError, DeathNotSurvived, PeerLost
-from dpuoffload.common.runtime import faults
-from dpuoffload.common.runtime.failure import PREFIX
+from dpuoffload.common.faults import watch
+from dpuoffload.common.faults.abort import PREFIX
+from dpuoffload.common.faults.policy import Recovery
 from dpuoffload.common.runtime.waits import wait, wait_all
 from dpuoffload.common.state.trainstate import (
     EpochProgress,
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
     from dpuoffload.common.runtime.roles import Topology
-    from dpuoffload.common.train.survivors import Shrink, SurvivorGroup
+    from dpuoffload.host.recovery.survivors import Shrink, SurvivorGroup
 
 END, CALL_IN, REGROUP = 1, 2, 3      # Command.kind
 STATE_TAG = 41                        # the state to a called spare, on the pool
@@ -182,7 +183,7 @@ class SparePool:
         self.vacant: tuple[int, ...] = ()
         self.vacated: dict[int, int] = {}   # seat -> world rank whose death vacated it
         self.active = self._split()
-        faults.track_seats(self.seated_world)
+        watch.track_seats(self.seated_world)
 
     def seated_world(self) -> frozenset[int]:
         """World ranks of the members in seats now (read by the failure watch's thread)."""
@@ -263,7 +264,7 @@ class SparePool:
             what = (f"it trained, and no spare rank is left to take host rank {seat}'s seat (all spares of dpurun "
                     "--spare-ranks are in use): start more spares, or use --recovery lossy-forward, which goes on "
                     "without the dead ranks")
-            raise NoSpareLeft(faults.death_line(self.topo, self.vacated[seat], faults.Verdict(False, what)))
+            raise NoSpareLeft(watch.death_line(self.topo, self.vacated[seat], watch.Verdict(False, what)))
         t0 = time.perf_counter()
         sender = self.members[self.root]   # (before the call-in: a survivor, who has the state)
         position, blob = state() if self.me == sender else (Position(), b"")
@@ -411,7 +412,7 @@ class Rollback:
         else:
             line = (f"{PREFIX} {spares} before global step {event.global_step + 1}, with {sender}'s state ({mb:.1f} MB "
                     f"in {r.transfer_s * 1e3:.0f} ms); nothing to replay")
-        record = {"event": "recovery", "strategy": "rollback", "lost_host_ranks": list(r.lost),
+        record = {"event": "recovery", "strategy": Recovery.ROLLBACK, "lost_host_ranks": list(r.lost),
                   "lost_world_ranks": list(r.lost_world), "replaced_by": [list(c) for c in r.called],
                   "state_from": r.sender, "epoch": event.epoch, "step": event.step,
                   "global_step": event.global_step, "failed_call_s": s.failed_call_s, "shrink_s": r.shrink_s,

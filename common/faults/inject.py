@@ -113,7 +113,6 @@ def parse_all(specs: Sequence[str]) -> tuple[Injection, ...]:
 # --------------------------------------------------------------- simulated failures (the study's)
 SIMULATE_FORM = "WHO@WHEN[:P] with WHO host:R or node:N, WHEN a step >= 1 or a fraction in (0, 1), P the " \
                 "share of the step's gradients computed before the failure, e.g. 25% or 0.75 (default 50%)"
-RECOVERIES = ("lf", "ir")
 
 
 @dataclass(frozen=True)
@@ -196,9 +195,9 @@ def fire(inj: Injection, label: str, global_step: int) -> None:
     if inj.how == "raise":
         raise InjectedFailure(what)
     print(f"[dpuoffload] {label}: {what}", file=sys.stderr, flush=True)
-    from dpuoffload.common.runtime import faults  # (--dpu-failure fallback: the moment, for detection times)
+    from dpuoffload.common.faults import watch  # (--dpu-failure fallback: the moment, for detection times)
 
-    faults.note({"event": "injected", "spec": str(inj), "global_step": global_step, "time": time.time()})
+    watch.note({"event": "injected", "spec": str(inj), "global_step": global_step, "time": time.time()})
     os.kill(os.getpid(), HOW[inj.how])
 
 

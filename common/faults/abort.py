@@ -83,7 +83,7 @@ def arrive(comm: "MPI.Comm", what: str, max_sleep: float = ARRIVE_MAX_SLEEP) -> 
 
 _rank_label = "rank ?"
 _error_dir: Optional[str] = None   # --log-dir, once the flags are parsed
-_ROOT = Path(__file__).resolve().parents[2]   # common/runtime/failure.py -> the folders mapped to dpuoffload.*
+_ROOT = Path(__file__).resolve().parents[2]   # common/faults/abort.py -> the folders mapped to dpuoffload.*
 _PACKAGE_DIRS = tuple(f"{_ROOT / d}{os.sep}" for d in ("common", "host", "dpu", "launch"))
 _LIBRARY_DIRS = tuple(f"{p}{os.sep}" for p in
                       {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")} if p)
@@ -173,7 +173,7 @@ def ending_line(e: BaseException, where: str = "") -> str:
     thread)'): the death behind it if a rank death the run does not survive is (or within a
     second becomes) known here, which says more than a wait that failed because of it; else
     `failure_line(e)`. Under fault tolerance the failure watch knows the deaths."""
-    from dpuoffload.common.runtime.faults import death_behind
+    from dpuoffload.common.faults.watch import death_behind
 
     death = str(e) if isinstance(e, DeathNotSurvived) else death_behind()
     if death is None:
@@ -196,7 +196,7 @@ def run_program(main: Callable[[], int], default_label: str) -> None:
             raise
         abort_job(ending_line(e), 1)
     else:
-        from dpuoffload.common.runtime.faults import stop_watch
+        from dpuoffload.common.faults.watch import stop_watch
 
         stop_watch()
         sys.exit(code)

@@ -14,8 +14,8 @@ With `mpirun --with-ft ulfm` (dpurun adds it) the job goes on and MPI reports th
   `--recovery`, the last host rank, a DPU rank that keeps checkpoints or trains) end the
   job in one line naming the rank, instead of leaving survivors waiting on it. A dead validation
   rank moves validation to the host ranks (`host.validation.FallbackValidation`). A host rank's death
-  under `--recovery lossy-forward` is survived by the host group itself (`common.train.survivors`);
-  under `--recovery rollback` a spare rank takes its seat (`common.train.spares`).
+  under `--recovery lossy-forward` is survived by the host group itself (`host.recovery.survivors`);
+  under `--recovery rollback` a spare rank takes its seat (`host.recovery.spares`).
 - Ranks leave without MPI_Finalize under fault tolerance (`common.runtime.fastexit`), so at the end
   a leaving rank looks like a dead one: a rank whose part is over (`ending`) ignores that.
 
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 import numpy as np
 
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.runtime.failure import PREFIX, abort_job
+from dpuoffload.common.faults.abort import PREFIX, abort_job
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.waits import is_failure
 
@@ -64,10 +64,9 @@ def ft_active() -> bool:
 def require_ft(cfg: "RunConfig") -> None:
     """Refuse `--dpu-failure fallback` and `--recovery` where a death would still end the job (or hang it)."""
     if cfg.fault_tolerant and not ft_active():
-        flag = "--dpu-failure fallback" if cfg.dpu_failure == "fallback" else f"--recovery {cfg.recovery}"
-        raise ConfigError(f"{flag} needs MPI fault tolerance: Open MPI 5 started with `mpirun --with-ft ulfm` "
-                          "(dpurun adds it); this run was started without it, so a dead rank would end the job "
-                          "anyway")
+        raise ConfigError(f"{cfg.recovery_policy.flag} needs MPI fault tolerance: Open MPI 5 started with "
+                          "`mpirun --with-ft ulfm` (dpurun adds it); this run was started without it, so a dead "
+                          "rank would end the job anyway")
 
 
 @dataclass(frozen=True)
@@ -89,10 +88,11 @@ def verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan",
 
     if dead not in topo.dpu_ranks:
         return _host_verdict(dead, topo, cfg, gone, seated)
+    policy = cfg.recovery_policy
     fed = plan.fed_by(dead)
-    if cfg.recovery != "stop" and fed and all(h in gone for h in fed):
+    if policy.survives_host_loss and fed and all(h in gone for h in fed):
         return Verdict(True, "it fed only host ranks that died with it")
-    if cfg.dpu_failure != "fallback":
+    if not policy.survives_dpu_loss:
         return Verdict(False, "a lost DPU rank ends the job without --dpu-failure fallback")
     if cfg.mode.dpu_trains:
         return Verdict(False, f"DPU ranks train in --mode {cfg.mode}: a replica is lost")
@@ -100,7 +100,7 @@ def verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan",
     kept = assign.hosts_kept_by(dead)
     if kept and (cfg.checkpointing or cfg.clone_at is not None):
         whose = "it kept the checkpoint state of " + ", ".join(topo.describe(h) for h in kept)
-        if not survives_keeper_loss(cfg):
+        if not policy.survives_keeper_loss:
             return Verdict(False, whose + " (a lost keeper is survived only with checkpoints, without clones)")
         if all(k in gone for k in assign.keeper_ranks):
             return Verdict(False, whose + " (and no other keeper is left)")
@@ -108,14 +108,6 @@ def verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan",
         return Verdict(work.survivable, whose + " (the living keepers take it from the next checkpoint); "
                        + work.what, FALLBACK)
     return _work_verdict(dead, topo, cfg, plan)
-
-
-def survives_keeper_loss(cfg: "RunConfig") -> bool:
-    """Whether a dead checkpoint keeper is survived: under `--dpu-failure fallback`, with
-    checkpoints, but not clones (a clone rank waits for its own keeper's forward). With
-    `--ckpt-mem-keep` the dead keeper's DPU memory stops at its death, so a relaunch finds no newer
-    step every keeper holds than the disk's and reads the disk (`memstore.restart_step`)."""
-    return cfg.dpu_failure == "fallback" and cfg.clone_at is None
 
 
 def _work_verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan") -> Verdict:
@@ -137,9 +129,10 @@ def _work_verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadP
 
 def _host_verdict(dead: int, topo: "Topology", cfg: "RunConfig", gone: frozenset[int],
                   seated: Optional[frozenset[int]] = None) -> Verdict:
-    if cfg.recovery == "rollback":
+    policy = cfg.recovery_policy
+    if policy.uses_spares:
         return _rollback_verdict(dead, topo, gone, seated)
-    if cfg.recovery == "stop" or dead not in topo.host_ranks:
+    if not policy.survives_host_loss or dead not in topo.host_ranks:
         return Verdict(False, "it trained (--recovery lossy-forward or rollback survive host ranks; dpurun "
                               "--restarts N relaunches after a lost host rank)")
     left = [h for h in topo.host_ranks if h not in gone]
@@ -167,7 +160,7 @@ _seats: Optional[Callable[[], frozenset[int]]] = None
 
 
 def track_seats(seats: Callable[[], frozenset[int]]) -> None:
-    """Register where this rank reads the seated world ranks (`common.train.spares.SparePool`), so
+    """Register where this rank reads the seated world ranks (`host.recovery.spares.SparePool`), so
     its failure watch judges a death under --recovery rollback by the seats, not the start."""
     global _seats
     _seats = seats
@@ -331,7 +324,7 @@ def dead_ranks() -> frozenset[int]:
 
 
 def mark_dead(ranks: Iterable[int]) -> None:
-    """World ranks a collective found dead (`common.train.survivors`), maybe before the watch did:
+    """World ranks a collective found dead (`host.recovery.survivors`), maybe before the watch did:
     whoever asks `dead_ranks` next (who sends the DPU ranks their shutdown) must know."""
     _marked.update(ranks)
 

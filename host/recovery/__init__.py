@@ -1,0 +1,9 @@
+"""The host program's recoveries from a dead host rank (the decisions come from
+`dpuoffload.common.faults.policy`):
+
+- `survivors`: `--recovery lossy-forward`, the surviving host ranks shrink their group and go on
+  (`SurvivorGroup`), optionally taking the dead rank's samples over (`--reassign`);
+- `spares`: `--recovery rollback`, a pool of spare ranks, one of which takes the dead rank's seat
+  and replays the step (`SparePool`);
+- `spare_rank`: what a spare rank runs: stand by, then train in a seat.
+"""
