@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dpuoffload.common.state import ckptfiles
-from tests.mpijobs import dpurun
+from tests.mpijobs import dpurun, read_jsonl
 
 SCRIPT = "tests/api_scripts/streams.py"
 # hybrid: one DPU rank feeds both host ranks, the other waits for a job.validate that never comes
@@ -16,7 +16,7 @@ FAN_OUT = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe"]
 
 
 @pytest.fixture(scope="module")
-def walks(tmp_path_factory) -> dict[str, list[dict]]:
+def walks(tmp_path_factory) -> dict[str, list]:
     """The same awkward walk over two loaders, fed by a DPU rank (hybrid) and built on the hosts
     (none). In hybrid each of the DPU rank's 4 streams is built by 2 worker processes
     (`--dpu-workers 2`, which run ahead across epoch edges), and each host rank builds 30 % of
@@ -26,10 +26,12 @@ def walks(tmp_path_factory) -> dict[str, list[dict]]:
     feeding = ["--dpu-workers", "2", "--da-host-share", "0.3", "--da-host-workers", "1"]
     for mode, workers in (("hybrid", feeding), ("none", [])):
         prefix = tmp_path_factory.mktemp(mode) / "seen"
-        r = dpurun(FAN_OUT, ["--mode", mode, *workers, SCRIPT, "--out", str(prefix)])
+        log = prefix.parent / "log"
+        r = dpurun(FAN_OUT, ["--mode", mode, *workers, "--log-dir", str(log), SCRIPT, "--out", str(prefix)])
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"[dpuoffload] mode {mode}: 2 host rank(s), 2 DPU rank(s), script {SCRIPT}" in r.stdout
         out[mode] = [json.loads((prefix.parent / f"seen-{rank}.json").read_text()) for rank in (0, 1)]
+        out[f"{mode}-dpu"] = [read_jsonl(log / f"phases-rank{rank}.jsonl") for rank in (2, 3)]
     return out
 
 
@@ -42,6 +44,21 @@ def test_da_batches_equal_the_hosts_own_through_jumps_breaks_and_partial_epochs(
     assert walks["hybrid"][0]["a0"] != walks["hybrid"][1]["a0"]    # each host rank its own shard
     assert walks["hybrid"][0]["a0"] != walks["hybrid"][0]["a1"]    # each epoch its own order and augmentation
     assert walks["hybrid"][0]["a0"] == walks["hybrid"][0]["a0-again"]  # a jump back re-plans, same batches
+
+
+@pytest.mark.mpi
+def test_in_hybrid_the_dpu_rank_built_the_batches_and_in_none_it_idled(walks):
+    """The equality above means something only if the DPU rank built (most of) the hybrid batches: its
+    per-epoch records count the batches it sent to both host ranks; in none both DPU ranks idled."""
+    feeder, validator = walks["hybrid-dpu"]
+    assert feeder[-1]["event"] == "end" and feeder[-1]["work"] == "da" and feeder[-1]["feeds"].keys() == {"0", "1"}
+    sent = sum(r["batches"] for r in feeder if "batches" in r)
+    used = sum(len(v) for rank in (0, 1) for k, v in walks["hybrid"][rank].items() if k != "sizes")
+    print(f"DPU-built batches {sent}, batches the hosts used {used}")
+    assert sent >= 0.5 * used, feeder  # (--da-host-share 0.3: the hosts build 30 % of the steps)
+    assert validator[-1]["work"] == "mv"
+    assert [recs[-1]["work"] for recs in walks["none-dpu"]] == ["idle", "idle"]
+    assert not any("batches" in r for recs in walks["none-dpu"] for r in recs)
 
 
 @pytest.mark.mpi

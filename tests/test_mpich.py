@@ -22,9 +22,9 @@ def mpich_dpurun():
     return str(VENV / "bin" / "dpurun")
 
 
-def _run(dpurun: str, bundled_data, log, mode: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def _run(dpurun: str, bundled_data, log, mode: str, venv=VENV) -> tuple[subprocess.CompletedProcess, list[dict]]:
     env = job_env()
-    env["PATH"] = f"{VENV / 'bin'}:{env['PATH']}"
+    env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
     res = subprocess.run([dpurun, "--host-ranks", "2", "--dpu-ranks", "2", "--share-cores", "--",
                           "--preset", "debug", "--data", str(bundled_data / "cifar10"), "--epochs", "2",
                           "--mode", mode, "--train-subset", "128", "--val-subset", "64", "--allreduce", "torch",
@@ -34,15 +34,36 @@ def _run(dpurun: str, bundled_data, log, mode: str) -> tuple[subprocess.Complete
     return res, read_jsonl(log / "metrics.jsonl")
 
 
-def test_da_under_mpich_equals_none(mpich_dpurun, bundled_data, tmp_path):
-    none_res, none = _run(mpich_dpurun, bundled_data, tmp_path / "none", "none")
-    da_res, da = _run(mpich_dpurun, bundled_data, tmp_path / "da", "da")
+@pytest.fixture(scope="module")
+def mpich_runs(mpich_dpurun, bundled_data, tmp_path_factory) -> dict[str, tuple]:
+    """The same job in none and da under MPICH, run once for the tests below."""
+    log = tmp_path_factory.mktemp("mpich")
+    return {mode: (*_run(mpich_dpurun, bundled_data, log / mode, mode), log / mode) for mode in ("none", "da")}
+
+
+def _losses(records: list[dict]) -> list[list[float]]:
+    return [e["step_losses"] for e in records if e["event"] == "epoch"]
+
+
+def _weights(records: list[dict]) -> str:
+    return next(e for e in records if e["event"] == "end")["weights_sha256"]
+
+
+def test_da_under_mpich_equals_none(mpich_runs):
+    (_, none, none_log), (da_res, da, da_log) = mpich_runs["none"], mpich_runs["da"]
     launched = da_res.stderr.split("dpurun: running:")[1].splitlines()[0]
     assert launched.split()[0] == str(VENV / "bin" / "mpirun") and " -n 2 " in launched and " : -n 2 " in launched
     assert "--oversubscribe" not in launched and "--mca" not in launched  # Hydra's syntax, no Open MPI flags
-    digests = [[e["batch_digest"] for e in read_jsonl(tmp_path / m / "phases-rank0.jsonl")] for m in ("none", "da")]
+    digests = [[e["batch_digest"] for e in read_jsonl(log / "phases-rank0.jsonl")] for log in (none_log, da_log)]
     assert digests[0] == digests[1] and len(digests[0]) == 2
-    losses = [[e["step_losses"] for e in r if e["event"] == "epoch"] for r in (none, da)]
-    assert losses[0] == losses[1]
-    ends = [next(e for e in r if e["event"] == "end") for r in (none, da)]
-    assert ends[0]["weights_sha256"] == ends[1]["weights_sha256"]
+    assert _losses(none) == _losses(da) and _weights(none) == _weights(da)
+
+
+def test_da_under_mpich_equals_the_same_job_under_open_mpi(mpich_runs, bundled_data, tmp_path):
+    """MPICH and Open MPI (the project's main venv) train the same da job to the same losses and weights."""
+    _, mpich, _ = mpich_runs["da"]
+    ompi_res, ompi = _run(str(REPO / ".venv" / "bin" / "dpurun"), bundled_data, tmp_path / "ompi", "da",
+                          venv=REPO / ".venv")
+    assert "--mca" in ompi_res.stderr.split("dpurun: running:")[1].splitlines()[0]  # (Open MPI's syntax: its mpirun)
+    assert _losses(ompi) == _losses(mpich) and len(_losses(ompi)) == 2
+    assert _weights(ompi) == _weights(mpich)

@@ -191,13 +191,15 @@ def test_unpaired_hosts_are_spread_over_the_validation_ranks():
 
 
 @pytest.mark.parametrize("n_da, n_mv", [(1, 1), (3, 3)])
-def test_hybrid_explicit_counts_on_two_nodes_are_honoured_or_rejected(n_da, n_mv):
+def test_hybrid_explicit_counts_on_two_nodes_are_honoured(n_da, n_mv):
+    """Counts that fit are placed exactly (no refusal: a regression to refusing them fails here); a host rank
+    is fed only by an augmentation rank of its own node (with one DA rank, node b's host ranks load
+    themselves)."""
     layout = ranks([(H, "a")] * 4 + [(H, "b")] * 4 + [(D, "a")] * 4 + [(D, "b")] * 4)
-    try:
-        p = plan(layout, mode="hybrid", dpu_da_ranks=n_da, dpu_mv_ranks=n_mv)
-    except ConfigError:
-        return  # refusing counts that cannot be placed per node is a fine answer too
+    p = plan(layout, mode="hybrid", dpu_da_ranks=n_da, dpu_mv_ranks=n_mv)
     assert Counter(p.work.values()) == {DA: n_da, MV: n_mv, IDLE: 8 - n_da - n_mv}
+    assert sorted(p.feeder) == (list(range(4)) if n_da == 1 else list(range(8)))
+    assert all(p.work[f] == DA and layout[f].node == layout[h].node for h, f in p.feeder.items())
 
 
 def test_hybrid_every_node_with_dpu_ranks_gets_an_augmentation_rank():

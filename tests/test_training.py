@@ -68,7 +68,7 @@ def test_dpu_ranks_idle_without_burning_cpu_and_phase_logs(run):
     assert len(dpu) == 2
     for rec in dpu:
         assert rec["idle_wall"] > 1.0
-        assert rec["idle_cpu"] < 0.1 * rec["idle_wall"], rec  # sleeping, not spinning
+        assert rec["idle_cpu"] < 0.01 * rec["idle_wall"], rec  # sleeping, not spinning: well under 1 % of a core
         assert rec["torch_imported"] is False, rec  # an idle rank never pays torch's import (dpu/main.py)
     host = read_jsonl(r["log"] / "phases-rank0.jsonl")
     assert len(host) == 3
