@@ -491,7 +491,7 @@ def supervised(spec: LaunchSpec, restarts: int) -> int:
                                     standby=Role.SPARE if spec.spare_ranks else Role.CLONE,
                                     machines=spec.ranks_by_machine())
         if failed is not None:
-            restart.record(cfg.log_dir, restart.report(attempt, failed, outcome))
+            restart.record(cfg.log_dir, restart.report(attempt, failed, outcome, cfg.ckpt_every))
         if outcome.code == 0 or not restarts:
             return outcome.code
         why_not = restart.refusal(outcome) or (f"no restarts left (--restarts {restarts})"

@@ -12,7 +12,8 @@ the checkpoint disk (`common.state.memstore`). What decides and what is reported
   `--inject` (an injected failure stands for a real one, which does not come back at the same step);
 - one report per restart (printed, and in `<log-dir>/restarts.jsonl`): detected after (the failure
   until mpirun reported it; known for injected failures), job ended after, relaunch until training
-  resumed, state transfer time and size, where the state came from, steps replayed.
+  resumed, state transfer time and size, where the state came from, steps replayed (for a rank killed
+  from outside, whose step is printed nowhere: the bound `--ckpt-every` sets).
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class RestartReport:
     resumed_s: Optional[float]      # mpirun exited -> the relaunched job resumed training
     transfer_s: Optional[float]     # the state back from DPU memory, rebuilt (part of resumed_s)
     transfer_mb: Optional[float]
+    ckpt_every: Optional[int] = None  # --ckpt-every: bounds the steps replayed when the death's step is not known
 
     @property
     def replayed_steps(self) -> Optional[int]:
@@ -109,22 +111,33 @@ class RestartReport:
         return self.failed_step - self.resumed_step
 
     def line(self) -> str:
+        """One line; where a figure cannot be known (a rank killed from outside has no injected-failure
+        line, so neither its moment nor its step is printed anywhere) it says what is known instead."""
         def s(v: Optional[float]) -> str:
-            return "?" if v is None else f"{v:.2f} s"
+            return "an unknown time" if v is None else f"{v:.2f} s"
 
         state = {"dpu-memory": "state from DPU memory", "disk": "state from the checkpoint disk",
                  "start": "no state kept: from the beginning"}[self.source]
         if self.transfer_s is not None:
             state += f" ({self.transfer_mb:.1f} MB in {self.transfer_s * 1e3:.0f} ms)"
-        replayed = "?" if self.replayed_steps is None else str(self.replayed_steps)
-        return (f"{PREFIX} restart {self.restart}: failure detected after {s(self.detected_s)}, job ended "
-                f"{s(self.ended_s)} later, training resumed {s(self.resumed_s)} after that at global step "
-                f"{self.resumed_step if self.resumed_step is not None else '?'}; {state}; {replayed} step(s) "
-                f"replayed")
+        detected = (f"failure detected after {s(self.detected_s)}" if self.detected_s is not None else
+                    "a rank died outside the program (mpirun's report is the first sign of it)")
+        resumed = "the start" if self.resumed_step is None else f"global step {self.resumed_step}"
+        return (f"{PREFIX} restart {self.restart}: {detected}, job ended {s(self.ended_s)} later, training resumed "
+                f"{s(self.resumed_s)} after that at {resumed}; {state}; {self._replayed()}")
+
+    def _replayed(self) -> str:
+        if self.replayed_steps is not None:
+            return f"{self.replayed_steps} step(s) replayed"
+        if self.ckpt_every is not None and self.source != "start":
+            return (f"up to {self.ckpt_every - 1} step(s) replayed (checkpoints every {self.ckpt_every} steps; "
+                    "the step the rank died in is not known)")
+        return "the steps since then replayed (the step the rank died in is not known)"
 
 
-def report(restart: int, failed: JobOutcome, relaunched: JobOutcome) -> RestartReport:
-    """The restart report from the failed job's and the relaunched job's outcomes."""
+def report(restart: int, failed: JobOutcome, relaunched: JobOutcome, ckpt_every: Optional[int] = None) -> RestartReport:
+    """The restart report from the failed job's and the relaunched job's outcomes (`ckpt_every`: the run's
+    --ckpt-every, which bounds the steps replayed when the failure was not injected)."""
     ev, rev = failed.events, relaunched.events
     injected, noticed = ev.get("injected"), ev.get("noticed")
     resumed, memory = rev.get("resumed"), rev.get("from_memory")
@@ -140,7 +153,8 @@ def report(restart: int, failed: JobOutcome, relaunched: JobOutcome) -> RestartR
         ended_s=failed.ended - noticed[0] if noticed else None,
         resumed_s=resumed[0] - failed.ended if resumed else None,
         transfer_s=int(memory[1][2]) / 1e3 if memory else None,
-        transfer_mb=float(memory[1][1]) if memory else None)
+        transfer_mb=float(memory[1][1]) if memory else None,
+        ckpt_every=ckpt_every)
 
 
 def record(log_dir: Optional[str], rep: RestartReport) -> None:

@@ -98,6 +98,20 @@ def test_the_report_from_the_supervisors_event_times():
                           "replayed")
 
 
+def test_the_report_of_a_rank_killed_from_outside_says_what_is_known():
+    """No injected-failure line: neither the death's moment nor its step is printed anywhere, so the report
+    says so and bounds the replay by --ckpt-every, instead of printing '?'."""
+    failed = outcome(137, noticed=(9.4, ()))
+    relaunched = JobOutcome(0, (), False, {"resumed": (14.5, ("6",))}, 20.0)
+    rep = restart.report(1, failed, relaunched, ckpt_every=2)
+    assert rep.failed_step is None and rep.detected_s is None and rep.ended_s == pytest.approx(0.6)
+    assert rep.line() == ("dpurun: restart 1: a rank died outside the program (mpirun's report is the first sign of "
+                          "it), job ended 0.60 s later, training resumed 4.50 s after that at global step 6; state "
+                          "from the checkpoint disk; up to 1 step(s) replayed (checkpoints every 2 steps; the step "
+                          "the rank died in is not known)")
+    assert "?" not in restart.report(1, failed, relaunched).line()
+
+
 # ----------------------------------------------------------------------------------- real jobs
 @pytest.fixture(scope="module")
 def straight(bundled_data, tmp_path_factory):
