@@ -29,6 +29,15 @@ fi
 export DPUOFFLOAD_TEST_AARCH64=${DPUOFFLOAD_TEST_AARCH64:-1}
 # Lint first (ruff settings in pyproject.toml): findings fail the test command before any test runs.
 "$VENV/bin/ruff" check .
+# The docs (mkdocs.yml, docs/): a strict build, so a broken link or anchor fails; into a temporary
+# directory, so nothing is left in the tree. A venv set up offline (DPUOFFLOAD_WHEELS) may have no MkDocs.
+if [ -x "$VENV/bin/mkdocs" ]; then
+  SITE=$(mktemp -d)
+  "$VENV/bin/mkdocs" build --strict --quiet --site-dir "$SITE" || { rm -rf "$SITE"; exit 1; }
+  rm -rf "$SITE"
+else
+  echo "test.sh: no mkdocs in $VENV (set up offline?): the docs are not built; tests/test_docs.py skips it too"
+fi
 # The minimum Python (3.10, pyproject.toml) byte-compiles the project and runs the torch-free tests.
 bash "$ROOT/scripts/test-min-python.sh"
 # Two pytest workers by default, one test file each at a time (--dist loadfile, so the jobs a file's

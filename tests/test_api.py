@@ -178,7 +178,7 @@ def test_script_mode_keeps_the_offload_flags():
 
 
 def test_the_examples_name_their_dpu_lines():
-    """README promise: each example marks the lines that make it a dpuoffload script."""
+    """docs/own-script.md promise: each example marks the lines that make it a dpuoffload script."""
     for name in ("plain_loop.py", "horovod_loop.py", "ddp_loop.py", "lightning_loop.py"):
         text = (REPO / "examples" / name).read_text()
         assert "import dpuoffload as dpu  # dpu" in text and "job = dpu.init()  # dpu" in text

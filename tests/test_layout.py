@@ -1,4 +1,4 @@
-"""The README's layout table names every module, so a newcomer finds any concern in one hop."""
+"""The layout page (docs/layout.md) names every module, so a newcomer finds any concern in one hop."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+LAYOUT = ROOT / "docs" / "layout.md"
 FOLDERS = ("host", "dpu", "launch", "common", "benchmarks")
 
 
 def layout_table() -> dict[str, str]:
-    text = (ROOT / "README.md").read_text()
-    table = text[text.index("## Layout"):].split("\n## ", 1)[0]
+    text = LAYOUT.read_text()
+    table = text[text.index("# Layout"):].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `([^`]+)/` \| (.*) \|$", table, flags=re.M)
     return dict(rows)
 
@@ -26,10 +27,10 @@ def test_every_module_is_in_the_layout_table():
         folder = str(rel.parent)
         if f"`{path.name}`" not in rows.get(folder, ""):
             missing.append(str(rel))
-    assert not missing, f"README layout table lacks: {missing}"
+    assert not missing, f"docs/layout.md lacks: {missing}"
 
 
 def test_layout_table_names_no_missing_module():
     for folder, text in layout_table().items():
         for name in re.findall(r"`([a-z_]+\.py)`", text):
-            assert (ROOT / folder / name).is_file(), f"README names {folder}/{name}, which does not exist"
+            assert (ROOT / folder / name).is_file(), f"docs/layout.md names {folder}/{name}, which does not exist"

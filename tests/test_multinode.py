@@ -9,7 +9,7 @@ and `da` trains to the bit as `none` does. Needs root for `ip netns`; skipped wi
 for the four-machine tests: every DPU role (augmentation, validation, checkpoint keepers writing shards,
 clone state forwarded, a killed DPU rank) then runs as aarch64 processes beside x86-64 hosts. About
 4x slower (each aarch64 rank imports torch under qemu), so it is a documented command, not the suite's:
-`DPUOFFLOAD_TEST_DPU_ARCH=aarch64 bash scripts/test.sh tests/test_multinode.py` (README, "An Arm DPU").
+`DPUOFFLOAD_TEST_DPU_ARCH=aarch64 bash scripts/test.sh tests/test_multinode.py` (docs/cluster.md, "An Arm DPU").
 """
 
 from __future__ import annotations

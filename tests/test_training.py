@@ -18,7 +18,7 @@ pytestmark = pytest.mark.mpi
 # 3 epochs (10 classes, chance = 10 %); runs are deterministic, so the margin covers CPU differences.
 MIN_VAL_ACC = 0.30
 # Horovod, gloo and the MPI backend all sum then scale by 1/N; with 2 ranks a float32 sum of two values does not
-# depend on the order, so the README's "bit-identical in the 2-rank test" is asserted with ==.
+# depend on the order, so docs/training.md's "bit-identical in the 2-rank test" is asserted with ==.
 
 
 @pytest.fixture(scope="module")
