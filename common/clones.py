@@ -7,23 +7,38 @@ Pure config logic: no torch, no MPI.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import typing
 from typing import Any, Callable
 
-from dpuoffload.common.config import RunConfig
+from dpuoffload.common.config import InClone, RunConfig, field_names
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.modes import Mode
 
 
 def _boolean(value: str) -> bool:
     return value.lower() in ("1", "true", "yes")
 
 
-# flag -> how to read its value; the clone keeps its model, data set and mode
-OVERRIDABLE: dict[str, Callable[[str], Any]] = {
-    "lr": float, "momentum": float, "weight_decay": float, "lr_schedule": str, "seed": int, "epochs": int,
-    "batch_size": int, "train_subset": int, "val_subset": int, "drop_last": _boolean,
-    "allreduce": str, "save_weights": str, "stop_at_step": int}
+def _parser(name: str) -> Callable[[str], Any]:
+    """How `--clone-override` reads a value of field `name`: by the field's type (`Optional[int]`: int)."""
+    hint = typing.get_type_hints(RunConfig)[name]
+    types = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
+    if len(types) != 1 or types[0] not in (bool, int, float, str):
+        raise TypeError(f"RunConfig.{name} is declared InClone.OVERRIDE, but --clone-override cannot parse a {hint}")
+    return _boolean if types[0] is bool else types[0]
+
+
+def _in_clone(part: InClone) -> tuple[str, ...]:
+    return field_names(lambda m: part in m.clone)
+
+
+# Derived from the fields' declarations (`RunConfig`, `InClone`): the clone keeps its model, data set
+# and mode, and may change these (field -> how to read its value) ...
+OVERRIDABLE: dict[str, Callable[[str], Any]] = {name: _parser(name) for name in _in_clone(InClone.OVERRIDE)}
+# ... and starts these from their defaults: it offloads nothing and hands nothing off of its own.
+RESET: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name in _in_clone(InClone.RESET)}
+SUBDIRS = _in_clone(InClone.SUBDIR)  # directories: the clone's is `clone/` inside the original's
 
 
 def parse_clone_overrides(items: tuple[str, ...]) -> dict[str, Any]:
@@ -53,10 +68,8 @@ def clone_config(cfg: RunConfig) -> RunConfig:
         ConfigError: a bad override, or an overridden value `RunConfig` refuses (e.g. batch_size=0).
     """
     changes = parse_clone_overrides(cfg.clone_override)
-    log_dir = os.path.join(cfg.log_dir, "clone") if cfg.log_dir else None
+    subdirs = {name: os.path.join(getattr(cfg, name), "clone") if getattr(cfg, name) else None for name in SUBDIRS}
     try:
-        return cfg.replace(**{"mode": Mode.NONE, "clone_at": None, "clone_override": (), "ckpt_dir": None,
-                              "ckpt_every": None, "ckpt_every_epoch": False, "resume": None, "stop_at_step": None,
-                              "log_dir": log_dir, "trace": None, "save_weights": None, **changes})
+        return cfg.replace(**{**RESET, **subdirs, **changes})
     except ConfigError as e:
         raise ConfigError(f"--clone-override: the clone's config is invalid: {e}") from None

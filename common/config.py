@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import enum
 import hashlib
 import importlib.util
 import json
@@ -40,83 +41,148 @@ RECOVERY = tuple(r.value for r in Recovery)  # what a dead host rank does to the
 NUMERICS = tuple(n.value for n in Numerics)
 WIRES = tuple(w.value for w in Wire)
 AUTO_ALLOWS = ("naive",)  # modes that change the math, which --mode auto considers only on request
-# With a user's training script (`dpurun -- [flags] train.py`) the script owns the model, data, optimizer
-# and loop; these are the flags that still mean something, and the modes the public API serves so far.
-SCRIPT_FIELDS = ("mode", "script", "da_buffers", "dpu_workers", "da_host_share", "da_host_workers",
-                 "numerics", "numerics_samples", "wire", "log_dir", "peer_timeout", "progress",
-                 "mv_dpu_fraction", "dpu_da_ranks", "dpu_mv_ranks", "da_fanout", "ckpt_dir", "ckpt_keep", "ckpt_copy",
-                 "ckpt_errors", "resume", "clone_at", "device")
-SCRIPT_MODES = (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID)
+SCRIPT_MODES = (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID)  # the modes the public API (a user's script) serves so far
+
+
+# ------------------------------------------------------------------------------ field declarations
+class Concern(enum.Enum):
+    """What part of a run a `RunConfig` field configures (its section in the class body)."""
+
+    DATA = "data"
+    TRAINING = "model and training"
+    OFFLOAD = "offload"
+    CHECKPOINT = "checkpoints and clones"
+    RECOVERY = "failures and recovery"
+    REPORTING = "logs and reports"
+    LAUNCH = "launch"
+
+
+class OnResume(enum.Enum):
+    """What `--resume` does when the field differs from the checkpoint's run."""
+
+    NOTE = "note"    # resumes, and host rank 0 names the field in a note (e.g. another --lr)
+    FREE = "free"    # resumes silently: where and how this run works, not what it computes from the state
+    FATAL = "fatal"  # refuses: the state is another model's or another label space's
+
+
+class InClone(enum.Flag):
+    """What the clone group (`--clone-at`, `common.clones.clone_config`) does with the original's value."""
+
+    KEEP = 0
+    RESET = enum.auto()     # the field's default: the clone offloads nothing and hands nothing off itself
+    OVERRIDE = enum.auto()  # `--clone-override KEY=VALUE` may set it (parsed as the field's type)
+    SUBDIR = enum.auto()    # a directory: the clone's is `clone/` inside the original's
+
+
+@dataclass(frozen=True)
+class Meaning:
+    """What a field means beyond its flag, declared next to the field with `flag(...)`.
+
+    The tables that code consults (`SCRIPT_FIELDS`, `state.resume.FREE`/`FATAL`, `clones.OVERRIDABLE`,
+    what a clone resets, what `--recovery` refuses) are derived from these, so a new field says what it
+    means where it is added and no table is forgotten.
+    """
+
+    concern: Concern
+    script: bool = False                       # still means something with a user's script (`dpurun -- train.py`)
+    resume: OnResume = OnResume.NOTE
+    clone: InClone = InClone.KEEP
+    refused_by_recovery: Optional[str] = None  # set (not its default), --recovery refuses it: what to name
+
+
+def flag(default: Any, concern: Concern, *, script: bool = False, resume: OnResume = OnResume.NOTE,
+         clone: InClone = InClone.KEEP, refused_by_recovery: Optional[str] = None) -> Any:
+    """A `RunConfig` field with its default and its `Meaning`."""
+    return dataclasses.field(default=default, metadata={"meaning": Meaning(concern, script, resume, clone,
+                                                                           refused_by_recovery)})
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """Everything that must be identical on every rank of a run.
 
-    Per-side knobs that may legitimately differ (threads per rank, core pinning, throttling) are
-    launcher concerns passed through the environment, not part of this config or its hash.
+    One field per training flag (`--batch-size` is `batch_size`), grouped by concern; each field's
+    `flag(...)` declares what it means beyond its flag (see `Meaning`). The dataclass stays flat: its
+    JSON form is the checkpoints' and the start-up handshake's. Per-side knobs that may legitimately
+    differ (threads per rank, core pinning, throttling) are launcher concerns passed through the
+    environment, not part of this config or its hash.
     """
 
-    mode: Mode = Mode.NONE
-    model: str = "resnet20"
-    dataset: str = "cifar10"
-    data: Optional[str] = None
-    download: bool = False
-    num_classes: Optional[int] = None
-    epochs: int = 3
-    batch_size: int = 32
-    val_batch_size: int = 128
-    drop_last: bool = False
-    train_subset: Optional[int] = None
-    val_subset: Optional[int] = None
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    lr_schedule: str = "cosine"
-    seed: int = 0
-    allreduce: str = "auto"
-    device: str = "auto"
-    amp: str = "off"
-    channels_last: bool = False
-    log_dir: Optional[str] = None
-    digest_batches: bool = False
-    save_weights: Optional[str] = None
-    trace: Optional[str] = None
-    tensorboard: Optional[str] = None
-    plots: bool = False
-    da_buffers: int = 4
-    dpu_workers: int = 0
-    da_host_share: Union[float, str] = 0.0
-    da_host_workers: int = 1
-    numerics: Numerics = Numerics.WARN
-    numerics_samples: int = 16
-    wire: Wire = Wire.AUTO
-    mv_dpu_fraction: Union[float, str] = 1.0
-    dpu_da_ranks: Optional[int] = None
-    dpu_mv_ranks: Optional[int] = None
-    da_fanout: Optional[int] = None
-    dpu_batch_size: Union[int, str, None] = None
-    auto_allow: Optional[str] = None
-    progress: bool = True
-    peer_timeout: float = 600.0
-    ckpt_dir: Optional[str] = None
-    ckpt_every: Optional[int] = None
-    ckpt_every_epoch: bool = False
-    ckpt_keep: int = 2
-    ckpt_mem_keep: int = 0
-    ckpt_copy: str = "staged"
-    ckpt_errors: str = "continue"
-    dpu_failure: DpuFailure = DpuFailure.STOP
-    recovery: Recovery = Recovery.STOP
-    reassign: bool = False
-    resume: Optional[str] = None
-    stop_at_step: Optional[int] = None
-    clone_at: Optional[int] = None
-    clone_override: tuple[str, ...] = ()
-    inject: tuple[str, ...] = ()
-    inject_simulate: tuple[str, ...] = ()
-    simulate_recovery: SimulatedRecovery = SimulatedRecovery.LOSSY_FORWARD
-    script: Optional[str] = None
+    # -- data: what the model is trained and validated on
+    dataset: str = flag("cifar10", Concern.DATA, resume=OnResume.FATAL)
+    data: Optional[str] = flag(None, Concern.DATA, resume=OnResume.FREE)
+    download: bool = flag(False, Concern.DATA, resume=OnResume.FREE)
+    num_classes: Optional[int] = flag(None, Concern.DATA, resume=OnResume.FATAL)
+    train_subset: Optional[int] = flag(None, Concern.DATA, clone=InClone.OVERRIDE)
+    val_subset: Optional[int] = flag(None, Concern.DATA, clone=InClone.OVERRIDE)
+    # -- model and training: the model, the optimizer, and where the host ranks compute
+    model: str = flag("resnet20", Concern.TRAINING, resume=OnResume.FATAL)
+    epochs: int = flag(3, Concern.TRAINING, clone=InClone.OVERRIDE)
+    batch_size: int = flag(32, Concern.TRAINING, clone=InClone.OVERRIDE)
+    val_batch_size: int = flag(128, Concern.TRAINING, resume=OnResume.FREE)
+    drop_last: bool = flag(False, Concern.TRAINING, clone=InClone.OVERRIDE)
+    lr: float = flag(0.05, Concern.TRAINING, clone=InClone.OVERRIDE)
+    momentum: float = flag(0.9, Concern.TRAINING, clone=InClone.OVERRIDE)
+    weight_decay: float = flag(5e-4, Concern.TRAINING, clone=InClone.OVERRIDE)
+    lr_schedule: str = flag("cosine", Concern.TRAINING, clone=InClone.OVERRIDE)
+    seed: int = flag(0, Concern.TRAINING, clone=InClone.OVERRIDE)
+    allreduce: str = flag("auto", Concern.TRAINING, resume=OnResume.FREE, clone=InClone.OVERRIDE)
+    device: str = flag("auto", Concern.TRAINING, script=True, resume=OnResume.FREE)
+    amp: str = flag("off", Concern.TRAINING, resume=OnResume.FREE)
+    channels_last: bool = flag(False, Concern.TRAINING, resume=OnResume.FREE)
+    # -- offload: what the DPU ranks do for the host ranks
+    mode: Mode = flag(Mode.NONE, Concern.OFFLOAD, script=True, resume=OnResume.FREE, clone=InClone.RESET)
+    da_buffers: int = flag(4, Concern.OFFLOAD, script=True, resume=OnResume.FREE)
+    dpu_workers: int = flag(0, Concern.OFFLOAD, script=True, resume=OnResume.FREE)
+    da_host_share: Union[float, str] = flag(0.0, Concern.OFFLOAD, script=True, resume=OnResume.FREE)
+    da_host_workers: int = flag(1, Concern.OFFLOAD, script=True, resume=OnResume.FREE)
+    numerics: Numerics = flag(Numerics.WARN, Concern.OFFLOAD, script=True)
+    numerics_samples: int = flag(16, Concern.OFFLOAD, script=True)
+    wire: Wire = flag(Wire.AUTO, Concern.OFFLOAD, script=True)
+    mv_dpu_fraction: Union[float, str] = flag(1.0, Concern.OFFLOAD, script=True, resume=OnResume.FREE)
+    dpu_da_ranks: Optional[int] = flag(None, Concern.OFFLOAD, script=True, resume=OnResume.FREE)
+    dpu_mv_ranks: Optional[int] = flag(None, Concern.OFFLOAD, script=True, resume=OnResume.FREE)
+    da_fanout: Optional[int] = flag(None, Concern.OFFLOAD, script=True, resume=OnResume.FREE)
+    dpu_batch_size: Union[int, str, None] = flag(None, Concern.OFFLOAD)
+    auto_allow: Optional[str] = flag(None, Concern.OFFLOAD)
+    # -- checkpoints and clones: state handed to the DPU ranks, written, resumed, or continued by clones
+    ckpt_dir: Optional[str] = flag(None, Concern.CHECKPOINT, script=True, resume=OnResume.FREE, clone=InClone.RESET)
+    ckpt_every: Optional[int] = flag(None, Concern.CHECKPOINT, resume=OnResume.FREE, clone=InClone.RESET)
+    ckpt_every_epoch: bool = flag(False, Concern.CHECKPOINT, resume=OnResume.FREE, clone=InClone.RESET)
+    ckpt_keep: int = flag(2, Concern.CHECKPOINT, script=True, resume=OnResume.FREE)
+    ckpt_mem_keep: int = flag(0, Concern.CHECKPOINT, resume=OnResume.FREE)
+    ckpt_copy: str = flag("staged", Concern.CHECKPOINT, script=True, resume=OnResume.FREE)
+    ckpt_errors: str = flag("continue", Concern.CHECKPOINT, script=True)
+    resume: Optional[str] = flag(None, Concern.CHECKPOINT, script=True, resume=OnResume.FREE, clone=InClone.RESET)
+    stop_at_step: Optional[int] = flag(None, Concern.CHECKPOINT, resume=OnResume.FREE,
+                                       clone=InClone.RESET | InClone.OVERRIDE)
+    clone_at: Optional[int] = flag(None, Concern.CHECKPOINT, script=True, resume=OnResume.FREE, clone=InClone.RESET,
+                                   refused_by_recovery="clones (the clone ranks wait for every host rank's slice)")
+    clone_override: tuple[str, ...] = flag((), Concern.CHECKPOINT, resume=OnResume.FREE, clone=InClone.RESET)
+    # -- failures and recovery: what a dead rank does to the run, and failures on purpose
+    dpu_failure: DpuFailure = flag(DpuFailure.STOP, Concern.RECOVERY, resume=OnResume.FREE)
+    recovery: Recovery = flag(Recovery.STOP, Concern.RECOVERY, resume=OnResume.FREE)
+    reassign: bool = flag(False, Concern.RECOVERY, resume=OnResume.FREE)
+    inject: tuple[str, ...] = flag((), Concern.RECOVERY, resume=OnResume.FREE)
+    inject_simulate: tuple[str, ...] = flag(
+        (), Concern.RECOVERY, resume=OnResume.FREE,
+        refused_by_recovery="--inject-simulate (simulated and real failures: one at a time)")
+    simulate_recovery: SimulatedRecovery = flag(SimulatedRecovery.LOSSY_FORWARD, Concern.RECOVERY,
+                                                resume=OnResume.FREE)
+    # -- logs and reports: what the run writes and prints besides training
+    log_dir: Optional[str] = flag(None, Concern.REPORTING, script=True, resume=OnResume.FREE, clone=InClone.SUBDIR)
+    progress: bool = flag(True, Concern.REPORTING, script=True, resume=OnResume.FREE)
+    digest_batches: bool = flag(False, Concern.REPORTING, resume=OnResume.FREE)
+    save_weights: Optional[str] = flag(None, Concern.REPORTING, resume=OnResume.FREE,
+                                       clone=InClone.RESET | InClone.OVERRIDE)
+    trace: Optional[str] = flag(None, Concern.REPORTING, resume=OnResume.FREE, clone=InClone.RESET,
+                                refused_by_recovery="--trace (its end-of-run gather needs every rank)")
+    tensorboard: Optional[str] = flag(None, Concern.REPORTING)
+    plots: bool = flag(False, Concern.REPORTING)
+    # -- launch: how the ranks find and wait for each other, and what the host ranks run
+    peer_timeout: float = flag(600.0, Concern.LAUNCH, script=True, resume=OnResume.FREE)
+    script: Optional[str] = flag(None, Concern.LAUNCH, script=True,
+                                 refused_by_recovery="a training script (the built-in trainer only, so far)")
 
     def __post_init__(self) -> None:
         _check_choice("mode", self.mode, MODES)
@@ -292,13 +358,10 @@ class RunConfig:
                     "rank 0 at the start: give the DPU share as a number)"),
                    (self.allreduce in ("horovod", "torch"), f"--allreduce {self.allreduce} (Horovod and "
                     "torch.distributed cannot shrink their group: leave --allreduce out, or use mpi)"),
-                   (self.clone_at is not None, "clones (the clone ranks wait for every host rank's slice)"),
                    (policy.survives_dpu_loss and (self.ckpt_every is not None or self.ckpt_every_epoch),
                     "--dpu-failure fallback with checkpoints (a dead keeper and a dead host rank are not survived "
-                    "in one run yet: drop one)"),
-                   (self.trace, "--trace (its end-of-run gather needs every rank)"),
-                   (bool(self.inject_simulate), "--inject-simulate (simulated and real failures: one at a time)"),
-                   (self.script is not None, "a training script (the built-in trainer only, so far)")]
+                    "in one run yet: drop one)")]
+        refused += [(getattr(self, f.name) != f.default, meaning(f).refused_by_recovery) for f in _REFUSED_BY_RECOVERY]
         for bad, what in refused:
             if bad:
                 raise ConfigError(f"--recovery {self.recovery} cannot go with {what}")
@@ -331,6 +394,22 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
+
+
+def meaning(f: dataclasses.Field) -> Meaning:
+    """The `Meaning` declared with a `RunConfig` field (`flag(...)`)."""
+    return f.metadata["meaning"]
+
+
+def field_names(test: Callable[[Meaning], bool]) -> tuple[str, ...]:
+    """`RunConfig`'s fields whose declared `Meaning` passes `test`, in declaration order."""
+    return tuple(f.name for f in dataclasses.fields(RunConfig) if test(meaning(f)))
+
+
+# Derived from the declarations, for the code that asks (kept importable under their old names).
+SCRIPT_FIELDS = field_names(lambda m: m.script)  # the flags that still mean something with a user's script
+TUPLE_FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig) if isinstance(f.default, tuple))  # repeatable
+_REFUSED_BY_RECOVERY = tuple(f for f in dataclasses.fields(RunConfig) if meaning(f).refused_by_recovery)
 
 
 def _installed(package: str) -> bool:
@@ -605,7 +684,7 @@ def parse_run_config(argv: Optional[Sequence[str]] = None, prog: str = "dpuofflo
     if path is not None:
         values.update(read_config_file(path))
     values.update(flags)
-    for name in ("clone_override", "inject", "inject_simulate"):
+    for name in TUPLE_FIELDS:
         if name in values:
             values[name] = tuple(values[name])
     return RunConfig(**values)
@@ -658,8 +737,7 @@ def _config_value(name: str, value: Any) -> Any:
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ValueError(f"is not a setting: {hint}keys are training flag names without the dashes "
                          f"(e.g. batch_size), see {PROG_HELP}")
-    lists = ("clone_override", "inject", "inject_simulate")
-    if name in lists and isinstance(value, list) and all(isinstance(v, str) for v in value):
+    if name in TUPLE_FIELDS and isinstance(value, list) and all(isinstance(v, str) for v in value):
         return tuple(value)
     allowed = _toml_types(hints[name])
     if isinstance(value, bool) != (bool in allowed) or not isinstance(value, allowed):

@@ -20,7 +20,6 @@ position (epoch + 1, 0), so a resumed run never has to redo half of an epoch's e
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import time
 from typing import TYPE_CHECKING, Any, Iterator, Optional
@@ -39,22 +38,20 @@ from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import wait, wait_all, wait_object
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.ckptfiles import Received
+from dpuoffload.common.state.meta import Slicing
 from dpuoffload.common.state.resume import ResumePoint, config_dict
 from dpuoffload.common.state.sharding import DEFAULT_THRESHOLD, byte_buffer, pack_pieces, packed_nbytes, plan_shards
 from dpuoffload.common.state.trainstate import (
     EpochProgress,
-    LocalState,
     Position,
     capture_local,
-    capture_meta,
     catalog_of,
     describe_position,
-    parse_local,
-    restore,
-    set_rng,
+    meta_of,
     shared_tensors,
 )
 from dpuoffload.host.recovery.survivors import SurvivorGroup, seat_hosts, world_ranks
+from dpuoffload.host.state import Live, Loaded, Reader, StateSource, load_state
 
 ZERO_POLL_MAX_SLEEP = 0.0005  # the next optimizer step waits on these: poll often
 
@@ -63,27 +60,23 @@ if TYPE_CHECKING:
 
 
 def resume_trainer(trainer: Any, point: ResumePoint, topo: Topology) -> None:
-    """Load the checkpoint into the trainer. The same slicing restores this rank's own local state
-    (BatchNorm buffers, RNG, epoch progress): bit-exact. Another host rank count takes host rank 0's.
-    Restarting from DPU memory, the state comes from the keepers instead of the disk (same slicing)."""
+    """Load the checkpoint into the trainer (`host.state.load_state`: the same slicing restores
+    this rank's own local state, bit-exact; another takes host rank 0's). Restarting from DPU
+    memory, the state comes from the keepers instead of the disk (same slicing)."""
     t0 = time.perf_counter()
     if point.memory is not None:
-        meta, shared, locals_ = state_from_memory(topo, point.memory.step, trainer.cfg.peer_timeout)
+        source = state_from_memory(topo, point.memory.step, trainer.cfg.peer_timeout)
     else:
-        ckpt = ckptfiles.load(point.path, point.verified)
+        source = StateSource.of_checkpoint(ckptfiles.load(point.path, point.verified))
         point.verified.clear()  # (the bytes are in tensors now)
-        meta, shared, locals_ = ckpt.meta, ckpt.shared, dict(enumerate(ckpt.locals))
-    exact = point.same_slicing and int(meta["host_ranks"]) == topo.side_comm.Get_size()
-    local = locals_[topo.side_rank] if exact else locals_[0]
-    restore(trainer.model, trainer.optimizer, trainer.scheduler, meta, shared, local)
-    trainer.resume_at(point.position, local.progress if exact else None)
-    set_rng(local.rng)
+    reader = Reader(topo.side_rank, Slicing(topo.side_comm.Get_size(), trainer.cfg.batch_size), trainer.feed.steps())
+    loaded = load_state(source, Live.of(trainer), reader)
+    trainer.resume_at(loaded.start, loaded.progress)
     if topo.side_rank == 0:
-        report_resume(point, meta, exact, time.perf_counter() - t0, sum(t.nbytes for t in shared.values()))
+        report_resume(point, loaded, time.perf_counter() - t0, source.nbytes)
     if point.memory is not None:
-        trainer.metrics_log.write(
-            {"event": "restart", "source": "dpu-memory", "global_step": point.memory.step,
-             "transfer_s": time.perf_counter() - t0, "bytes": sum(t.nbytes for t in shared.values())})
+        trainer.metrics_log.write({"event": "restart", "source": "dpu-memory", "global_step": point.memory.step,
+                                   "transfer_s": time.perf_counter() - t0, "bytes": source.nbytes})
 
 
 def report_end(cfg: RunConfig, topo: Topology, trainer: Any) -> int:
@@ -107,33 +100,29 @@ def report_end(cfg: RunConfig, topo: Topology, trainer: Any) -> int:
     return handoff.exit_code() if handoff is not None else 0
 
 
-def report_resume(point: ResumePoint, meta: dict[str, Any], exact: bool, seconds: float, nbytes: int) -> None:
+def report_resume(point: ResumePoint, loaded: Loaded, seconds: float, nbytes: int) -> None:
     for note in point.skipped:
         print(f"[dpuoffload] warning: --resume latest {note}", flush=True)
-    how = "exactly" if exact else (f"re-sliced from {meta['host_ranks']} host rank(s) x batch "
-                                   f"{meta['config']['batch_size']}")
+    was = loaded.meta.slicing
+    how = "exactly" if loaded.exact else f"re-sliced from {was.host_ranks} host rank(s) x batch {was.batch_size}"
     if point.memory is not None:
         print(f"[dpuoffload] restarting from DPU memory: the state of step {point.memory.step} "
               f"({nbytes / 1e6:.1f} MB) came back from {len(point.memory.keepers)} keeper(s) in "
               f"{seconds * 1e3:.0f} ms; the checkpoint disk was not read", flush=True)
-    print(f"[dpuoffload] resuming from {point.path} ({how}): {describe_position(point.position)}", flush=True)
+    print(f"[dpuoffload] resuming from {point.path} ({how}): {describe_position(loaded.start)}", flush=True)
     if point.changed:
         print(f"[dpuoffload] note: the checkpoint's run had other values for: {', '.join(point.changed)}",
               flush=True)
 
 
-def state_from_memory(topo: Topology, step: int,
-                      timeout: float) -> tuple[dict[str, Any], dict[str, Any], dict[int, LocalState]]:
+def state_from_memory(topo: Topology, step: int, timeout: float) -> StateSource:
     """Every host rank's hand-off of `step`, from the keepers' DPU memory: this rank receives its
     own from its keeper, the host ranks all-gather them (as clone ranks do) and rebuild the state."""
-    from dpuoffload.host.clone import gather_handoffs, rebuild_shared  # (clone imports the trainer)
+    from dpuoffload.host.clone import handoff_source  # (clone imports the trainer)
 
     keeper = StateAssignment.of(topo).keeper_of(topo.world_rank)
     mine = receive_restore(topo, keeper, step, topo.side_comm, timeout)
-    parts = {r.head["sender"]: r for r in gather_handoffs(topo.side_comm, [mine])}
-    meta = parts[0].meta
-    shared = rebuild_shared(meta, {k: r.shared for k, r in parts.items()})
-    return meta, shared, {k: parse_local(bytes(r.local)) for k, r in parts.items()}
+    return handoff_source(topo.side_comm, [mine])
 
 
 def receive_restore(topo: Topology, keeper: int, step: int, comm: "MPI.Comm", timeout: float) -> Received:
@@ -304,10 +293,9 @@ class StateHandoff:
         catalog = catalog_of(tensors)
         plan = plan_shards([t.numel() for t in tensors.values()], self.size, DEFAULT_THRESHOLD)
         pieces = plan.rank_pieces(self.rank)
-        meta = json.dumps(capture_meta(pos, catalog, self.optimizer, self.scheduler, self.model, {
-            "host_ranks": self.size, "threshold": DEFAULT_THRESHOLD, "steps_per_epoch": self.steps_per_epoch,
-            "config": config_dict(self.cfg), "config_hash": self.cfg.config_hash(),
-            **({} if user is None else {"user": user})})).encode()
+        meta = meta_of(pos, catalog, self.optimizer, self.scheduler, self.model, host_ranks=self.size,
+                       threshold=DEFAULT_THRESHOLD, steps_per_epoch=self.steps_per_epoch,
+                       config=config_dict(self.cfg), config_hash=self.cfg.config_hash(), user=user).encode()
         small = np.frombuffer(meta + capture_local(self.model, progress), dtype=np.uint8)
         shared_nbytes = packed_nbytes(list(tensors.values()), pieces)
         self._post(self.header(kind, pos.global_step, meta_nbytes=len(meta), small_nbytes=small.nbytes,

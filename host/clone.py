@@ -18,6 +18,7 @@ so a dead or hung keeper ends the job instead of leaving the clone group waiting
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -34,20 +35,12 @@ from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import wait, wait_all
 from dpuoffload.common.state.ckptfiles import Received, plan_for
+from dpuoffload.common.state.meta import CheckpointMeta, Slicing
 from dpuoffload.common.state.sharding import Piece, byte_buffer
-from dpuoffload.common.state.trainstate import (
-    EpochProgress,
-    LocalState,
-    dtype_of,
-    numel,
-    parse_local,
-    position_of,
-    reslice_position,
-    restore,
-    set_rng,
-)
+from dpuoffload.common.state.trainstate import dtype_of, numel, parse_local
 from dpuoffload.common.train.device import to_host
 from dpuoffload.common.train.loop import Trainer
+from dpuoffload.host.state import Live, Reader, StateSource, load_state
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -123,10 +116,10 @@ def gather_handoffs(comm: "MPI.Comm", mine: list[Received]) -> list[Received]:
     return out
 
 
-def rebuild_shared(meta: dict[str, Any], slices: dict[int, np.ndarray]) -> dict[str, torch.Tensor]:
+def rebuild_shared(meta: CheckpointMeta, slices: dict[int, np.ndarray]) -> dict[str, torch.Tensor]:
     """Every shared tensor, reassembled from all host ranks' packed slices. A tensor that came whole
     from one host rank is a view of the received bytes; only sliced tensors are copied together."""
-    catalog, plan = meta["catalog"], plan_for(meta)
+    catalog, plan = meta.catalog, plan_for(meta)
     located: dict[int, list[tuple[Piece, np.ndarray, int]]] = {}
     for k, buf in slices.items():
         offset = 0
@@ -165,14 +158,22 @@ def state_sha256(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> st
 Receive = Callable[[Topology, float], list[Received]]
 
 
-def assemble(topo: Topology, mine: list[Received]) -> tuple[dict[str, Any], dict[str, torch.Tensor], LocalState]:
-    """This clone rank's hand-offs -> the run's meta, every shared tensor, and the local state it
-    adopts (gathered over the clone group): what the built-in clone and a script's clone both load."""
-    parts = {r.head["sender"]: r for r in gather_handoffs(topo.side_comm, mine)}
-    meta = parts[0].meta
+def handoff_source(comm: "MPI.Comm", mine: list[Received], adopt: Optional[Callable[[int], int]] = None) -> StateSource:
+    """Hand-offs received by the ranks of `comm` -> the whole state, gathered over `comm`: the run's
+    meta, every shared tensor, and every host rank's local state, or with `adopt` (host rank
+    count -> whose) only the one this rank adopts. DPU-memory restarts and clones both load this."""
+    parts = {r.head["sender"]: r for r in gather_handoffs(comm, mine)}
+    meta = CheckpointMeta.from_json(parts[0].meta)
     shared = rebuild_shared(meta, {k: r.shared for k, r in parts.items()})
-    adopted = StateAssignment.of(topo).local_state_of(topo.world_rank, int(meta["host_ranks"]))
-    return meta, shared, parse_local(bytes(parts[adopted].local))
+    kept = range(meta.writers) if adopt is None else [adopt(meta.writers)]
+    return StateSource(meta, shared, tuple(parse_local(bytes(parts[k].local)) for k in kept), meta.slicing)
+
+
+def assemble(topo: Topology, mine: list[Received]) -> StateSource:
+    """This clone rank's hand-offs -> the state it loads, with the local state it adopts (gathered
+    over the clone group): what the built-in clone and a script's clone both load."""
+    return handoff_source(topo.side_comm, mine,
+                          functools.partial(StateAssignment.of(topo).local_state_of, topo.world_rank))
 
 
 def adopt(trainer: Trainer, topo: Topology, original: RunConfig, clone: RunConfig,
@@ -184,17 +185,13 @@ def adopt(trainer: Trainer, topo: Topology, original: RunConfig, clone: RunConfi
     t0 = time.perf_counter()
     mine = receive(topo, original.peer_timeout)
     received = time.perf_counter()
-    meta, shared, local = assemble(topo, mine)
-    n_orig = int(meta["host_ranks"])
-    restore(trainer.model, trainer.optimizer, trainer.scheduler, meta, shared, local)
+    reader = Reader(topo.side_rank, Slicing(topo.side_comm.Get_size(), clone.batch_size), trainer.feed.steps())
+    loaded = load_state(assemble(topo, mine), Live.of(trainer), reader)
     apply_hyperparameters(trainer, original, clone)
-    pos = position_of(meta)
-    start = reslice_position(pos, n_orig * original.batch_size, topo.side_comm.Get_size() * clone.batch_size,
-                             trainer.feed.steps())
-    trainer.resume_at(start, local.progress if start == pos else EpochProgress())
-    set_rng(local.rng)
+    trainer.resume_at(loaded.start, loaded.progress)
     ready = time.time()  # wall clock, comparable with the originals' hand-off `wall_time`
-    return {"event": "clone_start", "global_step": pos.global_step, "epoch": start.epoch, "step": start.step,
+    start = loaded.start
+    return {"event": "clone_start", "global_step": start.global_step, "epoch": start.epoch, "step": start.step,
             "standby_s": received - t0, "rebuild_s": time.perf_counter() - received, "ready_time": ready,
             "state_sha256": state_sha256(trainer.model, trainer.optimizer), "overrides": list(original.clone_override)}
 

@@ -45,7 +45,8 @@ from dpuoffload.common.runtime.messages import StateKind
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import start_program
 from dpuoffload.common.state import ckptfiles
-from dpuoffload.common.state.trainstate import EpochProgress, Position, position_of, restore, set_rng
+from dpuoffload.common.state.meta import Slicing
+from dpuoffload.common.state.trainstate import EpochProgress, Position
 from dpuoffload.host.checkpoint import StateHandoff
 from dpuoffload.host.control import shutdown_dpus
 from dpuoffload.host.loader import (
@@ -59,6 +60,7 @@ from dpuoffload.host.loader import (
     local_loader,
 )
 from dpuoffload.host.numerics import NumericsCheck, numerics_check
+from dpuoffload.host.state import Live, Reader, StateSource, load_state
 from dpuoffload.host.validation import JobValidation
 
 if TYPE_CHECKING:
@@ -324,13 +326,12 @@ class Job:
             return None
         skipped: list[str] = []
         path = ckptfiles.resolve(self.cfg.resume, self.cfg.ckpt_dir, skipped)
-        ckpt = ckptfiles.load(path)
-        writers = int(ckpt.meta["host_ranks"])
-        local = ckpt.locals[self.rank] if writers == self.size else ckpt.locals[0]
-        restored = self._load(model, optimizer, scheduler, ckpt.meta, ckpt.shared, local, path)
+        source = StateSource.of_checkpoint(ckptfiles.load(path))
+        restored = self._load(model, optimizer, scheduler, source, path)
         if self.rank == 0:
             for note in skipped:
                 print(f"[dpuoffload] warning: --resume latest {note}", flush=True)
+            writers = source.meta.writers
             how = "exactly" if writers == self.size else f"written by {writers} host rank(s)"
             print(f"[dpuoffload] resuming from {path} ({how}): epoch {restored.epoch}, step {restored.step} "
                   f"(global step {restored.global_step})", flush=True)
@@ -345,23 +346,21 @@ class Job:
         if self.rank == 0:
             print(f"[clone] {self.size} clone rank(s) standing by for the state of step {cfg.clone_at}", flush=True)
         t0 = time.perf_counter()
-        meta, shared, local = assemble(topo, receive_forwarded(topo, cfg.peer_timeout))
-        restored = self._load(model, optimizer, scheduler, meta, shared, local, None)
+        restored = self._load(model, optimizer, scheduler, assemble(topo, receive_forwarded(topo, cfg.peer_timeout)))
         self.cloned = True
         if self.rank == 0:
             print(f"[clone] state of step {restored.global_step} received after {time.perf_counter() - t0:.1f} s; "
                   f"continuing from epoch {restored.epoch}, step {restored.step}", flush=True)
         return restored
 
-    def _load(self, model: Any, optimizer: Any, scheduler: Any, meta: dict[str, Any], shared: Any, local: Any,
-              path: Optional[Path]) -> Restored:
-        """Load state into the live objects (RNG last); a mid-epoch step scales with the rank count."""
-        restore(model, optimizer, scheduler, meta, shared, local)
-        set_rng(local.rng)
-        pos, writers = position_of(meta), int(meta["host_ranks"])
-        step = pos.step if writers == self.size else pos.step * writers // self.size
-        self.last_global_step = pos.global_step
-        return Restored(pos.epoch, step, pos.global_step, dict(meta.get("user", {})), path)
+    def _load(self, model: Any, optimizer: Any, scheduler: Any, source: StateSource,
+              path: Optional[Path] = None) -> Restored:
+        """Load state into the live objects (`host.state.load_state`). The script's batch size is
+        its own, taken as unchanged: a mid-epoch step re-slices by the host rank count alone."""
+        reader = Reader(self.rank, Slicing(self.size, source.slicing.batch_size))
+        start = load_state(source, Live(model, optimizer, scheduler), reader).start
+        self.last_global_step = start.global_step
+        return Restored(start.epoch, start.step, start.global_step, dict(source.meta.user or {}), path)
 
     def init_process_group(self, backend: str = "gloo", timeout: Optional[float] = None) -> None:
         """`torch.distributed.init_process_group` over the host ranks only (for DDP).

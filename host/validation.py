@@ -8,7 +8,9 @@ split over host ranks; f = `--mv-dpu-fraction`), and starts epoch i+1. Host rank
 DPU ranks' sums for epoch i when they arrive and merges them with the host part. The host only
 blocks for the staging copy; the buffer is reused only after its previous send completed.
 `FallbackValidation` (`--dpu-failure fallback`) moves validation to the host ranks when a DPU
-validation rank dies.
+validation rank dies; `SurvivingValidation` (`--recovery`) follows a host group that loses ranks.
+`assemble_validation` is the one place that picks among them, for the built-in trainer
+(`build_validation`) and for scripts (`JobValidation`, behind `job.validate`) alike.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import copy
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence, cast
 
 import numpy as np
 from torch import nn
@@ -45,7 +47,7 @@ from dpuoffload.common.state.sharding import (
     state_tensors,
     unpack_states,
 )
-from dpuoffload.common.train.device import to_host
+from dpuoffload.common.train.allreduce import MpiSync
 from dpuoffload.common.train.evaluation import (
     LocalValidation,
     SharePolicy,
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
 
     from dpuoffload.common.config import RunConfig
     from dpuoffload.common.train.loop import TrainJob
+    from dpuoffload.host.recovery.survivors import SurvivorGroup
 
 
 
@@ -101,7 +104,7 @@ class AutoShare:
 class OffloadedValidation:
     def __init__(self, model: nn.Module, val_set: Dataset, batch_size: int, topo: Topology,
                  mv_target: Mapping[int, int], mv_ranks: Sequence[int], timeout: float, keep: bool = False,
-                 group: Any = None) -> None:
+                 group: Optional["SurvivorGroup"] = None) -> None:
         """`mv_target`: host world rank -> its validation rank; `keep`: stage each epoch's state in a
         fresh buffer and never wait for the last send, so `FallbackValidation` can keep the message
         until the epoch's DPU results are in. `group`: the host ranks' `SurvivorGroup` under
@@ -453,31 +456,90 @@ class SurvivingValidation:
             self.dpu[epoch] = buf[1:].copy()
 
 
-class JobValidation:
-    """The public API's `job.validate`: one epoch's validation on the DPU validation ranks (`--mode
-    mv`/`hybrid`, `OffloadedValidation`) or on the host ranks (`LocalValidation`), same sums.
+# ------------------------------------------------------------------------------------------ assembly
+@dataclass(frozen=True, kw_only=True)
+class ValidationSpec:
+    """What epoch-end validation needs, from the built-in trainer (`build_validation`) or a script
+    (`JobValidation`): `assemble_validation` picks where it runs from this alone."""
 
-    Built at the first `job.validate`; host rank 0 then sends the model and the validation set
-    once to every DPU validation rank (`ValidatorSetup`); later calls send only the state slices.
+    model: nn.Module
+    val_set: Dataset
+    batch_size: int
+    timeout: float
+    comm: Optional["MPI.Comm"] = None       # the host ranks' communicator (None: one process, no MPI)
+    topo: Optional[Topology] = None         # None: no DPU ranks (a script started without dpurun)
+    plan: Optional[OffloadPlan] = None      # its `mv_ranks` validate (None or none: the host ranks do)
+    fallback: bool = False                  # --dpu-failure fallback: a dead validation rank's work moves here
+    group: Optional["SurvivorGroup"] = None  # --recovery: the host group, which loses ranks or seats spares
+    epochs: int = 0                         # the run's epochs (the surviving group agrees over all of them)
+
+    @property
+    def offloaded(self) -> bool:
+        """Whether DPU validation ranks take a share of every epoch's validation."""
+        return self.topo is not None and self.plan is not None and bool(self.plan.mv_ranks)
+
+
+def assemble_validation(spec: ValidationSpec) -> Validation:
+    """Epoch-end validation for the built-in trainer and for scripts alike: on the host ranks
+    (`LocalValidation`), or handed to the DPU validation ranks (`OffloadedValidation`), which a
+    surviving host group (`SurvivingValidation`) or `--dpu-failure fallback` (`FallbackValidation`)
+    wraps. The one place that chooses, so both drivers validate the same way."""
+    hosts = spec.comm if spec.group is None else spec.group
+    if not spec.offloaded:
+        return LocalValidation(spec.model, spec.val_set, spec.batch_size, hosts)
+    topo, plan = cast(Topology, spec.topo), cast(OffloadPlan, spec.plan)
+    offloaded = OffloadedValidation(spec.model, spec.val_set, spec.batch_size, topo, plan.mv_target, plan.mv_ranks,
+                                    spec.timeout, keep=spec.fallback, group=spec.group)
+    if spec.group is not None:
+        return SurvivingValidation(offloaded, spec.epochs, spec.timeout)
+    if spec.fallback:
+        return FallbackValidation(offloaded, plan.mv_ranks, spec.timeout)
+    return offloaded
+
+
+def build_validation(cfg: "RunConfig", topo: Topology, job: "TrainJob",
+                     group: Optional["SurvivorGroup"] = None) -> tuple[Validation, Optional[SharePolicy]]:
+    """The built-in trainer's validation (`assemble_validation`) and the DPU share of each epoch's
+    (None without DPU validation ranks). `group` a `SurvivorGroup` (--recovery): the state slices and
+    the results follow the group as it shrinks or seats spares. The trainer makes the buffers host rank
+    0's before each epoch end itself, through its `GradientSync`, and prints the results in its epoch lines."""
+    spec = ValidationSpec(model=job.model, val_set=job.data.val, batch_size=cfg.val_batch_size,
+                          timeout=cfg.peer_timeout, comm=topo.side_comm, topo=topo, plan=job.plan,
+                          fallback=cfg.recovery_policy.survives_dpu_loss, group=group, epochs=cfg.epochs)
+    validation = assemble_validation(spec)
+    if not spec.offloaded:
+        return validation, None
+    if cfg.mv_dpu_fraction == "auto":
+        return validation, AutoShare(topo, job.model, job.data.val, cfg.val_batch_size, job.plan.mv_ranks[0],
+                                     len(job.plan.mv_ranks), cfg.peer_timeout)
+    return validation, fixed_share(float(cfg.mv_dpu_fraction))
+
+
+class JobValidation:
+    """The public API's `job.validate`: the assembled validation (`assemble_validation`), driven as
+    a script calls it, with the results recorded and printed on host rank 0.
+
+    Built at the first `job.validate`; with DPU validation ranks host rank 0 then sends them the
+    model and the validation set once (`ValidatorSetup`); later calls send only the state slices.
     Before each validation the model's buffers (BatchNorm statistics) are made host rank 0's on
-    every host rank, as DDP does, so the state assembled from every rank's slice is one state.
+    every host rank, as DDP does (and as the built-in trainer's `GradientSync` does, with the same
+    `MpiSync`), so the state assembled from every rank's slice is one state.
     """
 
     def __init__(self, model: nn.Module, val_set: Dataset, batch_size: int, comm: Optional["MPI.Comm"],
                  topo: Optional[Topology], plan: Optional[OffloadPlan], share: float, timeout: float) -> None:
-        self.model, self.val_set, self.comm, self.share = model, val_set, comm, share
+        spec = ValidationSpec(model=model, val_set=val_set, batch_size=batch_size, timeout=timeout, comm=comm,
+                              topo=topo, plan=plan)
+        self.model, self.val_set, self.comm, self.offloaded = model, val_set, comm, spec.offloaded
+        self.share = share if spec.offloaded else 0.0
+        self.buffers = MpiSync(comm) if comm is not None and comm.Get_size() > 1 else None
         self.results: dict[int, dict[str, float]] = {}
-        self.offloaded = topo is not None and plan is not None and bool(plan.mv_ranks)
         clone = topo is not None and topo.role is Role.CLONE
         self.label, self.ranks = ("[clone]", "clone ranks") if clone else ("[dpuoffload]", "host ranks")
-        self.inner: Validation
-        if self.offloaded:
-            topo, plan = cast(Topology, topo), cast(OffloadPlan, plan)
-            if topo.side_rank == 0:
-                send_setup(topo, plan.mv_ranks, ValidatorSetup(model, val_set, batch_size), timeout)
-            self.inner = OffloadedValidation(model, val_set, batch_size, topo, plan.mv_target, plan.mv_ranks, timeout)
-        else:
-            self.inner = LocalValidation(model, val_set, batch_size, comm)
+        if spec.offloaded and cast(Topology, topo).side_rank == 0:
+            send_setup(cast(Topology, topo), cast(OffloadPlan, plan).mv_ranks,
+                       ValidatorSetup(model, val_set, batch_size), timeout)
+        self.inner = assemble_validation(spec)
 
     def check_same(self, model: nn.Module, val_set: Dataset) -> None:
         if model is not self.model or val_set is not self.val_set:
@@ -485,13 +547,9 @@ class JobValidation:
                               "validation ranks received them at the first call)")
 
     def epoch_end(self, epoch: int) -> None:
-        if self.comm is not None and self.comm.Get_size() > 1:
-            for buffer in self.model.buffers():
-                staged = to_host(buffer).contiguous()  # the buffer itself on the CPU; a copy from a GPU
-                self.comm.Bcast(staged.numpy(), root=0)
-                if staged.data_ptr() != buffer.data_ptr():
-                    buffer.copy_(staged)
-        self.inner.epoch_end(epoch, self.share if self.offloaded else 0.0)
+        if self.buffers is not None:
+            self.buffers.broadcast_buffers_(self.model)
+        self.inner.epoch_end(epoch, self.share)
         self.collect(self.inner.ready())
 
     def collect(self, done: list[tuple[int, Sums]]) -> dict[int, dict[str, float]]:
@@ -519,25 +577,3 @@ def send_setup(topo: Topology, mv_ranks: Sequence[int], setup: ValidatorSetup, t
     reqs = [topo.world.isend(data, dest=d, tag=Tag.VALIDATOR) for d in mv_ranks]
     for d, req in zip(mv_ranks, reqs):
         wait(req, timeout, f"{topo.describe(d)} to take the model and validation set")
-
-
-def build_validation(cfg: "RunConfig", topo: Topology, job: "TrainJob",
-                     group: Any = None) -> tuple[Validation, Optional[SharePolicy]]:
-    """Validation on the host ranks (over `group`, default their communicator), or handed to the
-    DPU validation ranks (mv, hybrid). `group` a `SurvivorGroup` (--recovery): the state slices and
-    the results follow the group as it shrinks or seats spares."""
-    val, bs = job.data.val, cfg.val_batch_size
-    if not job.plan.mv_ranks:
-        return LocalValidation(job.model, val, bs, topo.side_comm if group is None else group), None
-    leader = job.plan.mv_ranks[0]
-    fallback = cfg.recovery_policy.survives_dpu_loss  # (a dead validation rank: the host ranks validate from then on)
-    offloaded = OffloadedValidation(job.model, val, bs, topo, job.plan.mv_target, job.plan.mv_ranks,
-                                    cfg.peer_timeout, keep=fallback, group=group)
-    validation: Validation = offloaded
-    if group is not None:
-        validation = SurvivingValidation(offloaded, cfg.epochs, cfg.peer_timeout)
-    elif fallback:
-        validation = FallbackValidation(offloaded, job.plan.mv_ranks, cfg.peer_timeout)
-    if cfg.mv_dpu_fraction == "auto":
-        return validation, AutoShare(topo, job.model, val, bs, leader, len(job.plan.mv_ranks), cfg.peer_timeout)
-    return validation, fixed_share(float(cfg.mv_dpu_fraction))

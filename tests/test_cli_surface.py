@@ -105,3 +105,80 @@ def test_make_data_subcommand_dispatches(monkeypatch):
     monkeypatch.setitem(sys.modules, "dpuoffload.launch.make_data", fake)
     assert cli.main(["make-data", "/tmp/out", "--force"]) == 0
     assert seen == [["/tmp/out", "--force"]]
+
+
+# ------------------------------------------------------------------ what each field means beyond its flag
+# Each `RunConfig` field declares its concern and meaning next to itself (`common.config.flag`); the tables
+# the code consults are derived from those declarations. Frozen here: changing what a field means (applies
+# to scripts, may change on resume, may differ in clones) must be a deliberate edit, as adding a flag is.
+CONCERNS = {
+    "data": {"dataset", "data", "download", "num_classes", "train_subset", "val_subset"},
+    "model and training": {"model", "epochs", "batch_size", "val_batch_size", "drop_last", "lr", "momentum",
+                           "weight_decay", "lr_schedule", "seed", "allreduce", "device", "amp", "channels_last"},
+    "offload": {"mode", "da_buffers", "dpu_workers", "da_host_share", "da_host_workers", "numerics",
+                "numerics_samples", "wire", "mv_dpu_fraction", "dpu_da_ranks", "dpu_mv_ranks", "da_fanout",
+                "dpu_batch_size", "auto_allow"},
+    "checkpoints and clones": {"ckpt_dir", "ckpt_every", "ckpt_every_epoch", "ckpt_keep", "ckpt_mem_keep",
+                               "ckpt_copy", "ckpt_errors", "resume", "stop_at_step", "clone_at", "clone_override"},
+    "failures and recovery": {"dpu_failure", "recovery", "reassign", "inject", "inject_simulate",
+                              "simulate_recovery"},
+    "logs and reports": {"log_dir", "progress", "digest_batches", "save_weights", "trace", "tensorboard", "plots"},
+    "launch": {"peer_timeout", "script"},
+}
+SCRIPT_FIELDS = {"mode", "script", "da_buffers", "dpu_workers", "da_host_share", "da_host_workers", "numerics",
+                 "numerics_samples", "wire", "log_dir", "peer_timeout", "progress", "mv_dpu_fraction", "dpu_da_ranks",
+                 "dpu_mv_ranks", "da_fanout", "ckpt_dir", "ckpt_keep", "ckpt_copy", "ckpt_errors", "resume",
+                 "clone_at", "device"}
+FREE_ON_RESUME = {"resume", "ckpt_dir", "ckpt_every", "ckpt_every_epoch", "ckpt_keep", "ckpt_mem_keep", "ckpt_copy",
+                  "stop_at_step", "dpu_failure", "recovery", "reassign", "log_dir", "trace", "save_weights",
+                  "progress", "peer_timeout", "digest_batches", "clone_at", "clone_override", "inject",
+                  "inject_simulate", "simulate_recovery", "mode", "da_buffers", "dpu_workers", "da_host_share",
+                  "da_host_workers", "mv_dpu_fraction", "dpu_da_ranks", "dpu_mv_ranks", "da_fanout", "val_batch_size",
+                  "allreduce", "device", "amp", "channels_last", "download", "data"}
+FATAL_ON_RESUME = {"model", "dataset", "num_classes"}
+CLONE_OVERRIDES = {"lr": float, "momentum": float, "weight_decay": float, "lr_schedule": str, "seed": int,
+                   "epochs": int, "batch_size": int, "train_subset": int, "val_subset": int, "drop_last": "bool",
+                   "allreduce": str, "save_weights": str, "stop_at_step": int}
+CLONE_RESETS = {"mode", "clone_at", "clone_override", "ckpt_dir", "ckpt_every", "ckpt_every_epoch", "resume",
+                "stop_at_step", "trace", "save_weights"}
+REFUSED_BY_RECOVERY = {"clone_at", "trace", "inject_simulate", "script"}
+
+
+def _fields():
+    import dataclasses
+
+    from dpuoffload.common.config import RunConfig
+
+    return dataclasses.fields(RunConfig)
+
+
+def test_every_field_declares_a_concern_and_has_its_flag():
+    from dpuoffload.common.config import Concern, meaning
+
+    dests = {a.dest: a.option_strings for a in build_parser()._actions}
+    for f in _fields():
+        assert isinstance(meaning(f).concern, Concern), f.name
+        assert dests.get(f.name), f"RunConfig.{f.name} has no training flag"
+    assert set(dests) - {f.name for f in _fields()} == {"help", "preset", "config"}
+    assert {c.value: {f.name for f in _fields() if meaning(f).concern is c} for c in Concern} == CONCERNS
+
+
+def test_fields_are_grouped_by_concern():
+    """One section per concern in the class body: a field added far from its concern's is a mistake."""
+    from dpuoffload.common.config import meaning
+
+    order = [meaning(f).concern for f in _fields()]
+    sections = [c for i, c in enumerate(order) if i == 0 or c is not order[i - 1]]
+    assert len(sections) == len(set(sections)), sections
+
+
+def test_derived_tables_equal_the_frozen_declarations():
+    from dpuoffload.common import clones, config
+    from dpuoffload.common.state import resume
+
+    assert set(config.SCRIPT_FIELDS) == SCRIPT_FIELDS
+    assert resume.FREE == FREE_ON_RESUME and set(resume.FATAL) == FATAL_ON_RESUME
+    assert {k: ("bool" if v is clones._boolean else v) for k, v in clones.OVERRIDABLE.items()} == CLONE_OVERRIDES
+    assert set(clones.RESET) == CLONE_RESETS and clones.SUBDIRS == ("log_dir",)
+    assert {f.name for f in config._REFUSED_BY_RECOVERY} == REFUSED_BY_RECOVERY
+    assert not FREE_ON_RESUME & FATAL_ON_RESUME

@@ -39,8 +39,11 @@ from dpuoffload.common.state.ckptdirs import (  # noqa: F401  (re-exported: one 
     resolve,
     step_dir,
 )
-from dpuoffload.common.state.sharding import Piece, ShardPlan, plan_shards
+from dpuoffload.common.state.meta import CheckpointMeta
+from dpuoffload.common.state.sharding import DEFAULT_THRESHOLD, Piece, ShardPlan, plan_shards
 from dpuoffload.common.state.trainstate import Catalog, LocalState, dtype_of, numel, parse_local
+
+Meta = CheckpointMeta | Mapping[str, Any]  # typed, or its JSON as a keeper received it
 
 
 def shard_name(sender: int) -> str:
@@ -84,18 +87,17 @@ def missing_senders(files: Mapping[str, Any], senders: int) -> list[int]:
     return [k for k in range(senders) if not {shard_name(k), local_name(k)} <= files.keys()]
 
 
-def write_manifest(directory: Path, meta: Mapping[str, Any], files: Mapping[str, Mapping[str, Any]],
-                   plan: ShardPlan) -> None:
-    """Manifest (where every piece lives, every file's checksum), then the commit marker."""
-    catalog = meta["catalog"]
+def write_manifest(directory: Path, meta: Meta, files: Mapping[str, Mapping[str, Any]], plan: ShardPlan) -> None:
+    """Manifest (the meta, where every piece lives, every file's checksum), then the commit marker."""
+    meta = CheckpointMeta.of(meta)
     tensors = []
-    for t, (name, dtype, shape) in enumerate(catalog):
+    for t, (name, dtype, shape) in enumerate(meta.catalog):
         pieces = [[shard_name(k), piece_key(name, p), p.start, p.stop]
                   for k in range(len(plan.pieces)) for p in plan.rank_pieces(k) if p.tensor == t]
-        tensors.append({"name": name, "dtype": dtype, "shape": shape, "pieces": pieces})
-    manifest = {**meta, "tensors": tensors, "files": dict(sorted(files.items()))}
+        tensors.append({"name": name, "dtype": dtype, "shape": list(shape), "pieces": pieces})
+    manifest = {**meta.to_json(), "tensors": tensors, "files": dict(sorted(files.items()))}
     write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1).encode())
-    write_atomic(directory / COMMITTED, f"{meta['position']['global_step']}\n".encode())
+    write_atomic(directory / COMMITTED, f"{meta.position.global_step}\n".encode())
     fsync_dir(directory)
 
 
@@ -110,6 +112,7 @@ class Received:
 
     @property
     def meta(self) -> dict[str, Any]:
+        """The meta as JSON, as the keeper passes it on (`CheckpointMeta.from_json` types it)."""
         return json.loads(self.small[: self.head["meta_nbytes"]].tobytes())
 
     @property
@@ -117,16 +120,19 @@ class Received:
         return memoryview(self.small)[self.head["meta_nbytes"]:]
 
 
-def plan_for(meta: Mapping[str, Any]) -> ShardPlan:
+def plan_for(meta: Meta) -> ShardPlan:
     """The slicing a checkpoint was written with (pure: from its catalog and sender count)."""
-    return plan_shards([numel(s) for _, _, s in meta["catalog"]], int(meta["host_ranks"]), int(meta["threshold"]))
+    meta = CheckpointMeta.of(meta)
+    threshold = DEFAULT_THRESHOLD if meta.threshold is None else meta.threshold
+    return plan_shards([numel(s) for _, _, s in meta.catalog], meta.writers, threshold)
 
 
-def part_sizes(meta: Mapping[str, Any], sender: int, parts: int, nbytes: int) -> list[int]:
+def part_sizes(meta: Meta, sender: int, parts: int, nbytes: int) -> list[int]:
     """Byte sizes of the messages a sender's shared slice came in (1 packed, or one per piece)."""
     if parts == 1:
         return [nbytes]
-    sizes = [(p.stop - p.start) * torch.empty((), dtype=dtype_of(meta["catalog"][p.tensor][1])).element_size()
+    meta = CheckpointMeta.of(meta)
+    sizes = [(p.stop - p.start) * torch.empty((), dtype=dtype_of(meta.catalog[p.tensor][1])).element_size()
              for p in plan_for(meta).rank_pieces(sender)]
     if len(sizes) != parts or sum(sizes) != nbytes:
         raise CheckpointError(f"host rank {sender} sent {parts} parts / {nbytes} bytes, its slice plan has "
@@ -157,7 +163,9 @@ def read_verified(directory: Path, name: str, manifest: Mapping[str, Any],
 
 @dataclass
 class Checkpoint:
-    """A checkpoint read back: meta (the manifest), full shared tensors, every host rank's local state."""
+    """A checkpoint read back: its manifest as JSON (`meta`: the on-disk record, which tools and
+    tests read; `CheckpointMeta.from_json(meta)` types it), full shared tensors, every host rank's
+    local state."""
 
     path: Path
     meta: dict[str, Any]
@@ -183,7 +191,7 @@ def load(directory: Path, verified: Optional[Mapping[str, bytes]] = None) -> Che
                                   f"{flat.numel()} elements ({MANIFEST} is inconsistent)")
         shared[t["name"]] = flat.reshape(t["shape"])
     locals_ = [parse_local(read_verified(directory, local_name(k), manifest, verified))
-               for k in range(int(manifest["host_ranks"]))]
+               for k in range(CheckpointMeta.from_json(manifest).writers)]
     return Checkpoint(directory, manifest, shared, locals_)
 
 
@@ -197,13 +205,14 @@ def plain_state_dicts(ckpt: Checkpoint) -> dict[str, Any]:
     names = [n.removeprefix("model.") for n in ckpt.shared if n.startswith("model.")]
     model = {n: ckpt.shared[f"model.{n}"] for n in names}
     model.update(ckpt.locals[0].buffers)
-    pos = ckpt.meta["position"]
-    return {"model": model, "optimizer": optimizer_state_dict(ckpt.meta, ckpt.shared, names),
-            "epoch": pos["epoch"], "step": pos["step"], "global_step": pos["global_step"],
-            "model_name": ckpt.meta["config"].get("script") or ckpt.meta["config"]["model"]}
+    meta = CheckpointMeta.from_json(ckpt.meta)
+    config, pos = meta.config or {}, meta.position
+    return {"model": model, "optimizer": optimizer_state_dict(meta, ckpt.shared, names),
+            "epoch": pos.epoch, "step": pos.step, "global_step": pos.global_step,
+            "model_name": config.get("script") or config["model"]}
 
 
-def check_compatible(meta: Mapping[str, Any], config: Mapping[str, Any], ignore: Sequence[str]) -> list[str]:
+def check_compatible(meta: Meta, config: Mapping[str, Any], ignore: Sequence[str]) -> list[str]:
     """Config fields that differ between the checkpoint's run and this one (excluding `ignore`)."""
-    old = meta.get("config", {})
+    old = CheckpointMeta.of(meta).config or {}
     return sorted(k for k in set(old) | set(config) if k not in ignore and old.get(k) != config.get(k))

@@ -31,13 +31,14 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
 from dpuoffload.common import files
 from dpuoffload.common.runtime.messages import CKPT_HEADER
 from dpuoffload.common.state.ckptdirs import CheckpointError, committed
+from dpuoffload.common.state.meta import CheckpointMeta
 
 if TYPE_CHECKING:
     from dpuoffload.common.config import RunConfig
@@ -107,7 +108,8 @@ class MemoryStore:
         return head, small, shared
 
     def meta(self, step: int) -> dict:
-        """The run-level meta (JSON) of the hand-offs at `step` (identical from every host rank)."""
+        """The run-level meta (JSON, as received; `CheckpointMeta.from_json` types it) of the
+        hand-offs at `step` (identical from every host rank)."""
         d = self._step_dir(step)
         first = sorted(d.glob("head-*.bin"))[0]
         head, small, _ = self.get(step, int(first.stem.split("-")[1]))
@@ -141,7 +143,7 @@ class MemoryPoint:
     """The state every keeper holds in DPU memory, agreed at start-up (`agree_restart`)."""
 
     step: int
-    meta: dict[str, Any]     # the run-level meta of that hand-off (position, catalog, config)
+    meta: CheckpointMeta     # the run-level meta of that hand-off (position, catalog, config)
     root: Path               # `memstore.memory_root` of the run's --ckpt-dir
     keepers: tuple[int, ...]  # world ranks of the keepers, in keeper order
 
@@ -196,7 +198,8 @@ def agree_restart(cfg: "RunConfig", topo: "Topology") -> Optional[MemoryPoint]:
     meta, problem = topo.world.bcast((meta, problem), root=keepers[0])
     if problem:
         raise CheckpointError(f"{problem}; resume from the disk with --ckpt-mem-keep 0 --resume latest")
-    if int(meta["host_ranks"]) != len(topo.host_ranks):  # (the disk copy re-slices to another host count)
+    typed = CheckpointMeta.from_json(meta)
+    if typed.writers != len(topo.host_ranks):  # (the disk copy re-slices to another host count)
         return None
-    _memory = MemoryPoint(step, meta, root, keepers)
+    _memory = MemoryPoint(step, typed, root, keepers)
     return _memory

@@ -17,38 +17,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from dpuoffload.common.config import RunConfig
+from dpuoffload.common.config import OnResume, RunConfig, field_names
 from dpuoffload.common.runtime import metrics
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.memstore import MemoryPoint, memory_point
-from dpuoffload.common.state.trainstate import Position, position_of, reslice_position
+from dpuoffload.common.state.meta import CheckpointMeta, Position, Slicing, reslice_position
 
-# Fields that may differ between the run that wrote a checkpoint and the run that resumes it.
-FREE = frozenset({"resume", "ckpt_dir", "ckpt_every", "ckpt_every_epoch", "ckpt_keep", "ckpt_mem_keep", "ckpt_copy",
-                  "stop_at_step", "dpu_failure", "recovery", "reassign",
-                  "log_dir", "trace", "save_weights", "progress", "peer_timeout", "digest_batches", "clone_at",
-                  "clone_override", "inject", "inject_simulate",
-                  "simulate_recovery", "mode", "da_buffers", "dpu_workers", "da_host_share", "da_host_workers",
-                  "mv_dpu_fraction", "dpu_da_ranks", "dpu_mv_ranks", "da_fanout", "val_batch_size", "allreduce",
-                  "device", "amp", "channels_last", "download", "data"})
-# Fields that make the state unusable: another model or another label space.
-FATAL = ("model", "dataset", "num_classes")
+# Fields that may differ between the run that wrote a checkpoint and the run that resumes it, and fields
+# that make the state unusable (another model or another label space): declared on each field (`OnResume`).
+FREE = frozenset(field_names(lambda m: m.resume is OnResume.FREE))
+FATAL = field_names(lambda m: m.resume is OnResume.FATAL)
 
 
 @dataclass(frozen=True)
 class ResumePoint:
     path: Path
     position: Position        # in this run's terms (re-sliced if the samples per step changed)
-    meta: dict[str, Any]
+    meta: CheckpointMeta
     changed: tuple[str, ...]  # config fields that differ from the checkpoint's run (besides FREE ones)
     skipped: tuple[str, ...] = ()  # `--resume latest`: newer checkpoints found damaged and passed over
     memory: Optional[MemoryPoint] = None  # restarting from DPU memory (then `path` names that memory)
     verified: dict[str, bytes] = field(default_factory=dict, repr=False)  # `--resume latest`: the files,
     # read and checked while choosing the checkpoint (the restore takes them from here: one read)
-
-    @property
-    def same_slicing(self) -> bool:
-        return self.position == position_of(self.meta)
 
 
 def config_dict(cfg: RunConfig) -> dict[str, Any]:
@@ -66,18 +56,18 @@ def find_resume(cfg: RunConfig, n_hosts: int, steps_per_epoch: int) -> Optional[
         path, meta = memory.root / f"step-{memory.step:09d}", memory.meta
     else:
         path = ckptfiles.resolve(cfg.resume, cfg.ckpt_dir, skipped, verified)
-        meta = ckptfiles.read_manifest(path)
+        meta = CheckpointMeta.from_json(ckptfiles.read_manifest(path))
     changed = tuple(ckptfiles.check_compatible(meta, config_dict(cfg), FREE))
     fatal = [k for k in FATAL if k in changed]
     if fatal:
-        old = meta["config"]
+        old = meta.config or {}
         raise ckptfiles.CheckpointError(
             f"checkpoint {path} was written by a run with "
             + ", ".join(f"--{k.replace('_', '-')} {old.get(k)}" for k in fatal)
             + "; this run has " + ", ".join(f"--{k.replace('_', '-')} {getattr(cfg, k)}" for k in fatal)
             + ": resume with the same model and data set")
-    old_per_step = int(meta["host_ranks"]) * int(meta["config"]["batch_size"])
-    position = reslice_position(position_of(meta), old_per_step, n_hosts * cfg.batch_size, steps_per_epoch)
+    here = Slicing(n_hosts, cfg.batch_size)
+    position = reslice_position(meta.position, meta.slicing.per_step, here.per_step, steps_per_epoch)
     metrics.set_resumed_from(position.global_step)  # stamped on this run's log lines (they append)
     return ResumePoint(path, position, meta, changed, tuple(skipped), memory, verified)
 

@@ -6,7 +6,7 @@ and small: BatchNorm running statistics (each rank's forward pass updates its ow
 epoch-end sync), the RNG states (torch, numpy, python) and the progress of the epoch in flight
 (loss/accuracy sums and step losses so far, so the resumed epoch's record equals the straight
 run's). Run-level facts that are the same everywhere (position, optimizer hyper-parameters,
-scheduler, tensor catalog, config) travel as JSON *meta*.
+scheduler, tensor catalog, config) travel as JSON *meta* (`common.state.meta.CheckpointMeta`).
 
 Everything here is pure (no MPI) so the host sender, the DPU keeper, resume and export share it.
 """
@@ -25,27 +25,13 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
-FORMAT = "dpuoffload-train-state"
-FORMAT_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Position:
-    """Where training stands: `step` steps of `epoch` are done, `global_step` optimizer steps in all.
-
-    A checkpoint that falls on an epoch's last step is taken after the epoch-end work (BatchNorm
-    sync, validation hand-off), so its position is (epoch + 1, 0), never (epoch, steps_per_epoch).
-    """
-
-    epoch: int = 0
-    step: int = 0
-    global_step: int = 0
-
-
-def describe_position(pos: Position) -> str:
-    """'end of epoch 2 (global step 64)' or 'epoch 3, step 5 done (global step 69)': 1-based epochs."""
-    where = f"end of epoch {pos.epoch}" if pos.step == 0 else f"epoch {pos.epoch + 1}, step {pos.step} done"
-    return f"{where} (global step {pos.global_step})"
+from dpuoffload.common.state.meta import (  # noqa: F401  (re-exported: where state is, its meta is)
+    Catalog,
+    CheckpointMeta,
+    Position,
+    describe_position,
+    reslice_position,
+)
 
 
 @dataclass(frozen=True)
@@ -79,17 +65,6 @@ def epoch_spans(steps_per_epoch: int, epochs: int, start: Position, stop_at: Opt
     return spans
 
 
-def reslice_position(pos: Position, old_per_step: int, new_per_step: int, steps_per_epoch: int) -> Position:
-    """The position in a run that consumes another number of samples per step (another host rank
-    count, or a clone's batch size): the same number of the epoch's samples is done.
-
-    Samples are dealt to ranks differently then, so a mid-epoch resume is no longer bit-exact
-    (some samples of that epoch are seen twice or not at all); epoch boundaries stay exact."""
-    if old_per_step == new_per_step or pos.step == 0:
-        return pos
-    return Position(pos.epoch, min(pos.step * old_per_step // new_per_step, steps_per_epoch - 1), pos.global_step)
-
-
 # ------------------------------------------------------------------------------------ shared state
 def shared_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     """Parameters and per-parameter optimizer state, by name (the sharded, identical-everywhere part).
@@ -104,9 +79,6 @@ def shared_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[s
             if torch.is_tensor(value):
                 out[f"optim.{name}.{key}"] = value.detach()
     return out
-
-
-Catalog = list[tuple[str, str, tuple[int, ...]]]  # (name, dtype, shape) in send order
 
 
 def catalog_of(tensors: Mapping[str, torch.Tensor]) -> Catalog:
@@ -179,18 +151,21 @@ def safetensors_metadata(blob: bytes) -> dict[str, str]:
 
 
 # -------------------------------------------------------------------------------------- meta (JSON)
-def capture_meta(position: Position, catalog: Catalog, optimizer: torch.optim.Optimizer,
-                 scheduler: Any, model: nn.Module, extra: Mapping[str, Any]) -> dict[str, Any]:
-    """Run-level facts, identical on every host rank. `extra`: config, host rank count, steps...
-    `scheduler` may be None (a script without one)."""
+def meta_of(position: Position, catalog: Catalog, optimizer: torch.optim.Optimizer, scheduler: Any,
+            model: nn.Module, **facts: Any) -> CheckpointMeta:
+    """The run-level facts of the live objects at `position`, identical on every host rank.
+    `facts`: the hand-off's run facts (`CheckpointMeta`'s host_ranks, config, ...); `scheduler`
+    may be None (a script without one)."""
     names = {id(p): n for n, p in model.named_parameters()}
     groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[id(p)] for p in g["params"]]}
               for g in optimizer.param_groups]
-    sched = scheduler_state(scheduler)
-    return {"format": FORMAT, "version": FORMAT_VERSION,
-            "position": {"epoch": position.epoch, "step": position.step, "global_step": position.global_step},
-            "catalog": [[n, d, list(s)] for n, d, s in catalog], "param_groups": groups, "scheduler": sched,
-            **extra}
+    return CheckpointMeta(position, catalog, groups, scheduler_state(scheduler), **facts)
+
+
+def capture_meta(position: Position, catalog: Catalog, optimizer: torch.optim.Optimizer,
+                 scheduler: Any, model: nn.Module, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """`meta_of` as its JSON object (what the files and hand-offs hold)."""
+    return meta_of(position, catalog, optimizer, scheduler, model, **extra).to_json()
 
 
 def scheduler_state(scheduler: Any) -> Optional[dict[str, Any]]:
@@ -219,12 +194,8 @@ def load_scheduler(scheduler: Any, state: Optional[Mapping[str, Any]], n_groups:
     scheduler.load_state_dict(full)
 
 
-def position_of(meta: Mapping[str, Any]) -> Position:
-    return Position(**meta["position"])
-
-
 # ------------------------------------------------------------------------------------------ restore
-def optimizer_state_dict(meta: Mapping[str, Any], shared: Mapping[str, torch.Tensor],
+def optimizer_state_dict(meta: CheckpointMeta | Mapping[str, Any], shared: Mapping[str, torch.Tensor],
                          param_names: Sequence[str]) -> dict[str, Any]:
     """A plain `Optimizer.state_dict()` (indices in `param_names` order) from meta + shared tensors."""
     index = {n: i for i, n in enumerate(param_names)}
@@ -233,13 +204,15 @@ def optimizer_state_dict(meta: Mapping[str, Any], shared: Mapping[str, torch.Ten
         if key.startswith("optim."):
             pname, _, skey = key.removeprefix("optim.").rpartition(".")
             state.setdefault(index[pname], {})[skey] = t
-    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in meta["param_groups"]]
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in CheckpointMeta.of(meta).param_groups]
     return {"state": state, "param_groups": groups}
 
 
-def restore(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, meta: Mapping[str, Any],
-            shared: Mapping[str, torch.Tensor], local: LocalState) -> None:
-    """Load everything into live objects; the caller restores RNG states last (`set_rng`)."""
+def restore(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+            meta: CheckpointMeta | Mapping[str, Any], shared: Mapping[str, torch.Tensor], local: LocalState) -> None:
+    """Load everything into live objects; the caller restores RNG states last (`set_rng`).
+    Callers go through `host.state.load_state`, which does both in that order."""
+    meta = CheckpointMeta.of(meta)
     names = [n for n, _ in model.named_parameters()]
     missing = [n for n in names if f"model.{n}" not in shared]
     if missing:
@@ -254,7 +227,7 @@ def restore(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, 
         for name, b in model.named_buffers():
             b.copy_(local.buffers[name])
     optimizer.load_state_dict(optimizer_state_dict(meta, shared, names))
-    load_scheduler(scheduler, meta.get("scheduler"), len(optimizer.param_groups))
+    load_scheduler(scheduler, meta.scheduler, len(optimizer.param_groups))
 
 
 def set_rng(rng: Mapping[str, Any]) -> None:

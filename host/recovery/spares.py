@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import statistics
 import struct
 import time
@@ -46,18 +45,18 @@ from dpuoffload.common.faults import watch
 from dpuoffload.common.faults.abort import PREFIX
 from dpuoffload.common.faults.policy import Recovery
 from dpuoffload.common.runtime.waits import wait, wait_all
+from dpuoffload.common.state.meta import CheckpointMeta, Slicing
 from dpuoffload.common.state.trainstate import (
     EpochProgress,
     Position,
     capture_local,
-    capture_meta,
     catalog_of,
+    meta_of,
     parse_local,
-    position_of,
-    restore,
-    set_rng,
+    safetensors_metadata,
     shared_tensors,
 )
+from dpuoffload.host.state import Live, Reader, StateSource, load_state
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -134,6 +133,9 @@ class CallIn:
 
 
 # ------------------------------------------------------------------------------------------- state
+SAME = Slicing(1, 1)  # a called spare joins the group that packed the state: the same slicing on both sides
+
+
 def pack_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, position: Position,
                records: Optional[Mapping[int, Mapping[str, Any]]] = None) -> bytes:
     """The trainer's state at `position` as one message: [8-byte size][shared safetensors][local].
@@ -141,22 +143,25 @@ def pack_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     become host rank 0, which logs them when the results come)."""
     tensors = {k: v.contiguous() for k, v in shared_tensors(model, optimizer).items()}
     pending = {str(e): r for e, r in (records or {}).items()}
-    meta = capture_meta(position, catalog_of(tensors), optimizer, scheduler, model, {"pending_records": pending})
-    shared = st_save(tensors, metadata={"meta": json.dumps(meta)})
+    meta = meta_of(position, catalog_of(tensors), optimizer, scheduler, model, pending_records=pending)
+    shared = st_save(tensors, metadata={"meta": meta.encode().decode()})
     return struct.pack("<Q", len(shared)) + shared + capture_local(model, EpochProgress())
+
+
+def packed_source(blob: bytes) -> StateSource:
+    """`pack_state`'s message as a state source (one local state: the sender's)."""
+    (n,) = struct.unpack("<Q", blob[:8])
+    shared = blob[8: 8 + n]
+    meta = CheckpointMeta.decode(safetensors_metadata(shared)["meta"].encode())
+    return StateSource(meta, st_load(shared), (parse_local(blob[8 + n:]),), SAME)
 
 
 def unpack_state(blob: bytes, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any) -> tuple[Position, dict[int, dict[str, Any]]]:
-    """Restore `pack_state`'s message into live objects; return its position and epoch records."""
-    (n,) = struct.unpack("<Q", blob[:8])
-    shared_blob = blob[8: 8 + n]
-    (header,) = struct.unpack("<Q", shared_blob[:8])
-    meta = json.loads(json.loads(shared_blob[8: 8 + header])["__metadata__"]["meta"])
-    local = parse_local(blob[8 + n:])
-    restore(model, optimizer, scheduler, meta, st_load(shared_blob), local)
-    set_rng(local.rng)
-    return position_of(meta), {int(e): r for e, r in meta.get("pending_records", {}).items()}
+    """Load `pack_state`'s message into live objects (`host.state.load_state`); return its
+    position and epoch records."""
+    loaded = load_state(packed_source(blob), Live(model, optimizer, scheduler), Reader(0, SAME))
+    return loaded.start, {int(e): r for e, r in (loaded.meta.pending_records or {}).items()}
 
 
 # -------------------------------------------------------------------------------------------- pool
