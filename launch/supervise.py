@@ -59,7 +59,7 @@ _PATTERNS = (
 )
 
 
-# The ranks' own one-line reports (common/faults/abort.py, dpu/keeper.py): they come before Open
+# The ranks' own one-line reports (common/faults/abort.py, dpu/keeper/committer.py): they come before Open
 # MPI's, name the rank that failed first and why, and so beat the ranks Open MPI reports dying after.
 _LABEL = r"\w+ rank \d+ \(world rank (\d+)\b[^)]*\)"   # topo.describe(): 'host rank 1 (world rank 1, node vm)'
 _OWN_FAILURE = ((re.compile(r"^\[dpuoffload\] " + _LABEL + r" failed: (.*)$"), "failed first"),  # run_program
