@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 
-from dpuoffload.common.config import RunConfig
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.ckptdirs import CheckpointError
 from dpuoffload.common.state.meta import CheckpointMeta, Position, Slicing, reslice_position
@@ -31,28 +30,18 @@ from dpuoffload.common.state.trainstate import (
     scheduler_state,
     shared_tensors,
 )
-from dpuoffload.common.train.loop import build_optimizer, lr_factor
+from dpuoffload.common.train.loop import build_optimizer
 from dpuoffload.host.clone import handoff_source, state_sha256
 from dpuoffload.host.recovery.spares import pack_state, packed_source
 from dpuoffload.host.state import Live, Reader, StateSource, load_state
+from tests.test_trainstate import trained as trainstate_trained
 
 THRESHOLD = 64
 
 
 def trained(seed: int = 0, steps: int = 2):
-    """A small BN model, SGD(momentum) and a LambdaLR after a few real steps."""
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
-                                torch.nn.Linear(4 * 6 * 6, 10))
-    cfg = RunConfig(lr=0.1)
-    opt = build_optimizer(cfg, model)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor("cosine", s, 10))
-    for _ in range(steps):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(torch.randn(4, 3, 8, 8)), torch.tensor([1, 2, 3, 4])).backward()
-        opt.step()
-        sched.step()
-    return cfg, model, opt, sched
+    """tests/test_trainstate.py's model, optimizer and scheduler after real steps, 4 channels wide."""
+    return trainstate_trained(seed, steps, width=4)
 
 
 def old_meta_dict(pos, catalog, opt, sched, model, extra) -> dict:

@@ -65,11 +65,11 @@ def test_describe_position():
 
 
 # ------------------------------------------------------------------------------- state round trip
-def trained(seed: int = 0, steps: int = 2):
-    """A small BN model and SGD(momentum) after a few real steps (momentum buffers exist)."""
+def trained(seed: int = 0, steps: int = 2, width: int = 8):
+    """A small BN model, SGD(momentum) and a LambdaLR after a few real steps (momentum buffers exist)."""
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Flatten(),
-                                torch.nn.Linear(8 * 6 * 6, 10))
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, width, 3), torch.nn.BatchNorm2d(width), torch.nn.Flatten(),
+                                torch.nn.Linear(width * 6 * 6, 10))
     cfg = RunConfig(lr=0.1)
     opt = build_optimizer(cfg, model)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor("cosine", s, 10))
