@@ -37,7 +37,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator, Mapping, Optional, Sequence
+from typing import IO, Callable, Iterator, Mapping, Optional, Sequence
 
 from dpuoffload.common.runtime.roles import Role
 
@@ -291,6 +291,9 @@ def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None
 
     mpirun gets its own session so that a terminal Ctrl-C reaches it exactly once, forwarded by
     us (Open MPI treats a second SIGINT as "force"); SIGTERM and SIGHUP are forwarded as well.
+    Because of that session, a dpurun killed outright (SIGKILL: a batch system's hard limit, a test
+    harness's timeout) would leave mpirun and every rank running: mpirun is therefore started with
+    a parent-death signal (`_end_with_parent`), so it is told SIGTERM and tears its job down.
 
     Returns:
         The outcome, with mpirun's exit code (128 + N if mpirun itself died of signal N).
@@ -299,7 +302,7 @@ def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None
     seen = threading.Event()
     with _SignalForwarder() as forwarder:  # installed first: no window to lose a Ctrl-C
         proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                bufsize=0, start_new_session=True)
+                                bufsize=0, start_new_session=True, preexec_fn=_end_with_parent(os.getpid()))
         forwarder.attach(proc)
         with _open_raw(raw_log) as raw:
             pumps = _start_pumps(proc, scanners, seen, raw)
@@ -321,6 +324,32 @@ def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None
     for name, event in scanners[1].events.items():
         events[name] = (max if name in _LATEST else min)(event, events.get(name, event))
     return JobOutcome(code, tuple(failures), bool(forwarder.received), events, ended)
+
+
+def _end_with_parent(parent: int) -> Optional[Callable[[], None]]:
+    """A `preexec_fn` that makes the child get SIGTERM when dpurun dies, however it dies (Linux
+    `prctl(PR_SET_PDEATHSIG)`; Open MPI's mpirun and MPICH's mpiexec both end their job on SIGTERM).
+    Without it, a dpurun killed by SIGKILL left an MPICH job's proxy and DPU ranks spinning for hours.
+    None where prctl is not to be had (not Linux): there mpirun outlives a killed dpurun, as before.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # dpurun died before the call: the signal will never come
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def last_checkpoint_line(ckpt_dir: str) -> str:

@@ -28,7 +28,36 @@ def job_env() -> dict[str, str]:
 
 
 def run(cmd: Sequence[str], timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=job_env(), cwd=REPO)
+    """`subprocess.run(cmd)` that ends the whole job when the test gives up on it.
+
+    subprocess.run's timeout (and pytest-timeout's exception, raised inside it) SIGKILLs the one
+    process it started, which cannot pass that on: an MPICH job once kept its proxy and DPU ranks
+    spinning for two hours that way. Here the command leads its own process group, which is told
+    SIGTERM first (dpurun and mpirun forward it and end their ranks), then SIGKILL."""
+    with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job_env(),
+                          cwd=REPO, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            end_group(proc)
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def end_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM to `proc`'s process group (it leads one), SIGKILL if it is still there after `grace` s."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.communicate(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 # Flags that place ranks on chosen cores or machines: a job with one keeps dpurun's pinned emulation.

@@ -272,6 +272,29 @@ def test_real_sigkill_of_a_dpu_rank_is_named_and_ends_the_job(capfd):
 
 
 @pytest.mark.mpi
+@pytest.mark.timeout(90)
+def test_real_job_ends_when_dpurun_is_killed_outright():
+    """SIGKILL to the supervisor (a batch system's hard limit, a harness's timeout) cannot be
+    forwarded; mpirun, in its own session, must still end every rank (parent-death signal)."""
+    import psutil
+
+    spec = toy_spec(("--sleep", "60"))
+    code = f"from dpuoffload.launch import supervise; raise SystemExit(supervise.run({toy_command(spec)!r}, 1))"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        started = [proc.stdout.readline() for _ in range(3)]  # every rank is up and sleeping
+        assert all(line.startswith("toy world_rank=") for line in started), started
+        job = psutil.Process(proc.pid).children(recursive=True)
+        assert len([p for p in job if TOY in p.cmdline() and p.name().startswith("python")]) == 3
+        proc.kill()
+        gone, alive = psutil.wait_procs(job, timeout=30)
+        assert not alive, f"still running 30 s after dpurun was killed: {[p.cmdline() for p in alive]}"
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.mpi
 @pytest.mark.timeout(60)
 def test_real_exit_without_finalize_and_abort(capfd):
     spec = toy_spec(("--exit", "0:5", "--sleep", "60"))
