@@ -26,6 +26,11 @@
 #   carry %n (each slurmd its own); state, spool and logs under DPUOFFLOAD_SLURM_DIR (default
 #   /run/PREFIX-slurm; the logs in its log/);
 # - a munged of its own (key, socket, pid file under that dir; AuthInfo=socket=...), not the system's;
+# - each slurmd reads a copy of slurm.conf beside an mpi.conf of its own: Slurm's PMIx plugin (srun
+#   --mpi=pmix) makes a directory per job step under PMIxCliTmpDirBase (default: TmpFS, /tmp), and
+#   machines that share one /tmp collide on it ("File exists"); each gets DIR/pmix/NAME. (Debian's
+#   plugin also needs libpmix-dev, for the unversioned libpmix.so it opens: not installed here, as
+#   dpurun starts its ranks with mpirun; `srun --mpi=pmix` works with it, see docs/cluster.md.)
 # - SlurmUser=root, no accounting (jobcomp/none, accounting_storage/none), ReturnToService=2.
 # Jobs get the submitter's environment (sbatch's default --export=ALL) and run in its directory (this
 # box's file system is every machine's: a cluster's shared file system).
@@ -108,6 +113,11 @@ $(printf '%s\n' "${nodes[@]}")
 PartitionName=all Nodes=$(IFS=,; echo "${MACHINES[*]}") Default=YES MaxTime=INFINITE State=UP
 PartitionName=hosts Nodes=$(IFS=,; echo "${hosts[*]}") MaxTime=INFINITE State=UP
 EOF
+  for name in "${MACHINES[@]}"; do  # each slurmd reads a copy, beside an mpi.conf of its own (see the top)
+    mkdir -p "$DIR/etc/$name" "$DIR/pmix/$name"
+    cp "$CONF" "$DIR/etc/$name/slurm.conf"
+    echo "PMIxCliTmpDirBase=$DIR/pmix/$name" > "$DIR/etc/$name/mpi.conf"
+  done
 }
 
 show_cgroups() {  # slurmd (22.05) will not start without a cgroup tree at /sys/fs/cgroup, even with
@@ -155,7 +165,7 @@ up() {
   on "$CTL" slurmctld -f "$CONF" || die "slurmctld did not start: $(tail -n 5 "$DIR/log/slurmctld.log" | tr '\n' ' ')"
   local name
   for name in "${MACHINES[@]}"; do
-    on "$name" sh -c 'mount --rbind "$0" /sys/fs/cgroup && exec "$@"' "$CGROUP" slurmd -f "$CONF" -N "$name" \
+    on "$name" sh -c 'mount --rbind "$0" /sys/fs/cgroup && exec "$@"' "$CGROUP" slurmd -f "$DIR/etc/$name/slurm.conf" -N "$name" \
       || die "slurmd on $name did not start: $(tail -n 5 "$DIR/log/slurmd-$name.log" | tr '\n' ' ')"
   done
   wait_idle

@@ -27,6 +27,18 @@ if [ "${DPUOFFLOAD_TEST_AARCH64:-1}" = "1" ]; then
   fi
 fi
 export DPUOFFLOAD_TEST_AARCH64=${DPUOFFLOAD_TEST_AARCH64:-1}
+# A real Slurm: Debian's slurm-wlm 22.05 and munge (scripts/slurm.sh install: apt-get, ~15 s the first
+# time, nothing after), so tests/test_slurm_cluster.py sbatches dpurun jobs on a Slurm cluster of
+# emulated machines that it brings up and takes down. DPUOFFLOAD_TEST_SLURM=0 skips it and those tests
+# say so; without root, or where the packages cannot be installed, they say that instead.
+if [ "${DPUOFFLOAD_TEST_SLURM:-1}" = "1" ]; then
+  if [ "$(id -u)" = 0 ]; then
+    bash "$ROOT/scripts/slurm.sh" install || echo "test.sh: Slurm could not be installed (above): its tests skip"
+  else
+    echo "test.sh: not root: no Slurm (scripts/slurm.sh needs apt-get and network namespaces); its tests skip"
+  fi
+fi
+export DPUOFFLOAD_TEST_SLURM=${DPUOFFLOAD_TEST_SLURM:-1}
 # Lint first (ruff settings in pyproject.toml): findings fail the test command before any test runs.
 "$VENV/bin/ruff" check .
 # The docs (mkdocs.yml, docs/): a strict build, so a broken link or anchor fails; into a temporary

@@ -117,6 +117,13 @@ class Job:
     def text(self) -> str:
         return self.out.read_text() if self.out.exists() else ""
 
+    def story(self) -> str:
+        """The job's output, then what the controller and the nodes' slurmd logged about it (for failures)."""
+        logs = Path(f"/run/{self.cluster.env['DPUOFFLOAD_SLURM_PREFIX']}-slurm/log")
+        said = [ln for p in sorted(logs.glob("slurm*.log")) for ln in p.read_text(errors="replace").splitlines()
+                if f"JobId={self.id} " in ln or f"job {self.id} " in ln or f"[{self.id}." in ln or f" {self.id}." in ln]
+        return self.text() + "\n--- Slurm's logs:\n" + "\n".join(said)
+
     def run(self, n: int = 0) -> dict:
         """Run `n` of the job (0, then 1 after a requeue): its metrics, ranks' phases and placement."""
         d = self.log / f"run{n}"
@@ -160,7 +167,7 @@ def jobs(cluster):
         if name not in done:
             naming, mode, sbatch, mpi = kinds[name]
             job = cluster.submit(name, naming, mode, *sbatch, mpi=mpi)
-            assert job.wait() == "COMPLETED", job.text()
+            assert job.wait() == "COMPLETED", job.story()
             done[name] = (job, job.run())
         return done[name]
     return _job
@@ -268,18 +275,21 @@ def test_a_requeued_job_resumes_from_its_last_checkpoint_exactly(cluster, jobs, 
     --requeue: Slurm ends the first run and starts the job script again with SLURM_RESTART_COUNT=1,
     which adds `--resume latest`; the second run continues exactly from the last committed
     checkpoint and ends with the losses and weights of an uninterrupted `none` run.
-    (Slurm holds a requeued job for ~2 minutes (its BeginTime); the test releases it at once.)"""
+    (Slurm holds a requeued job for 121 s (its BeginTime); the test releases it after 2 s.)"""
     ckpt = tmp_path / "ckpt"
     job = cluster.submit("requeued", AS_NODES, "da", "--partition", "all", "--nodes", "4", "--requeue",
                          "--open-mode=append", train=f"--ckpt-dir {ckpt} --ckpt-every 2")
     wait_for_checkpoint(job, ckpt)
     cluster.slurm("scontrol", "requeue", job.id)
     deadline = time.monotonic() + 60
-    while job.state() != "PENDING":  # (requeued, its first run ended: held until its BeginTime)
-        assert time.monotonic() < deadline, job.text()
+    while job.state() != "PENDING" or any(ranks_on(cluster).values()):  # (held until its BeginTime, old run gone)
+        assert time.monotonic() < deadline, job.story()
         time.sleep(0.2)
+    # A job started again within the second its old credential was revoked is refused by slurmd as
+    # "already killed" (and FAILED): Slurm's own hold is the credential's lifetime, 121 s
+    time.sleep(2)
     cluster.slurm("scontrol", "update", f"JobId={job.id}", "StartTime=now")
-    assert job.wait() == "COMPLETED", job.text()
+    assert job.wait() == "COMPLETED", job.story()
     said = job.text()
     first, second = said.split("restart 1\n")
     assert "CANCELLED AT" in first and "DUE TO JOB REQUEUE" in first, said
