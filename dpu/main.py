@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.faults import inject, watch
+from dpuoffload.common.faults import inject
 from dpuoffload.common.faults.abort import run_program
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.plan.offload import DA, IDLE, MV, plan_offload
 from dpuoffload.common.runtime import trace
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
-from dpuoffload.common.runtime.startup import init_torch, start_program
+from dpuoffload.common.runtime.startup import Run, init_torch, start_program
 from dpuoffload.common.state.memstore import memory_point
 from dpuoffload.dpu.idle import idle_until_shutdown
 
@@ -35,7 +35,7 @@ class DpuJob:
     keeper: Optional[Keeper]    # checkpoint / clone keeper thread, next to the work
 
 
-def prepare(cfg: RunConfig, topo: Topology) -> DpuJob:
+def prepare(cfg: RunConfig, topo: Topology, run: Run) -> DpuJob:
     """Build this rank's work (augmentation, validation, training, or none) before any host<->DPU traffic.
 
     Only a rank with something to compute imports torch (`dpu/work.py`, `init_torch`); an idle one
@@ -45,20 +45,23 @@ def prepare(cfg: RunConfig, topo: Topology) -> DpuJob:
         init_torch()
         from dpuoffload.dpu import work as works
 
-        return DpuJob(REPLICA, works.replica(cfg, topo), None)
+        return DpuJob(REPLICA, works.replica(cfg, topo, run), None)
     plan = plan_offload(topo.ranks, cfg)
     planned = plan.work.get(topo.world_rank, IDLE)
     check_injections(cfg, topo, planned)
     # DPU-only collectives first, before anything that could fail on one rank and not the others
     work_comm = topo.side_comm.Split(color=WORK_COLORS[planned], key=topo.world_rank)
-    keeper = build_keeper(cfg, topo)
+    keeper = build_keeper(cfg, topo, run)
     work = IDLE if planned == DA and not plan.fed_by(topo.world_rank) else planned  # (more DPU ranks than needed)
     if work == IDLE:
         return DpuJob(IDLE, None, keeper)
     init_torch()
     from dpuoffload.dpu import work as works
 
-    runner = works.augmentation(cfg, topo, plan) if work == DA else works.validation(cfg, topo, plan, work_comm)
+    if work == DA:
+        runner: Work = works.augmentation(cfg, topo, plan, run)
+    else:
+        runner = works.validation(cfg, topo, plan, work_comm, run)
     return DpuJob(work, runner, keeper)
 
 
@@ -66,7 +69,7 @@ def check_injections(cfg: RunConfig, topo: Topology, work: str) -> None:
     """`--inject dpu:R@STEP` fires when the rank builds that step's batch (augmentation), gets the
     state of that step's epoch (validation) or of the first checkpoint from that step on (a keeper):
     an idle rank that keeps nothing has nothing to fail at."""
-    named = [i for i in inject.for_rank(cfg.inject, topo).mine if i.who == "dpu"]
+    named = [i for i in inject.named(cfg.inject, topo) if i.who == "dpu"]
     keeps = cfg.checkpointing and bool(StateAssignment.of(topo).hosts_kept_by(topo.world_rank))
     if named and work not in (DA, MV) and not keeps:
         raise ConfigError(f"--inject {named[0]}: {topo.describe()} is idle in this run (--mode {cfg.mode}), so it "
@@ -74,7 +77,7 @@ def check_injections(cfg: RunConfig, topo: Topology, work: str) -> None:
                           "host rank")
 
 
-def build_keeper(cfg: RunConfig, topo: Topology) -> Optional[Keeper]:
+def build_keeper(cfg: RunConfig, topo: Topology, run: Run) -> Optional[Keeper]:
     """A keeper on every DPU rank that host ranks hand state to (collective over the DPU ranks)."""
     restoring = memory_point() is not None  # (restarting from DPU memory: the keepers hand the state back)
     if not (cfg.checkpointing or (cfg.clone_at is not None and topo.clone_ranks) or restoring):
@@ -88,7 +91,7 @@ def build_keeper(cfg: RunConfig, topo: Topology) -> Optional[Keeper]:
     init_torch()  # (shard files: safetensors over torch tensors)
     from dpuoffload.dpu.keeper import Keeper
 
-    return Keeper(cfg, topo, comm)
+    return Keeper(cfg, topo, comm, run.faults)
 
 
 def profile(cfg: RunConfig, topo: Topology, job: DpuJob) -> dict[str, Any]:
@@ -101,7 +104,7 @@ def profile(cfg: RunConfig, topo: Topology, job: DpuJob) -> dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     started = start_program(Role.DPU, argv, prepare, profile)
-    cfg, topo, job, profiles = started.cfg, started.topo, started.state, started.profiles
+    cfg, topo, job, profiles, faults = started.cfg, started.topo, started.state, started.profiles, started.run.faults
     if not topo.host_ranks:
         trace.finish(topo.world, cfg.trace)
         return 0
@@ -115,12 +118,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for record in runner.run():
             log.write({"world_rank": topo.world_rank, "role": "dpu", "work": job.work, **record})
         if runner.ends_on_shutdown:
-            watch.ending()  # (told to shut down: host ranks leave from now on)
+            faults.ending()  # (told to shut down: host ranks leave from now on)
         runner.close()
     # (the loader service and a script's validation end on the shutdown message itself)
     idle = runner is None or not runner.ends_on_shutdown
     stats: dict[str, Any] = idle_until_shutdown(topo, cfg.recovery_policy.survives_host_loss) if idle else {}
-    watch.ending()
+    faults.ending()
     if job.keeper is not None:
         stats["handoffs"] = len(job.keeper.join())
     if job.work == DA:  # the pairing, as the ranks found it (node: what --dpus maps it to)

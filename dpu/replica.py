@@ -14,6 +14,7 @@ from torch import nn
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import DatasetPair
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.plan.offload import plan_offload
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.train.allreduce import GradientSync, build_sync
@@ -27,8 +28,9 @@ class Replica:
     ends_on_shutdown = False
 
     def __init__(self, cfg: RunConfig, topo: Topology, data: DatasetPair, train: PerSampleSeeded,
-                 model: nn.Module) -> None:
+                 model: nn.Module, faults: Faults) -> None:
         self.cfg, self.topo, self.data, self.train, self.model = cfg, topo, data, train, model
+        self.faults = faults
         self.job: Optional[TrainJob] = None
         self.sync: Optional[GradientSync] = None
 
@@ -44,7 +46,8 @@ class Replica:
         """Train every epoch; per-epoch phase records are written by the trainer itself."""
         if self.job is None or self.sync is None:
             raise RuntimeError("Replica.start() must run before run()")
-        Trainer(self.cfg, self.topo, self.job, self.sync, NoValidation(), group=self.topo.world).fit()
+        Trainer(self.cfg, self.topo, self.job, self.sync, NoValidation(), group=self.topo.world,
+                faults=self.faults).fit()
         return []
 
     def close(self) -> None:

@@ -37,6 +37,7 @@ from dpuoffload.common.data.streams import STOP, NumericsQuery, OpenLoader, Plan
 from dpuoffload.common.data.workers import WorkerPool, cores_note
 from dpuoffload.common.errors import PeerError, PeerLost
 from dpuoffload.common.faults import inject
+from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
@@ -318,7 +319,8 @@ class LoaderService:
 
     ends_on_shutdown = True
 
-    def __init__(self, cfg: RunConfig, topo: Topology, hosts: tuple[int, ...]) -> None:
+    def __init__(self, cfg: RunConfig, topo: Topology, hosts: tuple[int, ...], faults: Faults) -> None:
+        """`hosts`: the world ranks of the host ranks it feeds; `faults`: the run's failure record."""
         self.cfg, self.topo, self.hosts = cfg, topo, hosts
         self.max_idle = IDLE_MAX_SLEEP  # (`_follow_rings`)
         self.streams: dict[tuple[int, int], Stream] = {}
@@ -326,7 +328,7 @@ class LoaderService:
         self.turn = 0
         self.prebuilt: dict[bytes, Any] = {}
         self.epochs = EpochRecords(self.timer)
-        self.injector = inject.for_rank(cfg.inject, topo)  # --inject: fail on purpose at a step's batch
+        self.injector = inject.for_rank(cfg.inject, topo, faults.note)  # --inject: fail at a step's batch
         note = cores_note(cfg.dpu_workers) if cfg.dpu_workers else None
         if note and topo.host_ranks[0] in hosts:  # once per job: the rank that feeds host rank 0
             print(f"[dpuoffload] note: {note}", flush=True)

@@ -29,8 +29,9 @@ from torch.utils.data import Dataset
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.streams import decode
 from dpuoffload.common.errors import PeerError, PeerLost
-from dpuoffload.common.faults import inject, watch
+from dpuoffload.common.faults import inject
 from dpuoffload.common.faults.abort import arrive
+from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.plan.validation_split import dpu_count
 from dpuoffload.common.runtime.messages import CONTROL, STATE_HEADER, STATE_HEADER_BYTES, ControlKind, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
@@ -64,18 +65,20 @@ class ValidationLost(PeerLost):
 class Validator:
     ends_on_shutdown = False
 
-    def __init__(self, cfg: RunConfig, topo: Topology, comm: "MPI.Comm", model: nn.Module, val_set: Dataset,
-                 hosts: tuple[int, ...], epochs: Sequence[int], steps: Mapping[int, range] = {},
+    def __init__(self, cfg: RunConfig, topo: Topology, faults: Faults, comm: "MPI.Comm", model: nn.Module,
+                 val_set: Dataset, hosts: tuple[int, ...], epochs: Sequence[int], steps: Mapping[int, range] = {},
                  total_steps: int = 0, validators: Sequence[int] = ()) -> None:
-        """`epochs`: the epochs the host ranks complete in this run (a resumed or stopped run skips
-        some); `steps`: each epoch's global steps and `total_steps` the run's (for `--inject`);
-        `validators`: the world ranks of every validation rank (for `--dpu-failure fallback`)."""
+        """`faults`: the run's failure record (which ranks are dead). `epochs`: the epochs the host
+        ranks complete in this run (a resumed or stopped run skips some); `steps`: each epoch's global
+        steps and `total_steps` the run's (for `--inject`); `validators`: the world ranks of every
+        validation rank (for `--dpu-failure fallback`)."""
         self.cfg, self.topo, self.comm, self.model, self.val_set = cfg, topo, comm, model, val_set
+        self.faults = faults
         self.epochs, self.steps, self.total_steps = tuple(epochs), steps, total_steps
         self.hosts = hosts  # world ranks of the host ranks whose slices this rank receives
         self.fallback = cfg.recovery_policy.survives_dpu_loss
         self.validators = frozenset(validators)
-        self.injector = inject.for_rank(cfg.inject, topo)
+        self.injector = inject.for_rank(cfg.inject, topo, faults.note)
         self.tensors = state_tensors(model.state_dict())
         plan = cached_plan(tuple(t.numel() for t in self.tensors), len(topo.host_ranks))
         self.sizes = [STATE_HEADER_BYTES + packed_nbytes(self.tensors, plan.rank_pieces(k))
@@ -102,7 +105,7 @@ class Validator:
     def check_fellows(self) -> None:
         """While a state is awaited: stop if another validation rank is known dead (the host ranks
         validate from now on, so no state may come)."""
-        dead = sorted(self.validators & watch.dead_ranks())
+        dead = sorted(self.validators & self.faults.dead_ranks())
         if dead:
             raise ValidationLost(", ".join(self.topo.describe(r) for r in dead) + " died")
 
@@ -117,7 +120,7 @@ class Validator:
             pass
         print(f"[dpuoffload] {self.topo.describe()}: validation stops at epoch {epoch + 1} ({why}); the host ranks "
               "validate from here on", flush=True)
-        watch.note({"event": "validation_stopped", "epoch": epoch, "why": str(why), "time": time.time()})
+        self.faults.note({"event": "validation_stopped", "epoch": epoch, "why": str(why), "time": time.time()})
 
     def send_profile(self) -> None:
         """Tell host rank 0 what a validation sample costs here (it picks the DPU share from it)."""
@@ -206,7 +209,7 @@ class Validator:
         not come."""
         if not n or expect is None or time.monotonic() - last < self.cfg.peer_timeout:
             return
-        dead = sorted(watch.dead_ranks() & {*self.topo.host_ranks, *self.topo.spare_ranks})
+        dead = sorted(self.faults.dead_ranks() & {*self.topo.host_ranks, *self.topo.spare_ranks})
         if dead:
             raise PeerError(f"epoch {epoch}: {n} of the {expect} model state messages due here came, and "
                             f"{', '.join(self.topo.describe(r) for r in dead)} died: the rest cannot come, so this "
@@ -275,8 +278,9 @@ class ScriptValidation:
 
     ends_on_shutdown = True
 
-    def __init__(self, cfg: RunConfig, topo: Topology, comm: "MPI.Comm", hosts: tuple[int, ...]) -> None:
-        self.cfg, self.topo, self.comm, self.hosts = cfg, topo, comm, hosts
+    def __init__(self, cfg: RunConfig, topo: Topology, faults: Faults, comm: "MPI.Comm",
+                 hosts: tuple[int, ...]) -> None:
+        self.cfg, self.topo, self.faults, self.comm, self.hosts = cfg, topo, faults, comm, hosts
         self.shutdown = CONTROL.empty()
         self.ctl = topo.world.Irecv(self.shutdown, source=topo.host_ranks[0], tag=CONTROL.tag)
 
@@ -296,8 +300,8 @@ class ScriptValidation:
             return []
         data = self.topo.world.recv(source=source, tag=Tag.VALIDATOR)
         setup = decode(data, self.cfg.script)
-        validator = Validator(self.cfg.replace(val_batch_size=setup.batch_size), self.topo, self.comm, setup.model,
-                              setup.val_set, self.hosts, ())
+        validator = Validator(self.cfg.replace(val_batch_size=setup.batch_size), self.topo, self.faults, self.comm,
+                              setup.model, setup.val_set, self.hosts, ())
         records = []
         while True:
             try:

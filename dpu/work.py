@@ -20,6 +20,7 @@ from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.models.zoo import build_model
 from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.runtime.roles import Topology
+from dpuoffload.common.runtime.startup import Run
 from dpuoffload.common.state.resume import find_resume, start_position
 from dpuoffload.common.state.trainstate import epoch_spans
 from dpuoffload.common.train.naive import measure_profile
@@ -36,33 +37,34 @@ class Work(Protocol):
     def close(self) -> None: ...
 
 
-def replica(cfg: RunConfig, topo: Topology) -> Replica:
+def replica(cfg: RunConfig, topo: Topology, run: Run) -> Replica:
     """--mode naive: this DPU rank trains as a data-parallel replica."""
     data = build_datasets(cfg)
-    return Replica(cfg, topo, data, PerSampleSeeded(data.train, cfg.seed), build_model(cfg, data.num_classes))
+    return Replica(cfg, topo, data, PerSampleSeeded(data.train, cfg.seed), build_model(cfg, data.num_classes),
+                   run.faults)
 
 
-def augmentation(cfg: RunConfig, topo: Topology, plan: OffloadPlan) -> LoaderService:
+def augmentation(cfg: RunConfig, topo: Topology, plan: OffloadPlan, run: Run) -> LoaderService:
     """The service of the loaders this rank's host ranks open (their plans say which batches)."""
-    service = LoaderService(cfg, topo, plan.fed_by(topo.world_rank))
+    service = LoaderService(cfg, topo, plan.fed_by(topo.world_rank), run.faults)
     if cfg.script is None:  # the built-in trainer's hosts name the training set by this recipe
         service.prebuild(functools.partial(build_train_set, cfg))
     return service
 
 
-def validation(cfg: RunConfig, topo: Topology, plan: OffloadPlan, work_comm: MPI.Comm) -> Work:
+def validation(cfg: RunConfig, topo: Topology, plan: OffloadPlan, work_comm: MPI.Comm, run: Run) -> Work:
     """This rank's share of validation: a script's when it calls job.validate, else the built-in
     trainer's epochs this run completes."""
     hosts = plan.states_to(topo.world_rank)
     if cfg.script is not None:
-        return ScriptValidation(cfg, topo, work_comm, hosts)
+        return ScriptValidation(cfg, topo, run.faults, work_comm, hosts)
     data = build_datasets(cfg)
     steps = steps_per_epoch(len(data.train), len(topo.host_ranks), cfg.batch_size, cfg.drop_last)
     start = start_position(find_resume(cfg, len(topo.host_ranks), steps))
     spans = epoch_spans(steps, cfg.epochs, start, cfg.stop_at_step)
     done = list(itertools.accumulate((s.stop - s.start for s in spans), initial=start.global_step))
     span_steps = {s.epoch: range(first + 1, last + 1) for s, first, last in zip(spans, done, done[1:])}
-    return Validator(cfg, topo, work_comm, build_model(cfg, data.num_classes), data.val, hosts,
+    return Validator(cfg, topo, run.faults, work_comm, build_model(cfg, data.num_classes), data.val, hosts,
                      [s.epoch for s in spans if s.completes], span_steps, steps * cfg.epochs, plan.mv_ranks)
 
 

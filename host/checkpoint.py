@@ -29,8 +29,8 @@ from torch import nn
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import PeerError, PeerLost
-from dpuoffload.common.faults import watch
 from dpuoffload.common.faults.abort import EXIT_CHECKPOINT_FAILED, PREFIX
+from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.metrics import JsonlLog
@@ -142,15 +142,16 @@ def receive_restore(topo: Topology, keeper: int, step: int, comm: "MPI.Comm", ti
 class StateHandoff:
     """Decides when state is due and sends it; the trainer calls the hooks below."""
 
-    def __init__(self, cfg: RunConfig, topo: Topology, model: Optional[nn.Module], optimizer: Any, scheduler: Any,
-                 steps_per_epoch: Optional[int], group: Any = None, joining: bool = False) -> None:
-        """`model`/`optimizer` None: a script's job binds them at its first `job.checkpoint` (`bind`);
-        `steps_per_epoch` None: the script counts its own steps. `group`: the host ranks'
-        `SurvivorGroup` under --recovery: each hand-off is sliced among the host ranks alive then
-        (lossy forward), and keepers whose host ranks all died get a notice instead; a spare in a
-        seat (rollback) hands off to that seat's keeper. `joining`: this is such a spare, seated
-        mid-run (`join`)."""
+    def __init__(self, cfg: RunConfig, topo: Topology, faults: Faults, model: Optional[nn.Module], optimizer: Any,
+                 scheduler: Any, steps_per_epoch: Optional[int], group: Any = None, joining: bool = False) -> None:
+        """`faults`: the run's failure record (the keepers known dead). `model`/`optimizer` None: a
+        script's job binds them at its first `job.checkpoint` (`bind`); `steps_per_epoch` None: the
+        script counts its own steps. `group`: the host ranks' `SurvivorGroup` under --recovery: each
+        hand-off is sliced among the host ranks alive then (lossy forward), and keepers whose host
+        ranks all died get a notice instead; a spare in a seat (rollback) hands off to that seat's
+        keeper. `joining`: this is such a spare, seated mid-run (`join`)."""
         self.cfg, self.topo, self.model, self.optimizer, self.scheduler = cfg, topo, model, optimizer, scheduler
+        self.faults = faults
         self.steps_per_epoch = steps_per_epoch
         self.assign = StateAssignment.of(topo)
         self.comm: Any = topo.side_comm if group is None else group
@@ -172,8 +173,8 @@ class StateHandoff:
     def for_trainer(cls, cfg: RunConfig, topo: Topology, trainer: Any) -> "StateHandoff":
         """The hand-off of `trainer`'s model, optimizer and schedule (a `host.extensions.HooksFactory`)."""
         group = trainer.comm if isinstance(trainer.comm, SurvivorGroup) else None
-        return cls(cfg, topo, trainer.model, trainer.optimizer, trainer.scheduler, trainer.feed.steps(), group,
-                   trainer.joining)
+        return cls(cfg, topo, trainer.faults, trainer.model, trainer.optimizer, trainer.scheduler, trainer.feed.steps(),
+                   group, trainer.joining)
 
     @property
     def rank(self) -> int:
@@ -364,7 +365,7 @@ class StateHandoff:
             return
         from mpi4py import MPI
 
-        known = self.lost | (watch.dead_ranks() & set(self.assign.keeper_ranks))
+        known = self.lost | (self.faults.dead_ranks() & set(self.assign.keeper_ranks))
         mine, agreed = np.array([self.assign.lost_mask(known)], dtype=np.int64), np.zeros(1, dtype=np.int64)
         self.comm.Allreduce(mine, agreed, op=MPI.BOR)
         lost = self.assign.lost_of(int(agreed[0]))
@@ -376,5 +377,5 @@ class StateHandoff:
         if keeper != self.keeper:
             print(f"{PREFIX} {self.topo.describe()}: its checkpoint keeper {self.topo.describe(self.keeper)} died; "
                   f"its state goes to {self.topo.describe(keeper)} from here on (--dpu-failure fallback)", flush=True)
-            watch.note({"event": "keeper_moved", "dead": self.keeper, "keeper": keeper, "time": time.time()})
+            self.faults.note({"event": "keeper_moved", "dead": self.keeper, "keeper": keeper, "time": time.time()})
         self.keeper = keeper

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from dpuoffload.common.errors import PeerLost
-from dpuoffload.common.faults.watch import dead_ranks
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import wait
 
 
-def shutdown_dpus(topo: Topology, timeout: float) -> None:
+def shutdown_dpus(topo: Topology, timeout: float, gone: frozenset[int]) -> None:
     """The lowest living host rank (host rank 0 but under --recovery) tells every living DPU rank
-    that training is over; returns once all sends completed."""
-    gone = dead_ranks()  # (--dpu-failure fallback, --recovery: some ranks may be gone)
+    that training is over; returns once all sends completed. `gone`: the world ranks known dead
+    (`Faults.dead_ranks`: under --dpu-failure fallback and --recovery some ranks may be gone)."""
     if topo.world_rank != min(h for h in topo.host_ranks if h not in gone):
         return
     header = CONTROL.pack(kind=ControlKind.SHUTDOWN)

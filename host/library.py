@@ -36,8 +36,8 @@ from dpuoffload.common.data.loaders import Sampling, steps_per_epoch
 from dpuoffload.common.data.streams import Recipe, StepSplit
 from dpuoffload.common.data.wire import choose
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.faults import watch
 from dpuoffload.common.faults.abort import JobFailed, abort_job, failure_line, set_rank_label
+from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.modes import Mode, Wire
 from dpuoffload.common.plan.offload import OffloadPlan, plan_offload, require_feeder
 from dpuoffload.common.runtime import env
@@ -102,9 +102,15 @@ class Job:
 
     def __init__(self, rank: int, size: int, mode: Mode, comm: Optional["MPI.Comm"] = None,
                  topo: Optional[Topology] = None, cfg: Optional[RunConfig] = None,
-                 plan: Optional[OffloadPlan] = None) -> None:
+                 plan: Optional[OffloadPlan] = None, *, faults: Optional[Faults] = None,
+                 fed_as: Optional[int] = None) -> None:
+        """`faults`: the run's failure record (`Started.run.faults`; inert without one: a local job).
+        `fed_as`: a spare in a dead host rank's seat (`host.recovery.spare_rank`): that rank's world
+        rank, whose DPU rank feeds this job's loaders."""
         self.rank, self.size, self.mode, self.comm = rank, size, mode, comm
         self.topo, self.cfg, self.plan = topo, cfg, plan
+        self.faults = faults if faults is not None else Faults.inert()
+        self.fed_as = fed_as
         self.loaders: list[DpuLoader] = []
         self.validation: Optional[JobValidation] = None
         self.handoff: Optional[StateHandoff] = None   # under dpurun with --ckpt-dir/--clone-at: state to the keepers
@@ -114,8 +120,6 @@ class Job:
         self.warned: set[str] = set()
         self.exit_code = 0
         self.finished = False
-        self.fed_as: Optional[int] = None  # a spare in a dead host rank's seat: that rank (world), whose DPU rank
-        # feeds this one's loaders (`host.recovery.spare_rank`)
         self.survivors: Any = None  # --recovery: the host ranks' SurvivorGroup (the built-in trainer's)
         self.spares: Any = None     # --recovery rollback: the pool of host and spare ranks (`host.recovery.spares`)
 
@@ -207,7 +211,8 @@ class Job:
             where = f"{topo.describe(feeder)} and this host rank ({split.owned(host=True)} of {steps} steps)"
         if cfg.recovery_policy.survives_dpu_loss or self.fed_as is not None:  # (a dead feeder: this rank loads from the
             # step that did not come; a spare's feeder may have died with the rank whose seat it takes)
-            source = FallbackSource(source, dataset, sampling, steps, cfg.da_host_workers, epochs, topo.describe())
+            source = FallbackSource(source, dataset, sampling, steps, cfg.da_host_workers, epochs, topo.describe(),
+                                    self.faults)
         return DpuLoader(source, sampling, steps, dataset, where, epochs)
 
     def validate(self, model: Any, val_set: Any, epoch: int, *, batch_size: int = 128) -> dict[int, dict[str, float]]:
@@ -230,7 +235,7 @@ class Job:
             on_dpu = self.topo is not None and not self.is_clone and self.mode.validates_on_dpu
             self.validation = JobValidation(model, val_set, batch_size, self.comm, self.topo,
                                             self.plan if on_dpu else None,
-                                            share, self.cfg.peer_timeout if self.cfg else 600.0)
+                                            share, self.cfg.peer_timeout if self.cfg else 600.0, self.faults)
         self.validation.check_same(model, val_set)
         self.validation.epoch_end(epoch)
         return dict(self.validation.results)
@@ -407,11 +412,11 @@ class Job:
             self.handoff.finish()
         if self.topo is not None and self.cfg is not None:
             (self.topo.side_comm if self.survivors is None else self.survivors).Barrier()
-            watch.ending()  # (every host rank is done: ranks that leave now are not dying)
+            self.faults.ending()  # (every host rank is done: ranks that leave now are not dying)
             if self.spares is not None:  # the spares still standing by leave too
                 self.spares.release()
             if not self.is_clone:  # (the clone group needs the DPU ranks no more once it has the state)
-                shutdown_dpus(self.topo, self.cfg.peer_timeout)
+                shutdown_dpus(self.topo, self.cfg.peer_timeout, self.faults.dead_ranks())
         if self.handoff is not None:
             self.exit_code = self.handoff.exit_code()  # host rank 0 prints the line of lost checkpoints
         if self.exit_code and not _at_exit:
@@ -464,10 +469,10 @@ class Job:
             raise ConfigError("job.finish() was called: this job hands out no more loaders")
 
 
-def attach(cfg: RunConfig, topo: Topology, plan: OffloadPlan) -> Job:
+def attach(cfg: RunConfig, topo: Topology, plan: OffloadPlan, faults: Faults) -> Job:
     """The built-in host program's job (its start-up already ran): the same API a script uses."""
     global _job
-    _job = Job(topo.side_rank, len(topo.host_ranks), cfg.mode, topo.side_comm, topo, cfg, plan)
+    _job = Job(topo.side_rank, len(topo.host_ranks), cfg.mode, topo.side_comm, topo, cfg, plan, faults=faults)
     return _job
 
 
@@ -496,16 +501,17 @@ def _dpurun_job(argv: list[str]) -> Job:
     set_rank_label("host program")
     _install_failure_hooks()
     try:
-        started = start_program(Role.HOST, argv, lambda cfg, topo: plan_offload(topo.ranks, cfg), lambda *_: {})
+        started = start_program(Role.HOST, argv, lambda cfg, topo, _: plan_offload(topo.ranks, cfg), lambda *_: {})
     except JobFailed:  # a collective start-up step failed on some rank: world rank 0 printed why, all exit
         sys.exit(1)
     cfg, topo = started.cfg, started.topo
     if topo.role is Role.DPU:
         abort_job(f"{topo.describe()}: a training script runs on host and clone ranks only (app contexts 0 and "
                   "2); start it with dpurun, which puts the DPU program in context 1")
-    job = Job(topo.side_rank, len(topo.side_ranks(topo.role)), cfg.mode, topo.side_comm, topo, cfg, started.state)
+    job = Job(topo.side_rank, len(topo.side_ranks(topo.role)), cfg.mode, topo.side_comm, topo, cfg, started.state,
+              faults=started.run.faults)
     if topo.role is Role.HOST and (cfg.checkpointing or (cfg.clone_at is not None and topo.clone_ranks)):
-        job.handoff = StateHandoff(cfg, topo, None, None, None, None)
+        job.handoff = StateHandoff(cfg, topo, job.faults, None, None, None, None)
     _default_horovod_comm(topo.side_comm)
     atexit.register(job._finish_at_exit)
     if topo.role is Role.HOST and topo.side_rank == 0:

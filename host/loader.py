@@ -35,6 +35,8 @@ from dpuoffload.host.numerics import NumericsCheck
 if TYPE_CHECKING:
     from mpi4py import MPI
 
+    from dpuoffload.common.faults.watch import Faults
+
 Batch = tuple[torch.Tensor, torch.Tensor]
 BATCH_POLL_MAX_SLEEP = 0.001  # a batch is on the critical path: poll at least every millisecond
 BATCH_POLL_SPIN = 0.0005      # and spin briefly first: a batch in flight lands within microseconds
@@ -309,12 +311,13 @@ class SharedSource:
 class FallbackSource:
     """`--dpu-failure fallback`: the DPU rank's batches until MPI reports it dead, then this host
     rank's own from the very step that did not arrive (`HostPart` with every step: the same batches,
-    since each sample's augmentation is seeded by its index). Nothing more is sent to the dead rank."""
+    since each sample's augmentation is seeded by its index). Nothing more is sent to the dead rank.
+    `faults`: the run's failure record, which logs the fallback."""
 
     def __init__(self, primary: RemoteSource | SharedSource, dataset: object, sampling: Sampling, steps: int,
-                 workers: int, epochs: Optional[int], where: str) -> None:
+                 workers: int, epochs: Optional[int], where: str, faults: Faults) -> None:
         self.primary, self.dataset, self.sampling, self.steps = primary, dataset, sampling, steps
-        self.workers, self.epochs, self.where = workers, epochs, where
+        self.workers, self.epochs, self.where, self.faults = workers, epochs, where, faults
         self.local: Optional[HostPart] = None
 
     def batches(self, epoch: int, start: int, stop: int) -> Iterator[Batch]:
@@ -331,8 +334,6 @@ class FallbackSource:
 
     def _fall_back(self, e: PeerLost, epoch: int, step: int) -> HostPart:
         """`e` says what did not arrive (logged); the line printed says what happens now."""
-        from dpuoffload.common.faults import watch
-
         remote = self.primary.remote if isinstance(self.primary, SharedSource) else self.primary
         remote.abandon()
         if isinstance(self.primary, SharedSource):
@@ -341,8 +342,8 @@ class FallbackSource:
         workers = f" ({self.workers} worker process(es), --da-host-workers)" if self.workers else ""
         print(f"[dpuoffload] {self.where}: {remote.feeder_label} is gone; building this rank's batches here from "
               f"step {step} of epoch {epoch} on{workers}, the same ones", flush=True)
-        watch.note({"event": "fallback", "feeder": remote.feeder, "epoch": epoch, "step": step,
-                     "error": str(e), "time": time.time()})
+        self.faults.note({"event": "fallback", "feeder": remote.feeder, "epoch": epoch, "step": step,
+                          "error": str(e), "time": time.time()})
         return local
 
     def close(self) -> None:

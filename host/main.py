@@ -15,6 +15,7 @@ from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.faults.abort import run_program
+from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.models.zoo import build_model
 from dpuoffload.common.modes import Mode
 from dpuoffload.common.plan.assign import StateAssignment
@@ -22,7 +23,7 @@ from dpuoffload.common.plan.offload import plan_offload
 from dpuoffload.common.runtime import trace
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
-from dpuoffload.common.runtime.startup import start_program
+from dpuoffload.common.runtime.startup import Run, start_program
 from dpuoffload.common.state.resume import find_resume, start_position
 from dpuoffload.common.state.trainstate import describe_position, epoch_spans
 from dpuoffload.common.train.allreduce import build_sync, resolve_backend
@@ -41,7 +42,7 @@ from dpuoffload.host.recovery.survivors import LossyForward, SurvivorGroup
 from dpuoffload.host.validation import build_validation
 
 
-def prepare(cfg: RunConfig, topo: Topology, extensions: HostExtensions) -> TrainJob:
+def prepare(cfg: RunConfig, topo: Topology, run: Run, extensions: HostExtensions) -> TrainJob:
     """Everything that can fail on bad input, before any host-only communication starts."""
     if topo.role is Role.CLONE:
         cfg = clone_config(cfg)
@@ -49,15 +50,17 @@ def prepare(cfg: RunConfig, topo: Topology, extensions: HostExtensions) -> Train
     data = build_datasets(cfg)
     plan = plan_offload(topo.ranks, cfg)
     if topo.role is Role.HOST:  # the public API's job: the da feed's loader and the end of the run
-        attach(cfg, topo, plan)
+        attach(cfg, topo, plan, run.faults)
     train = PerSampleSeeded(data.train, cfg.seed)
     compute = Compute.of(resolve_device("cpu" if cfg.mode.dpu_trains or cfg.mode is Mode.AUTO else cfg.device,
                                         topo.local_rank), cfg.amp, cfg.channels_last)  # naive, auto: CPU replicas
     if compute.device.type == "cuda" and cfg.ckpt_copy == "zero":
         raise ConfigError("--ckpt-copy zero sends the state from the tensors' own memory, which is GPU memory with "
                           "--device cuda; use --ckpt-copy staged (the default: staged through host memory)")
-    feed = spare_feed(cfg, topo, train, 0) if topo.role is Role.SPARE else extensions.feed_factory(cfg, topo, train,
-                                                                                                   plan)
+    if topo.role is Role.SPARE:
+        feed = spare_feed(cfg, topo, run.faults, train, 0)
+    else:
+        feed = extensions.feed_factory(cfg, topo, train, plan)
     job = TrainJob(data=data, train=train, model=compute.place(build_model(cfg, data.num_classes)),
                    feed=feed, plan=plan, compute=compute)
     if topo.role is Role.HOST:
@@ -89,15 +92,16 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
     ext = HostExtensions() if extensions is None else extensions
     started = start_program(Role.HOST, argv, functools.partial(prepare, extensions=ext),
                             lambda cfg, topo, job: measure_profile(cfg, topo, job.model, job.train))
-    cfg, topo, job, profiles = started.cfg, started.topo, started.state, started.profiles
+    cfg, topo, job, profiles, faults = started.cfg, started.topo, started.state, started.profiles, started.run.faults
     if topo.role is Role.CLONE:
-        return run_clone(cfg, topo, job, ext.adopt)
+        return run_clone(cfg, topo, job, ext.adopt, faults)
     if topo.role is Role.SPARE:
-        return run_spare(cfg, topo, job)
+        return run_spare(cfg, topo, job, faults)
     group: Any = topo.side_comm
     if cfg.recovery_policy.survives_host_loss:  # the group shrinks to the survivors of a dead rank (or calls spares in)
-        spares = current().spares = SparePool(topo, cfg.peer_timeout) if cfg.recovery_policy.uses_spares else None
-        group = current().survivors = SurvivorGroup(topo, cfg.peer_timeout, spares)
+        spares = current().spares = SparePool(topo, cfg.peer_timeout, faults) if cfg.recovery_policy.uses_spares \
+            else None
+        group = current().survivors = SurvivorGroup(topo, faults, cfg.peer_timeout, spares)
     if cfg.mode.dpu_trains:  # DPU ranks are replicas too: one gradient group over the whole job
         source = "balanced by --mode auto's profile" if started.auto is not None else "from --dpu-batch-size"
         job.feed = build_naive_feed(cfg, topo, job.train, profiles, source)
@@ -109,8 +113,8 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
               f"{len(topo.dpu_ranks)} DPU rank(s), model {cfg.model}, dataset {cfg.dataset} "
               f"({len(job.data.train)} train / {len(job.data.val)} val), allreduce {sync.name}"
               f"{'' if job.compute == Compute() else ', on ' + job.compute.describe()}", flush=True)
-    validation, share = build_validation(cfg, topo, job, group if isinstance(group, SurvivorGroup) else None)
-    trainer = Trainer(cfg, topo, job, sync, validation, share, group=group,
+    validation, share = build_validation(cfg, topo, job, faults, group if isinstance(group, SurvivorGroup) else None)
+    trainer = Trainer(cfg, topo, job, sync, validation, share, group=group, faults=faults,
                       hooks=lambda t: ext.hooks_factory(cfg, topo, t))
     if cfg.recovery_policy.uses_spares:
         trainer.recovery = Rollback(group, trainer, cfg.epochs)
@@ -128,12 +132,12 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
     return report_end(cfg, topo, trainer)
 
 
-def run_clone(original: RunConfig, topo: Topology, job: TrainJob, adopt: CloneAdopter) -> int:
+def run_clone(original: RunConfig, topo: Topology, job: TrainJob, adopt: CloneAdopter, faults: Faults) -> int:
     """Clone ranks: stand by for the forwarded state, then train as their own group."""
     cfg = clone_config(original)
     sync = build_sync(cfg.allreduce, topo.side_comm, cfg.peer_timeout, job.compute.device)
     trainer = Trainer(cfg, topo, job, sync, LocalValidation(job.model, job.data.val, cfg.val_batch_size,
-                                                            topo.side_comm), group=topo.side_comm)
+                                                            topo.side_comm), group=topo.side_comm, faults=faults)
     trainer.label = "[clone] "
     if topo.side_rank == 0:
         print(f"[clone] {len(topo.clone_ranks)} clone rank(s) standing by for the state of step "

@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 
 from dpuoffload.common.data.streams import ValidatorSetup, encode
 from dpuoffload.common.errors import ConfigError, PeerError
-from dpuoffload.common.faults import watch
+from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.plan.validation_split import auto_share, dpu_count
 from dpuoffload.common.runtime.messages import (
@@ -244,8 +244,10 @@ class FallbackValidation:
     failure watch, or a request of their own) and how far rank 0's results go.
     """
 
-    def __init__(self, offloaded: OffloadedValidation, mv_ranks: Sequence[int], timeout: float) -> None:
+    def __init__(self, offloaded: OffloadedValidation, mv_ranks: Sequence[int], timeout: float, faults: Faults) -> None:
+        """`faults`: the run's failure record (the validation ranks its watch found dead)."""
         self.off, self.comm, self.mv, self.timeout = offloaded, offloaded.comm, frozenset(mv_ranks), timeout
+        self.faults = faults
         self.kept: dict[int, KeptState] = {}
         self.local: Optional[LocalValidation] = None
         self.done: list[tuple[int, Sums]] = []
@@ -310,7 +312,7 @@ class FallbackValidation:
         rank, host rank 0 has every DPU result due); drops the messages of epochs rank 0 has."""
         from mpi4py import MPI
 
-        lost = self.failed or bool(self.mv & watch.dead_ranks())
+        lost = self.failed or bool(self.mv & self.faults.dead_ranks())
         mine = np.array([lost, self.off.confirmed, len(self.off.pending)], dtype=np.int64)
         got = np.empty_like(mine)
         self.comm.Allreduce(mine, got, op=MPI.MAX)
@@ -336,7 +338,7 @@ class FallbackValidation:
         self.abandoned += [k.send for k in self.kept.values()]
         self.kept.clear()
         self.local = LocalValidation(self.off.model, self.off.val_set, self.off.batch_size, self.comm)
-        watch.note({"event": "validation_fallback", "epoch": epoch, "revalidated": redo, "time": time.time()})
+        self.faults.note({"event": "validation_fallback", "epoch": epoch, "revalidated": redo, "time": time.time()})
         if first:
             again = f"; epoch(s) {', '.join(str(e + 1) for e in redo)} validated again here from the state kept " \
                     "for them" if redo else ""
@@ -466,6 +468,7 @@ class ValidationSpec:
     val_set: Dataset
     batch_size: int
     timeout: float
+    faults: Faults                          # the run's failure record (`FallbackValidation` asks it)
     comm: Optional["MPI.Comm"] = None       # the host ranks' communicator (None: one process, no MPI)
     topo: Optional[Topology] = None         # None: no DPU ranks (a script started without dpurun)
     plan: Optional[OffloadPlan] = None      # its `mv_ranks` validate (None or none: the host ranks do)
@@ -493,18 +496,18 @@ def assemble_validation(spec: ValidationSpec) -> Validation:
     if spec.group is not None:
         return SurvivingValidation(offloaded, spec.epochs, spec.timeout)
     if spec.fallback:
-        return FallbackValidation(offloaded, plan.mv_ranks, spec.timeout)
+        return FallbackValidation(offloaded, plan.mv_ranks, spec.timeout, spec.faults)
     return offloaded
 
 
-def build_validation(cfg: "RunConfig", topo: Topology, job: "TrainJob",
+def build_validation(cfg: "RunConfig", topo: Topology, job: "TrainJob", faults: Faults,
                      group: Optional["SurvivorGroup"] = None) -> tuple[Validation, Optional[SharePolicy]]:
     """The built-in trainer's validation (`assemble_validation`) and the DPU share of each epoch's
     (None without DPU validation ranks). `group` a `SurvivorGroup` (--recovery): the state slices and
     the results follow the group as it shrinks or seats spares. The trainer makes the buffers host rank
     0's before each epoch end itself, through its `GradientSync`, and prints the results in its epoch lines."""
     spec = ValidationSpec(model=job.model, val_set=job.data.val, batch_size=cfg.val_batch_size,
-                          timeout=cfg.peer_timeout, comm=topo.side_comm, topo=topo, plan=job.plan,
+                          timeout=cfg.peer_timeout, faults=faults, comm=topo.side_comm, topo=topo, plan=job.plan,
                           fallback=cfg.recovery_policy.survives_dpu_loss, group=group, epochs=cfg.epochs)
     validation = assemble_validation(spec)
     if not spec.offloaded:
@@ -527,9 +530,10 @@ class JobValidation:
     """
 
     def __init__(self, model: nn.Module, val_set: Dataset, batch_size: int, comm: Optional["MPI.Comm"],
-                 topo: Optional[Topology], plan: Optional[OffloadPlan], share: float, timeout: float) -> None:
-        spec = ValidationSpec(model=model, val_set=val_set, batch_size=batch_size, timeout=timeout, comm=comm,
-                              topo=topo, plan=plan)
+                 topo: Optional[Topology], plan: Optional[OffloadPlan], share: float, timeout: float,
+                 faults: Faults) -> None:
+        spec = ValidationSpec(model=model, val_set=val_set, batch_size=batch_size, timeout=timeout, faults=faults,
+                              comm=comm, topo=topo, plan=plan)
         self.model, self.val_set, self.comm, self.offloaded = model, val_set, comm, spec.offloaded
         self.share = share if spec.offloaded else 0.0
         self.buffers = MpiSync(comm) if comm is not None and comm.Get_size() > 1 else None

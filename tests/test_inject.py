@@ -47,14 +47,15 @@ def test_which_rank_each_spec_names():
 
 
 def test_the_injector_fires_at_its_step_only(monkeypatch):
-    sent = []
+    sent, notes = [], []
     monkeypatch.setattr(inject.os, "kill", lambda pid, sig: sent.append(sig))
-    Injector([parse("host:0@0.5:term")], "host rank 0").check(4, 10)
-    assert sent == []
-    Injector([parse("host:0@0.5:term")], "host rank 0").check(5, 10)
+    Injector([parse("host:0@0.5:term")], "host rank 0", notes.append).check(4, 10)
+    assert sent == [] and notes == []
+    Injector([parse("host:0@0.5:term")], "host rank 0", notes.append).check(5, 10)
     assert sent == [signal.SIGTERM]
+    assert [(n["event"], n["spec"], n["global_step"]) for n in notes] == [("injected", "host:0@0.5:term", 5)]
     with pytest.raises(InjectedFailure, match="injected failure host:0@3:raise at global step 3"):
-        Injector([parse("host:0@3:raise")], "host rank 0").check(3, 10)
+        Injector([parse("host:0@3:raise")], "host rank 0", notes.append).check(3, 10)
 
 
 def test_injections_are_part_of_the_config_and_free_on_resume():

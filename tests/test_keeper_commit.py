@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from dpuoffload.common.config import parse_run_config
+from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.runtime.roles import RankInfo, Role, Topology, pair_ranks
 from dpuoffload.common.state.ckptfiles import local_name, shard_name
 from dpuoffload.dpu.keeper.commit import (
@@ -148,7 +149,7 @@ def surviving_route(scripted: dict[int, list[KeeperReport]], gone: set[int]) -> 
                     pairing=pair_ranks(ranks))
     cfg = parse_run_config(["--mode", "da", "--recovery", "lossy-forward", "--ckpt-dir", "/tmp/x",
                             "--ckpt-every", "2"])
-    route = SurvivingRoute(cfg, topo, inbox=None)
+    route = SurvivingRoute(cfg, topo, inbox=None, faults=Faults.inert())
     route.headers.gone |= gone
     route.receive_report = lambda source, what: scripted[source].pop(0)
     return route

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.plan.offload import MV, OffloadPlan
 from dpuoffload.common.train.evaluation import LocalValidation
 from dpuoffload.host.validation import (
@@ -37,7 +38,8 @@ PLAN = OffloadPlan(work={1: MV}, feeder={}, mv_target={0: 1})
 
 
 def spec(**changes) -> ValidationSpec:
-    return ValidationSpec(**{"model": MODEL, "val_set": VAL, "batch_size": 4, "timeout": 5.0, **changes})
+    return ValidationSpec(**{"model": MODEL, "val_set": VAL, "batch_size": 4, "timeout": 5.0, "faults": Faults.inert(),
+                             **changes})
 
 
 def test_without_validation_ranks_the_host_ranks_validate():

@@ -18,6 +18,7 @@ import sysconfig
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar
@@ -27,6 +28,8 @@ from dpuoffload.common.files import write_atomic
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+    from dpuoffload.common.faults.watch import Faults
 
 T = TypeVar("T")
 ARRIVE_MAX_SLEEP = 0.005  # start-up steps take seconds; 5 ms of latency at most per step
@@ -81,29 +84,51 @@ def arrive(comm: "MPI.Comm", what: str, max_sleep: float = ARRIVE_MAX_SLEEP) -> 
     wait(comm.Ibarrier(), None, what, max_sleep=max_sleep)
 
 
-_rank_label = "rank ?"
-_error_dir: Optional[str] = None   # --log-dir, once the flags are parsed
 _ROOT = Path(__file__).resolve().parents[2]   # common/faults/abort.py -> the folders mapped to dpuoffload.*
 _PACKAGE_DIRS = tuple(f"{_ROOT / d}{os.sep}" for d in ("common", "host", "dpu", "launch"))
 _LIBRARY_DIRS = tuple(f"{p}{os.sep}" for p in
                       {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")} if p)
 
 
+@dataclass
+class ErrorReport:
+    """How this process reports the error that ends it: the one process-wide setting here.
+
+    Why a process-wide setting and not a parameter: the paths that use it run when an exception
+    escaped everything that holds the run's objects (`run_program`'s handler, the excepthooks a
+    script's job installs, a keeper thread's last words), so nothing could pass it to them there;
+    like `logging`'s configuration, start-up sets it once (`set_rank_label`, `set_error_dir`,
+    `set_faults`) and the last-gasp path reads it. Everything else gets the run's `Faults`
+    explicitly.
+    """
+
+    rank_label: str = "rank ?"
+    error_dir: Optional[str] = None        # --log-dir, once the flags are parsed
+    faults: Optional["Faults"] = None      # the run's failure record (the death behind an error)
+
+
+_report = ErrorReport()
+
+
 def set_rank_label(label: str) -> None:
     """Name this rank in failure messages ('DPU rank 1 (world rank 3, node n0)')."""
-    global _rank_label
-    _rank_label = label
+    _report.rank_label = label
 
 
 def set_error_dir(log_dir: Optional[str]) -> None:
     """Where a failing rank writes its full traceback (`errors-rank<N>.txt`): the run's --log-dir."""
-    global _error_dir
-    _error_dir = log_dir
+    _report.error_dir = log_dir
+
+
+def set_faults(faults: "Faults") -> None:
+    """The run's failure record, for the error path alone: a rank that ends the job on an error
+    names the death behind it (`ending_line`), and a rank that returns stops its watch."""
+    _report.faults = faults
 
 
 def error_dir() -> Path:
     """--log-dir, else `<tmp>/dpuoffload-errors` (never the user's working directory uninvited)."""
-    return Path(_error_dir) if _error_dir else Path(tempfile.gettempdir()) / "dpuoffload-errors"
+    return Path(_report.error_dir) if _report.error_dir else Path(tempfile.gettempdir()) / "dpuoffload-errors"
 
 
 def user_frame(tb: Optional[TracebackType], fallback: bool = True) -> Optional[traceback.FrameSummary]:
@@ -150,7 +175,7 @@ def write_traceback(e: BaseException) -> Optional[Path]:
     never sees half of it); None when it cannot be written (the one line says so)."""
     rank = world_rank()
     name = f"errors-rank{rank if rank is not None else os.getpid()}.txt"
-    text = f"{_rank_label}\n" + "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    text = f"{_report.rank_label}\n" + "".join(traceback.format_exception(type(e), e, e.__traceback__))
     if isinstance(e, WorkerError):
         text += f"\nraised in a data worker process:\n{e.traceback_text}"
     try:
@@ -162,20 +187,19 @@ def write_traceback(e: BaseException) -> Optional[Path]:
 def failure_line(e: BaseException) -> str:
     """The one line a failing rank prints: who, what, where in the user's code, where the traceback is."""
     if isinstance(e, DpuOffloadError):  # a user-fixable problem with its own clear message
-        return f"{_rank_label} failed: {type(e).__name__}: {e}"
+        return f"{_report.rank_label} failed: {type(e).__name__}: {e}"
     path = write_traceback(e)
     saved = f"full traceback in {path}" if path else f"the traceback could not be written to {error_dir()}"
-    return f"{_rank_label} failed: {describe_error(e)}; {saved}"
+    return f"{_report.rank_label} failed: {describe_error(e)}; {saved}"
 
 
 def ending_line(e: BaseException, where: str = "") -> str:
     """The line that ends the job for error `e` (raised `where`, e.g. ' (in its checkpoint keeper
     thread)'): the death behind it if a rank death the run does not survive is (or within a
     second becomes) known here, which says more than a wait that failed because of it; else
-    `failure_line(e)`. Under fault tolerance the failure watch knows the deaths."""
-    from dpuoffload.common.faults.watch import death_behind
-
-    death = str(e) if isinstance(e, DeathNotSurvived) else death_behind()
+    `failure_line(e)`. Under fault tolerance the failure watch knows the deaths (`set_faults`)."""
+    faults = _report.faults
+    death = str(e) if isinstance(e, DeathNotSurvived) else faults.death_behind() if faults is not None else None
     if death is None:
         return failure_line(e) + where
     write_traceback(e)
@@ -190,15 +214,14 @@ def run_program(main: Callable[[], int], default_label: str) -> None:
     except JobFailed:
         sys.exit(1)
     except KeyboardInterrupt:
-        abort_job(f"{_rank_label}: interrupted", 130)
+        abort_job(f"{_report.rank_label}: interrupted", 130)
     except BaseException as e:  # noqa: BLE001 - anything else must not leave peers hanging
         if isinstance(e, SystemExit) and (e.code in (0, None)):
             raise
         abort_job(ending_line(e), 1)
     else:
-        from dpuoffload.common.faults.watch import stop_watch
-
-        stop_watch()
+        if _report.faults is not None:
+            _report.faults.stop()
         sys.exit(code)
 
 

@@ -28,7 +28,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from dpuoffload.common.errors import ConfigError, DpuOffloadError
 
@@ -166,11 +166,15 @@ def targets_me(inj: Injection, host_rank: Optional[int], dpu_rank: Optional[int]
     return inj.index in partners_of_host  # node:N on a DPU rank: paired with host rank N
 
 
-class Injector:
-    """This rank's injections; `check(global_step, total_steps)` fires the one due at that step."""
+Note = Callable[[dict[str, Any]], None]   # a line of this rank's failure log (`Faults.note`)
 
-    def __init__(self, mine: Sequence[Injection], label: str) -> None:
-        self.mine, self.label = tuple(mine), label
+
+class Injector:
+    """This rank's injections; `check(global_step, total_steps)` fires the one due at that step.
+    `note`: where the moment an injection fires is recorded (the run's `Faults.note`)."""
+
+    def __init__(self, mine: Sequence[Injection], label: str, note: Note) -> None:
+        self.mine, self.label, self.note = tuple(mine), label, note
 
     def __bool__(self) -> bool:
         return bool(self.mine)
@@ -178,7 +182,7 @@ class Injector:
     def check(self, global_step: int, total_steps: int) -> None:
         for inj in self.mine:
             if inj.at(total_steps) == global_step:
-                fire(inj, self.label, global_step)
+                fire(inj, self.label, global_step, self.note)
 
 
     def check_through(self, steps: range, total_steps: int) -> None:
@@ -186,22 +190,26 @@ class Injector:
         state it just received); the failure is reported at the last of them."""
         for inj in self.mine:
             if inj.at(total_steps) in steps:
-                fire(inj, self.label, steps[-1])
+                fire(inj, self.label, steps[-1], self.note)
 
 
-def fire(inj: Injection, label: str, global_step: int) -> None:
-    """Fail now as `inj` says. `stop` returns only if someone sends SIGCONT."""
+def fire(inj: Injection, label: str, global_step: int, note: Note) -> None:
+    """Fail now as `inj` says (a signal's moment goes to `note` first: detection times are measured
+    from it). `stop` returns only if someone sends SIGCONT."""
     what = f"injected failure {inj} at global step {global_step}"
     if inj.how == "raise":
         raise InjectedFailure(what)
     print(f"[dpuoffload] {label}: {what}", file=sys.stderr, flush=True)
-    from dpuoffload.common.faults import watch  # (--dpu-failure fallback: the moment, for detection times)
-
-    watch.note({"event": "injected", "spec": str(inj), "global_step": global_step, "time": time.time()})
+    note({"event": "injected", "spec": str(inj), "global_step": global_step, "time": time.time()})
     os.kill(os.getpid(), HOW[inj.how])
 
 
-def for_rank(specs: Sequence[str], topo: "Topology") -> Injector:
+def for_rank(specs: Sequence[str], topo: "Topology", note: Note) -> Injector:
+    """This rank's injector: the injections that name it (`named`), their moments to `note`."""
+    return Injector(named(specs, topo), topo.describe(), note)
+
+
+def named(specs: Sequence[str], topo: "Topology") -> list[Injection]:
     """The injections that name this rank (host and DPU ranks; clone ranks are never named)."""
     from dpuoffload.common.runtime.roles import Role
 
@@ -210,5 +218,4 @@ def for_rank(specs: Sequence[str], topo: "Topology") -> Injector:
     dpu_rank = topo.side_rank if topo.role is Role.DPU else None
     partners = [topo.host_ranks.index(h) for h in topo.pairing.dpu_to_hosts.get(topo.world_rank, ())] \
         if dpu_rank is not None else []
-    mine = [i for i in injections if topo.role is not Role.CLONE and targets_me(i, host_rank, dpu_rank, partners)]
-    return Injector(mine, topo.describe())
+    return [i for i in injections if topo.role is not Role.CLONE and targets_me(i, host_rank, dpu_rank, partners)]

@@ -17,7 +17,10 @@ With `mpirun --with-ft ulfm` (dpurun adds it) the job goes on and MPI reports th
   under `--recovery lossy-forward` is survived by the host group itself (`host.recovery.survivors`);
   under `--recovery rollback` a spare rank takes its seat (`host.recovery.spares`).
 - Ranks leave without MPI_Finalize under fault tolerance (`common.runtime.fastexit`), so at the end
-  a leaving rank looks like a dead one: a rank whose part is over (`ending`) ignores that.
+  a leaving rank looks like a dead one: a rank whose part is over (`Faults.ending`) ignores that.
+
+A process's failure state (the watch, the deaths known, its failure log) is one `Faults` object,
+built at start-up and passed to whatever reads it.
 
 mpi4py quietly turns ULFM's calls into ordinary ones when the runtime does not detect failures, so
 the flag is refused unless the runtime was really started with fault tolerance (`require_ft`).
@@ -156,28 +159,15 @@ def _rollback_verdict(dead: int, topo: "Topology", gone: frozenset[int], seated:
     return Verdict(True, "it trained; a spare rank takes its seat", "--recovery rollback")
 
 
-_seats: Optional[Callable[[], frozenset[int]]] = None
-
-
-def track_seats(seats: Callable[[], frozenset[int]]) -> None:
-    """Register where this rank reads the seated world ranks (`host.recovery.spares.SparePool`), so
-    its failure watch judges a death under --recovery rollback by the seats, not the start."""
-    global _seats
-    _seats = seats
-
-
-def seated() -> Optional[frozenset[int]]:
-    return _seats() if _seats is not None else None
-
-
 class FailureWatch:
     """A daemon thread that learns of any rank's death and either notes it or ends the job."""
 
-    def __init__(self, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan") -> None:
-        """Collective over COMM_WORLD (it duplicates it)."""
+    def __init__(self, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan", faults: "Faults") -> None:
+        """Collective over COMM_WORLD (it duplicates it). `faults`: the run's record it belongs to
+        (the deaths collectives found, the seats under --recovery rollback)."""
         from mpi4py import MPI
 
-        self.topo, self.cfg, self.plan = topo, cfg, plan
+        self.topo, self.cfg, self.plan, self.faults = topo, cfg, plan, faults
         self.comm: "MPI.Comm" = topo.world.Dup()
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.dead: dict[int, float] = {}     # world rank -> time.time() its death was learnt here
@@ -228,7 +218,7 @@ class FailureWatch:
             self._judge(rank)
 
     def _first_survivor(self) -> bool:
-        gone = dead_ranks()
+        gone = self.faults.dead_ranks()
         return self.topo.world_rank == min(r for r in range(self.topo.world.Get_size()) if r not in gone)
 
     def _over(self) -> bool:
@@ -248,7 +238,7 @@ class FailureWatch:
     def _judge(self, rank: int) -> None:
         if self._over():
             return
-        v = verdict(rank, self.topo, self.cfg, self.plan, frozenset(self.dead), seated())
+        v = verdict(rank, self.topo, self.cfg, self.plan, frozenset(self.dead), self.faults.seated())
         if v.survivable:
             if self._first_survivor():  # one line per death, from one rank
                 by = f" ({v.by})" if v.by else ""
@@ -268,74 +258,91 @@ class FailureWatch:
                             "survived": survived, "what": v.what, "learnt_time": self.dead[rank]})
 
 
-_watch: Optional[FailureWatch] = None
-
-
-def start_watch(topo: "Topology", cfg: "RunConfig") -> None:
-    """Collective over COMM_WORLD; no watch unless `--dpu-failure fallback` or `--recovery` (`note`
-    works anyway)."""
-    global _watch, _rank_log
-    _rank_log = JsonlLog(cfg.log_dir, f"failures-rank{topo.world_rank}.jsonl") if cfg.log_dir else None
-    if not cfg.fault_tolerant:
-        return
-    from dpuoffload.common.plan.offload import plan_offload
-
-    _watch = FailureWatch(topo, cfg, plan_offload(topo.ranks, cfg)).start()
-
-
-def ending() -> None:
-    """This rank's part in the job is over (a host rank past `job.finish`'s barrier, a DPU rank
-    told to shut down): ranks that leave from now on are leaving, not dying."""
-    if _watch is not None:
-        _watch.ending.set()
-
-
-def stop_watch() -> None:
-    if _watch is not None:
-        _watch.stop()
-
-
-def death_behind(wait_s: float = 1.0) -> Optional[str]:
-    """For a rank about to end the job on an error: if a rank death the run does not survive is
-    (or, within `wait_s`, becomes) known here, the line naming it, which says more than this rank's
-    own error (a collective that failed because of it). None without a watch or such a death."""
-    if _watch is None:
-        return None
-    deadline = time.monotonic() + wait_s
-    while True:
-        gone = frozenset(_watch.dead)
-        for rank in sorted(gone):
-            v = verdict(rank, _watch.topo, _watch.cfg, _watch.plan, gone, seated())
-            if not v.survivable:
-                return death_line(_watch.topo, rank, v)
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(WATCH_POLL_S)
-
-
 def death_line(topo: "Topology", rank: int, v: Verdict) -> str:
     """The one line that ends a job after a death it does not survive (`launch.supervise` reads it)."""
     return f"{topo.describe(rank)} died; {v.what}: ending the job"
 
 
-def dead_ranks() -> frozenset[int]:
-    """World ranks known dead here (empty without `--dpu-failure fallback` or `--recovery`)."""
-    return frozenset(_watch.dead).union(_marked) if _watch is not None else frozenset()
+class Faults:
+    """What this rank knows of rank failures, and its part in reporting them: one per process.
 
+    Built by `common.runtime.startup.start_program` (on `Started.run`) and passed to every object
+    that asks which ranks are dead, records a failure or ends its part in the job; nothing reads
+    it from a module global. It holds the `FailureWatch` thread (under `--dpu-failure fallback` or
+    `--recovery`, from the end of start-up), the deaths collectives found first (`mark_dead`), where
+    the seats are read under `--recovery rollback` (`track_seats`) and this rank's
+    `failures-rank<N>.jsonl` (`note`). A process that never ran start-up (unit tests, a script
+    started without dpurun) gets `Faults.inert()`: no watch, no dead ranks, notes dropped.
+    """
 
-def mark_dead(ranks: Iterable[int]) -> None:
-    """World ranks a collective found dead (`host.recovery.survivors`), maybe before the watch did:
-    whoever asks `dead_ranks` next (who sends the DPU ranks their shutdown) must know."""
-    _marked.update(ranks)
+    def __init__(self) -> None:
+        self.watch: Optional[FailureWatch] = None
+        self.marked: set[int] = set()
+        self.seats: Optional[Callable[[], frozenset[int]]] = None
+        self.rank_log: Optional[JsonlLog] = None
 
+    @classmethod
+    def inert(cls) -> "Faults":
+        """The record of a process without a run: no watch ever starts, `dead_ranks` stays empty."""
+        return cls()
 
-_marked: set[int] = set()
+    def start(self, topo: "Topology", cfg: "RunConfig") -> None:
+        """At the end of start-up: open this rank's failure log and, under `--dpu-failure fallback`
+        or `--recovery`, start the watch. Collective over COMM_WORLD (the watch duplicates it)."""
+        self.rank_log = JsonlLog(cfg.log_dir, f"failures-rank{topo.world_rank}.jsonl") if cfg.log_dir else None
+        if not cfg.fault_tolerant:
+            return
+        from dpuoffload.common.plan.offload import plan_offload
 
+        self.watch = FailureWatch(topo, cfg, plan_offload(topo.ranks, cfg), self).start()
 
-def note(record: dict[str, Any]) -> None:
-    """A line of `<log-dir>/failures-rank<N>.jsonl` from this rank (an injected failure, a fallback)."""
-    if _rank_log is not None:
-        _rank_log.write(record)
+    def track_seats(self, seats: Callable[[], frozenset[int]]) -> None:
+        """Register where this rank reads the seated world ranks (`host.recovery.spares.SparePool`), so
+        its failure watch judges a death under --recovery rollback by the seats, not the start."""
+        self.seats = seats
 
+    def seated(self) -> Optional[frozenset[int]]:
+        return self.seats() if self.seats is not None else None
 
-_rank_log: Optional[JsonlLog] = None
+    def ending(self) -> None:
+        """This rank's part in the job is over (a host rank past `job.finish`'s barrier, a DPU rank
+        told to shut down): ranks that leave from now on are leaving, not dying."""
+        if self.watch is not None:
+            self.watch.ending.set()
+
+    def stop(self) -> None:
+        """End the watch, if any (before the process exits)."""
+        if self.watch is not None:
+            self.watch.stop()
+
+    def death_behind(self, wait_s: float = 1.0) -> Optional[str]:
+        """For a rank about to end the job on an error: if a rank death the run does not survive is
+        (or, within `wait_s`, becomes) known here, the line naming it, which says more than this rank's
+        own error (a collective that failed because of it). None without a watch or such a death."""
+        watch = self.watch
+        if watch is None:
+            return None
+        deadline = time.monotonic() + wait_s
+        while True:
+            gone = frozenset(watch.dead)
+            for rank in sorted(gone):
+                v = verdict(rank, watch.topo, watch.cfg, watch.plan, gone, self.seated())
+                if not v.survivable:
+                    return death_line(watch.topo, rank, v)
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(WATCH_POLL_S)
+
+    def dead_ranks(self) -> frozenset[int]:
+        """World ranks known dead here (empty without `--dpu-failure fallback` or `--recovery`)."""
+        return frozenset(self.watch.dead).union(self.marked) if self.watch is not None else frozenset()
+
+    def mark_dead(self, ranks: Iterable[int]) -> None:
+        """World ranks a collective found dead (`host.recovery.survivors`), maybe before the watch did:
+        whoever asks `dead_ranks` next (who sends the DPU ranks their shutdown) must know."""
+        self.marked.update(ranks)
+
+    def note(self, record: dict[str, Any]) -> None:
+        """A line of `<log-dir>/failures-rank<N>.jsonl` from this rank (an injected failure, a fallback)."""
+        if self.rank_log is not None:
+            self.rank_log.write(record)

@@ -11,10 +11,13 @@
     profile             what each rank measured or has, for choices that     (allgather)
                         must agree everywhere (naive's DPU batch, backend)
     [failure watch]     --dpu-failure fallback: a thread per rank learns of  (dup)
-                        dead ranks (`faults.FailureWatch`)
+                        dead ranks (`faults.FailureWatch`, held by the run's `Faults`)
 
 Each step is collective over COMM_WORLD, so a bad flag or a missing data directory on any rank
 ends every rank with one message instead of leaving the other program waiting for a peer.
+
+What start-up builds for the whole process (the failure record) is one `Run`, handed to the
+program's `prepare` and returned on `Started`: the program passes it on explicitly.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
 
 from dpuoffload.common.config import RunConfig, parse_run_config
-from dpuoffload.common.faults import watch
-from dpuoffload.common.faults.abort import collective_call, set_error_dir, set_rank_label
+from dpuoffload.common.faults.abort import collective_call, set_error_dir, set_faults, set_rank_label
+from dpuoffload.common.faults.watch import Faults, require_ft
 from dpuoffload.common.modes import Mode
 from dpuoffload.common.runtime import env, metrics, trace
 from dpuoffload.common.runtime.env import horovod_available
@@ -89,6 +92,22 @@ def init_torch() -> None:
     use_deterministic_algorithms()
 
 
+@dataclass(frozen=True)
+class Run:
+    """What start-up builds for the whole process, passed explicitly to everything that uses it.
+
+    `faults`: this rank's failure record (`common.faults.watch.Faults`): the dead ranks known, the
+    failure log, the watch (started at the end of start-up, so it is inert while `prepare` runs).
+    A process that never ran start-up uses `Run.inert()`.
+    """
+
+    faults: Faults
+
+    @classmethod
+    def inert(cls) -> "Run":
+        return cls(Faults.inert())
+
+
 @dataclass
 class Started(Generic[T]):
     """The outcome of start-up on this rank."""
@@ -98,14 +117,16 @@ class Started(Generic[T]):
     state: T                            # what the program's `prepare` built
     profiles: list[dict[str, Any]]      # every rank's profile, by world rank
     auto: Optional[dict[str, Any]]      # --mode auto: the profile, predictions and choice
+    run: Run                            # the failure record, handed to `prepare` too
 
 
-def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[RunConfig, Topology], T],
+def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[RunConfig, Topology, Run], T],
                   profile: Callable[[RunConfig, Topology, T], dict[str, Any]]) -> Started[T]:
     """Run the shared start-up sequence on this rank.
 
     Host ranks (and every rank under --mode auto, which measures) set up torch here; a DPU program's
-    `prepare` calls `init_torch` itself when its work computes.
+    `prepare` calls `init_torch` itself when its work computes. `prepare` gets the `Run` and keeps
+    what its objects need of it.
     """
     topo = build_topology(role)
     label = topo.describe()
@@ -113,8 +134,10 @@ def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[
     prog = "python -m dpuoffload.host" if role is Role.HOST else "python -m dpuoffload.dpu"
     cfg = collective_call(topo.world, lambda: configure(argv, prog), label)
     collective_call(topo.world, lambda: check_peers(topo, cfg), label)
-    collective_call(topo.world, lambda: watch.require_ft(cfg), label)
+    collective_call(topo.world, lambda: require_ft(cfg), label)
     set_error_dir(cfg.log_dir)
+    run = Run(Faults())
+    set_faults(run.faults)  # (the error path's one process-wide hook: `common.faults.abort.ErrorReport`)
     metrics.set_run(topo.world.bcast(metrics.new_run_id() if topo.world.Get_rank() == 0 else None, root=0),
                     resuming=cfg.resume is not None)
     collective_call(topo.world, lambda: agree_restart(cfg, topo), label)
@@ -129,10 +152,10 @@ def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[
         from dpuoffload.common.train.autoselect import resolve_host_share  # (torch: builds samples)
 
         cfg = resolve_host_share(cfg, topo, label)
-    state = collective_call(topo.world, lambda: prepare(cfg, topo), label)
+    state = collective_call(topo.world, lambda: prepare(cfg, topo, run), label)
     mine = collective_call(topo.world, lambda: {"horovod": horovod_available(), **profile(cfg, topo, state)}, label)
     profiles = topo.world.allgather(mine)
     trace.start(topo, cfg.trace is not None)
-    watch.start_watch(topo, cfg)
+    run.faults.start(topo, cfg)
     freeze_startup_objects()  # no full collection walks start-up's objects in a step (common/runtime/malloc.py)
-    return Started(cfg, topo, state, profiles, auto)
+    return Started(cfg, topo, state, profiles, auto, run)

@@ -36,6 +36,7 @@ from dpuoffload.common.data.feeds import Batch, Feed
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.faults import inject
 from dpuoffload.common.faults.simulate import FailureSimulator, StepFailure, lose_gradients
+from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.files import write_atomic
 from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.runtime import env, trace
@@ -164,14 +165,15 @@ def lr_factor(schedule: str, step: int, total: int) -> float:
 class Trainer:
     def __init__(self, cfg: RunConfig, topo: Topology, job: TrainJob, sync: GradientSync,
                  validation: Validation, share_policy: Optional[SharePolicy] = None,
-                 group: Optional["MPI.Comm"] = None, *,
+                 group: Optional["MPI.Comm"] = None, *, faults: Faults,
                  hooks: Optional[Callable[["Trainer"], Optional[StateHooks]]] = None, joining: bool = False) -> None:
-        """`hooks` builds this trainer's state hooks, called once at the end of the constructor
-        (they need its optimizer and schedule; `host.extensions.HooksFactory`); None or a build
-        that returns None: no hand-offs, and no "handoff" phase in the timings. `joining`: a spare
-        rank taking a dead host rank's seat mid-run (`--recovery rollback`): the run's logs are
-        appended to, and its weights come with the state, not from a broadcast."""
-        self.cfg, self.topo, self.sync = cfg, topo, sync
+        """`faults`: the run's failure record (`--inject` notes its moments there; the state hooks
+        ask it which keepers are dead). `hooks` builds this trainer's state hooks, called once at the
+        end of the constructor (they need its optimizer and schedule; `host.extensions.HooksFactory`);
+        None or a build that returns None: no hand-offs, and no "handoff" phase in the timings.
+        `joining`: a spare rank taking a dead host rank's seat mid-run (`--recovery rollback`): the
+        run's logs are appended to, and its weights come with the state, not from a broadcast."""
+        self.cfg, self.topo, self.sync, self.faults = cfg, topo, sync, faults
         self.comm = topo.side_comm if group is None else group  # all training replicas (a SurvivorGroup
         # under --recovery lossy-forward: fewer once a host rank died)
         self.model = job.model
@@ -197,7 +199,7 @@ class Trainer:
         self.reports = Reports([])  # --tensorboard / --plots, built in `fit` once the label is known
         self.step_times: list[float] = []  # seconds of each step of the epoch in flight
         self._t_step = time.perf_counter()  # when the step in flight began
-        self.injector = inject.for_rank(cfg.inject, topo)  # --inject: this rank fails on purpose at a step
+        self.injector = inject.for_rank(cfg.inject, topo, faults.note)  # --inject: this rank fails on purpose
         self.simulator = FailureSimulator(cfg.inject_simulate, cfg.simulate_recovery, self.total_steps, self.size) \
             if cfg.inject_simulate else None  # --inject-simulate: the study's failures, no process lost
         built = hooks(self) if hooks is not None else None

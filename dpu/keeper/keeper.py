@@ -10,6 +10,7 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import PeerError
 from dpuoffload.common.faults import inject
 from dpuoffload.common.faults.abort import abort_job, ending_line
+from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.runtime.messages import StateKind
 from dpuoffload.common.runtime.metrics import JsonlLog
@@ -29,13 +30,13 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 
-def route_for(cfg: RunConfig, topo: Topology, inbox: Inbox, idle: Callable[[], None]) -> Route:
+def route_for(cfg: RunConfig, topo: Topology, inbox: Inbox, idle: Callable[[], None], faults: Faults) -> Route:
     """The one route this run's hand-offs and reports take, from what the run survives."""
     policy = cfg.recovery_policy
     if policy.uses_spares:
-        return SeatsRoute(cfg, topo, inbox)
+        return SeatsRoute(cfg, topo, inbox, faults)
     if policy.survives_host_loss:
-        return SurvivingRoute(cfg, topo, inbox)
+        return SurvivingRoute(cfg, topo, inbox, faults)
     if policy.survives_keeper_loss:
         return ReroutedRoute(cfg, topo, inbox)
     return FixedRoute(cfg, topo, inbox, idle)
@@ -46,9 +47,10 @@ class Keeper:
 
     Args:
         comm: the keepers only (a keeper's rank in it names its DPU memory store and its reports).
+        faults: the run's failure record (the host ranks known dead; `--inject` notes its moments).
     """
 
-    def __init__(self, cfg: RunConfig, topo: Topology, comm: "MPI.Comm") -> None:
+    def __init__(self, cfg: RunConfig, topo: Topology, comm: "MPI.Comm", faults: Faults) -> None:
         self.cfg, self.topo, self.comm = cfg, topo, comm
         self.hosts = StateAssignment.of(topo).hosts_kept_by(topo.world_rank)
         self.log = JsonlLog(cfg.log_dir, f"keeper-rank{topo.world_rank}.jsonl")
@@ -56,12 +58,12 @@ class Keeper:
         self.clone = CloneForwarder(cfg, topo, self.hosts, self.note)
         self.memory = DpuMemory(cfg, topo, comm, self.hosts, self.note)
         self.inbox = Inbox(topo, cfg.peer_timeout)
-        self.route = route_for(cfg, topo, self.inbox, self.clone.poll)
+        self.route = route_for(cfg, topo, self.inbox, self.clone.poll, faults)
         self.committer = Committer(cfg, topo, self.note)
         self.hands_off = cfg.checkpointing or (cfg.clone_at is not None and bool(topo.clone_ranks))
         self.latest: Optional[list[Received]] = None   # the latest state received (its buffers reused next)
         self.reported: Optional[tuple[int, int]] = None   # the last checkpoint reported: (step, to which committer)
-        self.injector = inject.for_rank(cfg.inject, topo)  # --inject: fail on getting a checkpoint's state
+        self.injector = inject.for_rank(cfg.inject, topo, faults.note)  # --inject: fail on getting a state
         self.last_handoff = 0
         self.thread = threading.Thread(target=self._main, name="dpuoffload-keeper", daemon=True)
 

@@ -18,7 +18,6 @@ import time
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from dpuoffload.common.errors import PeerError, PeerLost
-from dpuoffload.common.faults import watch
 from dpuoffload.common.runtime.messages import StateKind, Tag
 from dpuoffload.common.runtime.waits import wait_object
 from dpuoffload.common.state.ckptfiles import Received
@@ -34,6 +33,7 @@ from dpuoffload.dpu.keeper.routes import Collected, Handoff, Route
 
 if TYPE_CHECKING:
     from dpuoffload.common.config import RunConfig
+    from dpuoffload.common.faults.watch import Faults
     from dpuoffload.common.runtime.roles import Topology
     from dpuoffload.dpu.keeper.inbox import Inbox
 
@@ -43,8 +43,10 @@ class SurvivingRoute(Route):
 
     reports_meta = True
 
-    def __init__(self, cfg: "RunConfig", topo: "Topology", inbox: "Inbox") -> None:
+    def __init__(self, cfg: "RunConfig", topo: "Topology", inbox: "Inbox", faults: "Faults") -> None:
+        """`faults`: the run's failure record (the host ranks its watch found dead)."""
         super().__init__(cfg, topo, inbox)
+        self.faults = faults
         self.headers = PostedHeaders(topo, self.senders(), drop_dead=True, timeout=cfg.peer_timeout)
         self.early: dict[int, list[KeeperReport]] = {}   # (committer) keeper -> its reports of a later step
 
@@ -104,7 +106,7 @@ class SurvivingRoute(Route):
             while (report := self.next_report(source, step, what)).step not in (step, -1):
                 missed.setdefault(report.step, []).append(report)
             reports.append(report)
-        mine = ", ".join(self.topo.describe(h) for h in self.hosts if h in self.headers.gone | watch.dead_ranks())
+        mine = ", ".join(self.topo.describe(h) for h in self.hosts if h in self.headers.gone | self.faults.dead_ranks())
         earlier = [ReportSet(next(r.meta for r in theirs if r.meta), theirs + [KeeperReport.lost(
                        early, Death.HOST, f"{mine} died before handing the state of step {early} over")])
                    for early, theirs in sorted(missed.items())]
@@ -131,7 +133,7 @@ class SurvivingRoute(Route):
             done, report = req.test()
             if done:
                 return KeeperReport.from_wire(report)
-            if self.may_wait_long([h in watch.dead_ranks() for h in self.assign.hosts_kept_by(source)]):
+            if self.may_wait_long([h in self.faults.dead_ranks() for h in self.assign.hosts_kept_by(source)]):
                 deadline = float("inf")
             if time.monotonic() > deadline:
                 raise PeerError(f"timed out after {self.cfg.peer_timeout:.0f} s waiting for {what}")
@@ -146,8 +148,8 @@ class SeatsRoute(SurvivingRoute):
     """Hand-offs one part per seat, from whoever trains in it: the host rank, or the spare that
     took its seat (`host.checkpoint.StateHandoff.join`)."""
 
-    def __init__(self, cfg: "RunConfig", topo: "Topology", inbox: "Inbox") -> None:
-        super().__init__(cfg, topo, inbox)
+    def __init__(self, cfg: "RunConfig", topo: "Topology", inbox: "Inbox", faults: "Faults") -> None:
+        super().__init__(cfg, topo, inbox, faults)
         self.seats = tuple(topo.host_ranks.index(h) for h in self.hosts)   # the seats this keeper keeps
         self.sources = {s: topo.host_ranks[s] for s in self.seats}   # seat -> who trains in it now
         self.joined: dict[int, int] = {}   # seat -> global step its newest spare started from
@@ -230,7 +232,7 @@ class SeatsRoute(SurvivingRoute):
 
     def seat_dead(self, seat: int) -> bool:
         source = self.sources[seat]
-        return source in self.headers.gone or source in watch.dead_ranks()
+        return source in self.headers.gone or source in self.faults.dead_ranks()
 
     def no_spare_brings(self, seat: int, first: Mapping[str, int]) -> bool:
         """Whether no spare will send `seat`'s part of the hand-off `first` (its rank is dead): a

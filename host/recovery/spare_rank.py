@@ -22,7 +22,7 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import build_train_set
 from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
-from dpuoffload.common.faults import watch
+from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.state.trainstate import describe_position
@@ -37,16 +37,17 @@ from dpuoffload.host.recovery.survivors import SurvivorGroup
 from dpuoffload.host.validation import build_validation
 
 
-def spare_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded, seat: int,
+def spare_feed(cfg: RunConfig, topo: Topology, faults: Faults, train: PerSampleSeeded, seat: int,
                plan: Optional[OffloadPlan] = None) -> LoaderFeed:
-    """Host rank `seat`'s batches: in `--mode da`, from the DPU rank that fed it (if alive; else,
-    and in `none`, loaded in this process). Without `plan`: the placeholder of start-up."""
+    """Host rank `seat`'s batches: in `--mode da`, from the DPU rank that fed it (if alive, as
+    `faults` knows; else, and in `none`, loaded in this process). Without `plan`: the placeholder
+    of start-up."""
     host = topo.host_ranks[seat]
     feeder = plan.feeder.get(host) if plan is not None and cfg.mode.augments_on_dpu else None
-    if feeder is None or feeder in watch.dead_ranks():
+    if feeder is None or feeder in faults.dead_ranks():
         return LoaderFeed(local_loader(train.dataset, Sampling.of(cfg, len(topo.host_ranks), seat)))
-    job = Job(seat, len(topo.host_ranks), cfg.mode, None, topo, cfg, plan)
-    job.fed_as = host  # (the same loader the host rank would open, on its own DPU rank)
+    # (the same loader the host rank would open, on its own DPU rank)
+    job = Job(seat, len(topo.host_ranks), cfg.mode, None, topo, cfg, plan, faults=faults, fed_as=host)
     return LoaderFeed(job.loader(train.dataset, cfg.batch_size, seed=cfg.seed, drop_last=cfg.drop_last, copy=False,
                                  epochs=cfg.epochs, build_on_dpu=functools.partial(build_train_set, cfg)))
 
@@ -69,20 +70,20 @@ def warm_up(cfg: RunConfig, job: TrainJob, steps: int = 2) -> None:
     job.model.zero_grad(set_to_none=False)
 
 
-def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob) -> int:
+def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob, faults: Faults) -> int:
     """Warm up, stand by; if called in, train in the seat to the end. Collective over the pool
-    (with the host ranks' `SparePool`)."""
+    (with the host ranks' `SparePool`). `faults`: the run's failure record."""
     warm_up(cfg, job)
-    pool = SparePool(topo, cfg.peer_timeout)
+    pool = SparePool(topo, cfg.peer_timeout, faults)
     call = pool.stand_by()
     if call is None:   # the run ended without needing this spare
-        watch.ending()
+        faults.ending()
         return 0
-    feed = job.feed = spare_feed(cfg, topo, job.train, call.seat, job.plan)
-    group = SurvivorGroup(topo, cfg.peer_timeout, spares=pool)
+    feed = job.feed = spare_feed(cfg, topo, faults, job.train, call.seat, job.plan)
+    group = SurvivorGroup(topo, faults, cfg.peer_timeout, spares=pool)
     sync = build_sync("mpi", group, cfg.peer_timeout, job.compute.device)
-    validation, share = build_validation(cfg, topo, job, group)
-    trainer = Trainer(cfg, topo, job, sync, validation, share, group=group, joining=True,
+    validation, share = build_validation(cfg, topo, job, faults, group)
+    trainer = Trainer(cfg, topo, job, sync, validation, share, group=group, joining=True, faults=faults,
                       hooks=lambda t: build_hooks(cfg, topo, t))
     position, trainer.partial = unpack_state(call.state, trainer.model, trainer.optimizer, trainer.scheduler)
     trainer.resume_at(position, None)
@@ -95,7 +96,7 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob) -> int:
     trainer.fit()
     feed.loader.close()   # (before the barrier, as `Job.finish` on the host ranks: then the DPU ranks stop)
     group.Barrier()
-    watch.ending()
+    faults.ending()
     pool.release()
     sync.shutdown()
     return report_end(cfg, topo, trainer)  # (in seat 0 it has the checkpoint summary)

@@ -41,9 +41,9 @@ from safetensors.torch import save as st_save
 
 from dpuoffload.common.data.feeds import Batch
 from dpuoffload.common.errors import ConfigError, DeathNotSurvived, PeerLost
-from dpuoffload.common.faults import watch
 from dpuoffload.common.faults.abort import PREFIX
 from dpuoffload.common.faults.policy import Recovery
+from dpuoffload.common.faults.watch import Faults, Verdict, death_line
 from dpuoffload.common.runtime.waits import wait, wait_all
 from dpuoffload.common.state.meta import CheckpointMeta, Slicing
 from dpuoffload.common.state.trainstate import (
@@ -171,7 +171,8 @@ class SparePool:
     Built by every host and spare rank alike (collective over the pool: it splits it).
     """
 
-    def __init__(self, topo: "Topology", timeout: Optional[float]) -> None:
+    def __init__(self, topo: "Topology", timeout: Optional[float], faults: Faults) -> None:
+        """`faults`: the run's failure record, whose watch judges deaths by the seats read here."""
         from mpi4py import MPI
 
         if topo.pool is None:
@@ -188,7 +189,7 @@ class SparePool:
         self.vacant: tuple[int, ...] = ()
         self.vacated: dict[int, int] = {}   # seat -> world rank whose death vacated it
         self.active = self._split()
-        watch.track_seats(self.seated_world)
+        faults.track_seats(self.seated_world)
 
     def seated_world(self) -> frozenset[int]:
         """World ranks of the members in seats now (read by the failure watch's thread)."""
@@ -269,7 +270,7 @@ class SparePool:
             what = (f"it trained, and no spare rank is left to take host rank {seat}'s seat (all spares of dpurun "
                     "--spare-ranks are in use): start more spares, or use --recovery lossy-forward, which goes on "
                     "without the dead ranks")
-            raise NoSpareLeft(watch.death_line(self.topo, self.vacated[seat], watch.Verdict(False, what)))
+            raise NoSpareLeft(death_line(self.topo, self.vacated[seat], Verdict(False, what)))
         t0 = time.perf_counter()
         sender = self.members[self.root]   # (before the call-in: a survivor, who has the state)
         position, blob = state() if self.me == sender else (Position(), b"")

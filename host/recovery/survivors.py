@@ -39,7 +39,6 @@ from dpuoffload.common.data.feeds import Batch
 from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import PeerLost
-from dpuoffload.common.faults import watch
 from dpuoffload.common.faults.abort import PREFIX
 from dpuoffload.common.faults.policy import Recovery
 from dpuoffload.common.runtime.waits import is_failure, wait
@@ -47,6 +46,7 @@ from dpuoffload.common.runtime.waits import is_failure, wait
 if TYPE_CHECKING:
     from mpi4py import MPI
 
+    from dpuoffload.common.faults.watch import Faults
     from dpuoffload.common.runtime.roles import Topology
     from dpuoffload.common.state.trainstate import Position
     from dpuoffload.host.recovery.spares import Regroup, SparePool
@@ -94,13 +94,15 @@ class SurvivorGroup:
     ends the job with a `PeerError` naming the wait, instead of hanging it.
     """
 
-    def __init__(self, topo: "Topology", timeout: Optional[float] = None, spares: Optional["SparePool"] = None) -> None:
+    def __init__(self, topo: "Topology", faults: "Faults", timeout: Optional[float] = None,
+                 spares: Optional["SparePool"] = None) -> None:
         """Collective over the host ranks (it duplicates their communicator). With `spares`
         (`--recovery rollback`) it is the pool's seated ranks instead, and a death calls a spare
-        into the dead rank's seat (`host.recovery.spares`) rather than leaving the group smaller."""
+        into the dead rank's seat (`host.recovery.spares`) rather than leaving the group smaller.
+        `faults`: the run's failure record, told of the deaths a collective finds."""
         from mpi4py import MPI
 
-        self.topo, self.timeout, self.spares = topo, timeout, spares
+        self.topo, self.faults, self.timeout, self.spares = topo, faults, timeout, spares
         self.comm: "MPI.Comm" = topo.side_comm.Dup() if spares is None else spares.active
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self._start_group = self.comm.Get_group()
@@ -178,7 +180,7 @@ class SurvivorGroup:
         self.shrinks.append(Shrink(lost, self.alive, survivors, failed_call_s, shrink_s, learnt))
         self.comm, self.alive = new, survivors
         self.generation += 1
-        watch.mark_dead(self.topo.host_ranks[h] for h in lost)
+        self.faults.mark_dead(self.topo.host_ranks[h] for h in lost)
 
     def _regroup(self, failed_call_s: float, learnt: float) -> None:
         """Rollback: the pool shrinks and, inside a step, spares take the dead ranks' seats now."""
@@ -189,7 +191,7 @@ class SurvivorGroup:
         self.shrinks.append(shrink)
         self.regroups.append((shrink, regroup))
         self._adopt()
-        watch.mark_dead(regroup.lost_world)
+        self.faults.mark_dead(regroup.lost_world)
 
     def fill(self, state: Callable[[], tuple["Position", bytes]]) -> None:
         """Rollback, at a step boundary: spares into the seats a death outside a step left vacant."""
