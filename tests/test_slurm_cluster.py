@@ -285,8 +285,9 @@ def test_a_requeued_job_resumes_from_its_last_checkpoint_exactly(cluster, jobs, 
     while job.state() != "PENDING" or any(ranks_on(cluster).values()):  # (held until its BeginTime, old run gone)
         assert time.monotonic() < deadline, job.story()
         time.sleep(0.2)
-    # A job started again within the second its old credential was revoked is refused by slurmd as
-    # "already killed" (and FAILED): Slurm's own hold is the credential's lifetime, 121 s
+    # Released within the second of the requeue, the job once ended FAILED without running (likely a
+    # node refusing a credential issued in the second it revoked the old one; Slurm's own hold is the
+    # credential's lifetime, 121 s)
     time.sleep(2)
     cluster.slurm("scontrol", "update", f"JobId={job.id}", "StartTime=now")
     assert job.wait() == "COMPLETED", job.story()
