@@ -17,7 +17,6 @@ from dpuoffload.common.runtime import trace
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import Run, init_torch, start_program
-from dpuoffload.common.state.memstore import memory_point
 from dpuoffload.dpu.idle import idle_until_shutdown
 
 if TYPE_CHECKING:
@@ -79,7 +78,7 @@ def check_injections(cfg: RunConfig, topo: Topology, work: str) -> None:
 
 def build_keeper(cfg: RunConfig, topo: Topology, run: Run) -> Optional[Keeper]:
     """A keeper on every DPU rank that host ranks hand state to (collective over the DPU ranks)."""
-    restoring = memory_point() is not None  # (restarting from DPU memory: the keepers hand the state back)
+    restoring = run.memory is not None  # (restarting from DPU memory: the keepers hand the state back)
     if not (cfg.checkpointing or (cfg.clone_at is not None and topo.clone_ranks) or restoring):
         return None
     from mpi4py import MPI
@@ -91,7 +90,7 @@ def build_keeper(cfg: RunConfig, topo: Topology, run: Run) -> Optional[Keeper]:
     init_torch()  # (shard files: safetensors over torch tensors)
     from dpuoffload.dpu.keeper import Keeper
 
-    return Keeper(cfg, topo, comm, run.faults)
+    return Keeper(cfg, topo, comm, run.faults, run.memory)
 
 
 def profile(cfg: RunConfig, topo: Topology, job: DpuJob) -> dict[str, Any]:

@@ -60,7 +60,7 @@ def validation(cfg: RunConfig, topo: Topology, plan: OffloadPlan, work_comm: MPI
         return ScriptValidation(cfg, topo, run.faults, work_comm, hosts)
     data = build_datasets(cfg)
     steps = steps_per_epoch(len(data.train), len(topo.host_ranks), cfg.batch_size, cfg.drop_last)
-    start = start_position(find_resume(cfg, len(topo.host_ranks), steps))
+    start = start_position(find_resume(cfg, len(topo.host_ranks), steps, run.memory))
     spans = epoch_spans(steps, cfg.epochs, start, cfg.stop_at_step)
     done = list(itertools.accumulate((s.stop - s.start for s in spans), initial=start.global_step))
     span_steps = {s.epoch: range(first + 1, last + 1) for s, first, last in zip(spans, done, done[1:])}

@@ -64,14 +64,14 @@ def prepare(cfg: RunConfig, topo: Topology, run: Run, extensions: HostExtensions
     job = TrainJob(data=data, train=train, model=compute.place(build_model(cfg, data.num_classes)),
                    feed=feed, plan=plan, compute=compute)
     if topo.role is Role.HOST:
-        check_state_flags(cfg, topo, job)
+        check_state_flags(cfg, topo, job, run)
     return job
 
 
-def check_state_flags(cfg: RunConfig, topo: Topology, job: TrainJob) -> None:
+def check_state_flags(cfg: RunConfig, topo: Topology, job: TrainJob, run: Run) -> None:
     """Checkpoint, resume and clone flags that need the topology or the data to check."""
     steps = job.feed.steps()
-    job.resume = find_resume(cfg, len(topo.host_ranks), steps)
+    job.resume = find_resume(cfg, len(topo.host_ranks), steps, run.memory)
     start = start_position(job.resume)
     spans = epoch_spans(steps, cfg.epochs, start, cfg.stop_at_step)
     check_clone_flags(cfg, topo, start.global_step + sum(s.stop - s.start for s in spans))

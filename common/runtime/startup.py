@@ -16,8 +16,9 @@
 Each step is collective over COMM_WORLD, so a bad flag or a missing data directory on any rank
 ends every rank with one message instead of leaving the other program waiting for a peer.
 
-What start-up builds for the whole process (the failure record) is one `Run`, handed to the
-program's `prepare` and returned on `Started`: the program passes it on explicitly.
+What start-up builds for the whole process (the failure record, the DPU-memory restart point) is
+one `Run`, handed to the program's `prepare` and returned on `Started`: the program passes it on
+explicitly.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from dpuoffload.common.runtime.env import horovod_available
 from dpuoffload.common.runtime.handshake import check_peers
 from dpuoffload.common.runtime.malloc import freeze_startup_objects, tune_malloc
 from dpuoffload.common.runtime.roles import Role, Topology, build_topology
-from dpuoffload.common.state.memstore import agree_restart
+from dpuoffload.common.state.memstore import MemoryPoint, agree_restart
 
 T = TypeVar("T")
 
@@ -98,10 +99,13 @@ class Run:
 
     `faults`: this rank's failure record (`common.faults.watch.Faults`): the dead ranks known, the
     failure log, the watch (started at the end of start-up, so it is inert while `prepare` runs).
+    `memory`: the state every keeper holds in DPU memory that this run restarts from
+    (`memstore.agree_restart`; None: from the disk, or not resuming).
     A process that never ran start-up uses `Run.inert()`.
     """
 
     faults: Faults
+    memory: Optional[MemoryPoint] = None
 
     @classmethod
     def inert(cls) -> "Run":
@@ -117,7 +121,7 @@ class Started(Generic[T]):
     state: T                            # what the program's `prepare` built
     profiles: list[dict[str, Any]]      # every rank's profile, by world rank
     auto: Optional[dict[str, Any]]      # --mode auto: the profile, predictions and choice
-    run: Run                            # the failure record, handed to `prepare` too
+    run: Run                            # the failure record and restart point, handed to `prepare` too
 
 
 def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[RunConfig, Topology, Run], T],
@@ -136,11 +140,11 @@ def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[
     collective_call(topo.world, lambda: check_peers(topo, cfg), label)
     collective_call(topo.world, lambda: require_ft(cfg), label)
     set_error_dir(cfg.log_dir)
-    run = Run(Faults())
-    set_faults(run.faults)  # (the error path's one process-wide hook: `common.faults.abort.ErrorReport`)
+    faults = Faults()
+    set_faults(faults)  # (the error path's one process-wide hook: `common.faults.abort.ErrorReport`)
     metrics.set_run(topo.world.bcast(metrics.new_run_id() if topo.world.Get_rank() == 0 else None, root=0),
                     resuming=cfg.resume is not None)
-    collective_call(topo.world, lambda: agree_restart(cfg, topo), label)
+    run = Run(faults, collective_call(topo.world, lambda: agree_restart(cfg, topo), label))
     if role is Role.HOST or cfg.mode is Mode.AUTO:
         init_torch()
     auto = None

@@ -148,14 +148,6 @@ class MemoryPoint:
     keepers: tuple[int, ...]  # world ranks of the keepers, in keeper order
 
 
-_memory: Optional[MemoryPoint] = None  # this process's agreed memory point (set once, at start-up)
-
-
-def memory_point() -> Optional[MemoryPoint]:
-    """The DPU-memory state this run restarts from (None: from the disk, or not resuming)."""
-    return _memory
-
-
 def keeper_ranks(topo: "Topology") -> tuple[int, ...]:
     """World ranks of the DPU ranks that keep host state, in keeper order (`dpu.main.build_keeper`'s split)."""
     from dpuoffload.common.plan.assign import StateAssignment
@@ -169,8 +161,9 @@ def agree_restart(cfg: "RunConfig", topo: "Topology") -> Optional[MemoryPoint]:
 
     Each keeper reports the steps its DPU memory holds; world rank 0 picks the newest step held by
     all keepers unless the disk has a newer committed checkpoint (`memstore.restart_step`), and the
-    first keeper broadcasts that hand-off's meta, so every rank agrees on the start position."""
-    global _memory
+    first keeper broadcasts that hand-off's meta, so every rank agrees on the start position.
+    Returns the point to restart from (None: from the disk, or not resuming), which start-up keeps
+    on `Started.run.memory` and hands to what reads it (`resume.find_resume`, the keepers)."""
     if cfg.resume != "latest" or not cfg.ckpt_mem_keep or not cfg.ckpt_dir:
         return None
     from dpuoffload.common.plan.assign import StateAssignment
@@ -201,5 +194,4 @@ def agree_restart(cfg: "RunConfig", topo: "Topology") -> Optional[MemoryPoint]:
     typed = CheckpointMeta.from_json(meta)
     if typed.writers != len(topo.host_ranks):  # (the disk copy re-slices to another host count)
         return None
-    _memory = MemoryPoint(step, typed, root, keepers)
-    return _memory
+    return MemoryPoint(step, typed, root, keepers)

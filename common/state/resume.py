@@ -20,7 +20,7 @@ from typing import Any, Optional
 from dpuoffload.common.config import OnResume, RunConfig, field_names
 from dpuoffload.common.runtime import metrics
 from dpuoffload.common.state import ckptfiles
-from dpuoffload.common.state.memstore import MemoryPoint, memory_point
+from dpuoffload.common.state.memstore import MemoryPoint
 from dpuoffload.common.state.meta import CheckpointMeta, Position, Slicing, reslice_position
 
 # Fields that may differ between the run that wrote a checkpoint and the run that resumes it, and fields
@@ -46,12 +46,15 @@ def config_dict(cfg: RunConfig) -> dict[str, Any]:
     return json.loads(json.dumps(cfg.to_dict()))
 
 
-def find_resume(cfg: RunConfig, n_hosts: int, steps_per_epoch: int) -> Optional[ResumePoint]:
+def find_resume(cfg: RunConfig, n_hosts: int, steps_per_epoch: int,
+                memory: Optional[MemoryPoint]) -> Optional[ResumePoint]:
+    """Where this run starts from `--resume`: the checkpoint it names, or `memory` (the DPU-memory
+    point start-up agreed on, `Started.run.memory`) under `--resume latest`; None without `--resume`."""
     if cfg.resume is None:
         return None
     skipped: list[str] = []
     verified: dict[str, bytes] = {}
-    memory = memory_point() if cfg.resume == "latest" else None
+    memory = memory if cfg.resume == "latest" else None
     if memory is not None:
         path, meta = memory.root / f"step-{memory.step:09d}", memory.meta
     else:

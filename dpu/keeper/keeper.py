@@ -17,6 +17,7 @@ from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.ckptfiles import Received
+from dpuoffload.common.state.memstore import MemoryPoint
 from dpuoffload.dpu.keeper.clone import CloneForwarder
 from dpuoffload.dpu.keeper.commit import Death, KeeperReport
 from dpuoffload.dpu.keeper.committer import Committer
@@ -48,15 +49,17 @@ class Keeper:
     Args:
         comm: the keepers only (a keeper's rank in it names its DPU memory store and its reports).
         faults: the run's failure record (the host ranks known dead; `--inject` notes its moments).
+        memory: the DPU-memory point this run restarts from (`Started.run.memory`), or None.
     """
 
-    def __init__(self, cfg: RunConfig, topo: Topology, comm: "MPI.Comm", faults: Faults) -> None:
+    def __init__(self, cfg: RunConfig, topo: Topology, comm: "MPI.Comm", faults: Faults,
+                 memory: Optional[MemoryPoint]) -> None:
         self.cfg, self.topo, self.comm = cfg, topo, comm
         self.hosts = StateAssignment.of(topo).hosts_kept_by(topo.world_rank)
         self.log = JsonlLog(cfg.log_dir, f"keeper-rank{topo.world_rank}.jsonl")
         self.records: list[dict[str, Any]] = []
         self.clone = CloneForwarder(cfg, topo, self.hosts, self.note)
-        self.memory = DpuMemory(cfg, topo, comm, self.hosts, self.note)
+        self.memory = DpuMemory(cfg, topo, comm, self.hosts, self.note, memory)
         self.inbox = Inbox(topo, cfg.peer_timeout)
         self.route = route_for(cfg, topo, self.inbox, self.clone.poll, faults)
         self.committer = Committer(cfg, topo, self.note)

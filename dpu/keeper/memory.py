@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from dpuoffload.common.faults.abort import PREFIX
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.waits import wait_all
 from dpuoffload.common.state.ckptfiles import Received
-from dpuoffload.common.state.memstore import MemoryStore, memory_point, memory_root
+from dpuoffload.common.state.memstore import MemoryPoint, MemoryStore, memory_root
 from dpuoffload.dpu.keeper.inbox import SLICE_POLL_MAX_SLEEP
 
 if TYPE_CHECKING:
@@ -30,18 +30,20 @@ class DpuMemory:
     Args:
         comm: the keepers' communicator (a keeper's rank in it names its memory store).
         note: keeps a record of a restore (the keeper's records and its JSON-lines log).
+        point: the state start-up agreed to restart from (`memstore.agree_restart`), or None.
     """
 
     def __init__(self, cfg: "RunConfig", topo: "Topology", comm: "MPI.Comm", hosts: Sequence[int],
-                 note: Callable[[dict[str, Any]], None]) -> None:
+                 note: Callable[[dict[str, Any]], None], point: Optional[MemoryPoint]) -> None:
         self.cfg, self.topo, self.comm, self.hosts, self.note = cfg, topo, comm, hosts, note
+        self.point = point
         self.store = MemoryStore(memory_root(cfg.ckpt_dir), comm.Get_rank(), cfg.ckpt_mem_keep) \
             if cfg.ckpt_mem_keep and cfg.ckpt_dir else None
 
     def restore_or_forget(self) -> None:
         """Restarting from DPU memory: send each kept host rank its hand-off of the agreed step, as
         received (RESTORE). Otherwise what this DPU's memory holds is stale: a new run forgets it."""
-        point = memory_point()
+        point = self.point
         if point is None:
             self.clear()
             return
