@@ -136,10 +136,11 @@ class Job:
 
 
 @pytest.fixture(scope="module")
-def cluster(bundled_data, tmp_path_factory):
+def cluster(request, tmp_path_factory):
     why = _why_not()
     if why:
         pytest.skip(why)
+    bundled_data = request.getfixturevalue("bundled_data")  # (only where the tests run: it takes seconds)
     _remove_stale()
     env = {**job_env(), "DPUOFFLOAD_SLURM_PREFIX": f"dsl{os.getpid()}",
            "DPUOFFLOAD_SLURM_SUBNET": f"10.74.{os.getpid() % 250}"}
