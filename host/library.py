@@ -67,10 +67,16 @@ if TYPE_CHECKING:
     import torch
     from mpi4py import MPI
 
+    from dpuoffload.host.recovery.spares import SparePool
+    from dpuoffload.host.recovery.survivors import SurvivorGroup
+
 # Environment variables of launchers that start one process per rank, for the fallback's rank count.
 _RANK_VARS = (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"), ("PMI_SIZE", "PMI_RANK"), ("WORLD_SIZE", "RANK"))
+# The job `init()` returned (or `attach` made): the public API's one handle per process, as
+# `hvd.init()` or torch.distributed's default group are. It is what `init()` hands back on a second
+# call and what `current()` returns; nothing internal is stored on it from outside.
 _job: Optional["Job"] = None
-_at_exit = False  # finish() runs from the exit hooks
+_at_exit = False  # finish() runs from the exit hooks (its errors cannot be raised there)
 
 
 @dataclass(frozen=True)
@@ -120,8 +126,6 @@ class Job:
         self.warned: set[str] = set()
         self.exit_code = 0
         self.finished = False
-        self.survivors: Any = None  # --recovery: the host ranks' SurvivorGroup (the built-in trainer's)
-        self.spares: Any = None     # --recovery rollback: the pool of host and spare ranks (`host.recovery.spares`)
 
     @property
     def device(self) -> "torch.device":
@@ -401,6 +405,13 @@ class Job:
         Collective over the host ranks (a barrier: host rank 0 tells the DPU ranks to stop only
         after every host closed its loaders). Called at exit if the script does not.
         """
+        return self.finish_over(None, None)
+
+    def finish_over(self, group: Optional["SurvivorGroup"],
+                    spares: Optional["SparePool"]) -> dict[int, dict[str, float]]:
+        """`finish` for the built-in host program under --recovery, which passes what it built after
+        start-up: `group`, the host ranks as they are now (the barrier runs over the living ones;
+        None: `job.comm`), and under rollback `spares`, whose spares still standing by leave after it."""
         if self.finished:
             return dict(self.validation.results) if self.validation else {}
         self._check_clone_served()
@@ -411,10 +422,10 @@ class Job:
         if self.handoff is not None:  # END to the keeper; host rank 0 gets keeper 0's summary
             self.handoff.finish()
         if self.topo is not None and self.cfg is not None:
-            (self.topo.side_comm if self.survivors is None else self.survivors).Barrier()
+            (self.topo.side_comm if group is None else group).Barrier()
             self.faults.ending()  # (every host rank is done: ranks that leave now are not dying)
-            if self.spares is not None:  # the spares still standing by leave too
-                self.spares.release()
+            if spares is not None:  # the spares still standing by leave too
+                spares.release()
             if not self.is_clone:  # (the clone group needs the DPU ranks no more once it has the state)
                 shutdown_dpus(self.topo, self.cfg.peer_timeout, self.faults.dead_ranks())
         if self.handoff is not None:

@@ -30,7 +30,7 @@ from dpuoffload.common.train.allreduce import build_sync, resolve_backend
 from dpuoffload.common.train.autoselect import report_measured
 from dpuoffload.common.train.device import Compute, resolve_device
 from dpuoffload.common.train.evaluation import LocalValidation
-from dpuoffload.common.train.loop import Trainer, TrainJob
+from dpuoffload.common.train.loop import Recovery, Trainer, TrainJob
 from dpuoffload.common.train.naive import build_naive_feed, measure_profile, naive_backend
 from dpuoffload.host.checkpoint import report_end, resume_trainer
 from dpuoffload.host.clone import check_clone_flags, clone_config, describe_overrides
@@ -79,6 +79,27 @@ def check_state_flags(cfg: RunConfig, topo: Topology, job: TrainJob, run: Run) -
         StateAssignment.of(topo).keeper_of(topo.world_rank)
 
 
+def build_survivors(cfg: RunConfig, topo: Topology,
+                    faults: Faults) -> tuple[Optional[SurvivorGroup], Optional[SparePool]]:
+    """--recovery: the host ranks' `SurvivorGroup`, which shrinks to the survivors of a dead rank
+    (lossy forward) or calls a spare from the `SparePool` into its seat (rollback). Collective over
+    the host ranks (and the spare ranks under rollback). (None, None) without --recovery."""
+    if not cfg.recovery_policy.survives_host_loss:
+        return None, None
+    spares = SparePool(topo, cfg.peer_timeout, faults) if cfg.recovery_policy.uses_spares else None
+    return SurvivorGroup(topo, faults, cfg.peer_timeout, spares), spares
+
+
+def build_recovery(cfg: RunConfig, topo: Topology, job: TrainJob, trainer: Trainer,
+                   survivors: SurvivorGroup) -> Recovery:
+    """What the trainer does after a host rank's death: a spare replays the step (rollback), or the
+    survivors go on and take the dead rank's batches over (lossy forward)."""
+    if cfg.recovery_policy.uses_spares:
+        return Rollback(survivors, trainer, cfg.epochs)
+    sampling = Sampling.of(cfg, len(topo.host_ranks), topo.side_rank)
+    return LossyForward(survivors, job.train.dataset, sampling, job.feed.steps(), cfg.reassign)
+
+
 def report_auto(auto: dict[str, Any], records: list[dict[str, Any]], cfg: RunConfig) -> None:
     """--mode auto: print predicted vs measured for the chosen mode and log the whole record."""
     line = report_measured(auto, [r["epoch_time"] for r in records])
@@ -97,11 +118,8 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
         return run_clone(cfg, topo, job, ext.adopt, faults)
     if topo.role is Role.SPARE:
         return run_spare(cfg, topo, job, faults)
-    group: Any = topo.side_comm
-    if cfg.recovery_policy.survives_host_loss:  # the group shrinks to the survivors of a dead rank (or calls spares in)
-        spares = current().spares = SparePool(topo, cfg.peer_timeout, faults) if cfg.recovery_policy.uses_spares \
-            else None
-        group = current().survivors = SurvivorGroup(topo, faults, cfg.peer_timeout, spares)
+    survivors, spares = build_survivors(cfg, topo, faults)
+    group: Any = topo.side_comm if survivors is None else survivors
     if cfg.mode.dpu_trains:  # DPU ranks are replicas too: one gradient group over the whole job
         source = "balanced by --mode auto's profile" if started.auto is not None else "from --dpu-batch-size"
         job.feed = build_naive_feed(cfg, topo, job.train, profiles, source)
@@ -113,20 +131,17 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
               f"{len(topo.dpu_ranks)} DPU rank(s), model {cfg.model}, dataset {cfg.dataset} "
               f"({len(job.data.train)} train / {len(job.data.val)} val), allreduce {sync.name}"
               f"{'' if job.compute == Compute() else ', on ' + job.compute.describe()}", flush=True)
-    validation, share = build_validation(cfg, topo, job, faults, group if isinstance(group, SurvivorGroup) else None)
+    validation, share = build_validation(cfg, topo, job, faults, survivors)
     trainer = Trainer(cfg, topo, job, sync, validation, share, group=group, faults=faults,
                       hooks=lambda t: ext.hooks_factory(cfg, topo, t))
-    if cfg.recovery_policy.uses_spares:
-        trainer.recovery = Rollback(group, trainer, cfg.epochs)
-    elif isinstance(group, SurvivorGroup):
-        sampling = Sampling.of(cfg, len(topo.host_ranks), topo.side_rank)
-        trainer.recovery = LossyForward(group, job.train.dataset, sampling, job.feed.steps(), cfg.reassign)
+    if survivors is not None:
+        trainer.recovery = build_recovery(cfg, topo, job, trainer, survivors)
     if job.resume is not None:
         resume_trainer(trainer, job.resume, topo)
     records = trainer.fit()
     if started.auto is not None and topo.side_rank == 0:
         report_auto(started.auto, records, cfg)
-    current().finish()  # the loaders closed, then the DPU ranks told to stop
+    current().finish_over(survivors, spares)  # the loaders closed, then the DPU ranks told to stop
     sync.shutdown()
     trace.finish(topo.world, cfg.trace)
     return report_end(cfg, topo, trainer)
