@@ -153,7 +153,7 @@ on() {  # on MACHINE CMD...: CMD on that machine (its namespace and hostname), t
 up() {
   [ "$(id -u)" = 0 ] || die "the emulated machines need root (ip netns); run as root"
   if running; then say "up already: $(describe)"; return 0; fi
-  [ ! -e "$DIR" ] || down > /dev/null 2>&1  # what a failed or killed earlier `up` left
+  if [ -e "$DIR" ] || [ -e "/run/$PREFIX-nodes" ]; then down > /dev/null 2>&1; fi  # what a failed or killed `up` left
   mkdir -p "$DIR/log" "$DIR/state" "$DIR/spool"
   install
   local t0=$SECONDS
