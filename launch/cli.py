@@ -140,8 +140,9 @@ def _add_cluster_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--dpu-map", metavar="FILE",
                    help="in a Slurm allocation whose nodes are hosts only: 'HOST DPU' per line (default: none)")
     g.add_argument("--dpu-nodes", default=slurm.DEFAULT_DPU_NODES, metavar="REGEX",
-                   help="in a Slurm allocation: the allocated nodes whose names match are DPUs, paired with the "
-                        "other (host) nodes in allocation order (default: bf)")
+                   help="in a Slurm allocation: the allocated nodes whose names match are DPUs, each paired with the "
+                        "host node its name relates to (h0 / h0-bf, thor001 / thor-bf01; else allocation order) "
+                        "(default: bf)")
 
 
 def _add_mpi_flags(g: argparse._ArgumentGroup) -> None:

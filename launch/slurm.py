@@ -4,8 +4,10 @@ the DPU of each host node, so `sbatch train.sbatch` needs no hostfile typed by h
 Slurm knows nothing of DPUs, and sites expose them in two ways:
 - **DPUs as Slurm nodes** (the allocation holds host nodes and DPU nodes, told apart by name, e.g.
   `thor-bf01`): allocated nodes whose name matches `--dpu-nodes` (a regular expression, default `bf`)
-  are DPUs, the others host nodes, paired in allocation order (host node i with DPU node i); each
-  side's slots are its nodes' tasks (`SLURM_TASKS_PER_NODE`).
+  are DPUs, the others host nodes, each host paired with the DPU its name relates to (`pair_nodes`:
+  the host's name inside the DPU's, else the same last number, else allocation order, said so);
+  each side's slots are its nodes' tasks (`SLURM_TASKS_PER_NODE`). With `--dpu-ranks 0` an
+  allocation without DPU nodes is fine (a `none` job).
 - **DPUs outside Slurm**, reachable under a name derived from the host's: `--dpu-name '{host}-bf'`
   (a pattern of the host's name) or `--dpu-map FILE` (`host dpu` per line); every allocated node is
   a host node, and its DPU gets the DPU ranks in equal shares. A derived name must resolve here.
@@ -144,14 +146,16 @@ def derive(alloc: Allocation, naming: DpuNaming, dpu_ranks: Optional[int] = None
     head = f"Slurm job {alloc.job_id}: SLURM_JOB_NODELIST={alloc.nodelist} ({len(alloc.nodes)} node(s))"
     if naming.outside:
         return _outside(alloc, naming, dpu_ranks, resolves or _resolves, head)
-    return _allocated(alloc, naming, head)
+    return _allocated(alloc, naming, head, dpu_ranks)
 
 
-def _allocated(alloc: Allocation, naming: DpuNaming, head: str) -> Derived:
+def _allocated(alloc: Allocation, naming: DpuNaming, head: str, dpu_ranks: Optional[int] = None) -> Derived:
     match = re.compile(naming.nodes)
-    pairs = list(zip(alloc.nodes, alloc.tasks))
-    dpus = [(n, t) for n, t in pairs if match.search(n)]
-    hosts = [(n, t) for n, t in pairs if not match.search(n)]
+    nodes = list(zip(alloc.nodes, alloc.tasks))
+    dpus = [(n, t) for n, t in nodes if match.search(n)]
+    hosts = [(n, t) for n, t in nodes if not match.search(n)]
+    if not dpus and dpu_ranks == 0:  # (--mode none without DPUs: the host nodes alone)
+        return Derived(tuple(hosts), (), (head, f"host nodes: all {len(hosts)} (--dpu-ranks 0: no DPU needed)"))
     if not dpus:
         raise ConfigError(f"{head} has no DPU node (no name matches --dpu-nodes {naming.nodes!r}); if the DPUs are "
                           "outside Slurm, name each host node's DPU: --dpu-name '{host}-bf' or --dpu-map FILE")
@@ -160,10 +164,51 @@ def _allocated(alloc: Allocation, naming: DpuNaming, head: str) -> Derived:
                           f"{len(dpus)} DPU node(s) matching --dpu-nodes {naming.nodes!r} "
                           f"({', '.join(n for n, _ in dpus)}); every host node needs its own DPU: allocate them in "
                           "pairs, or fix --dpu-nodes")
+    order, rule = pair_nodes([n for n, _ in hosts], [n for n, _ in dpus], head)
+    dpus = [dpus[i] for i in order]
     why = (head, f"DPU nodes: the {len(dpus)} whose names match --dpu-nodes {naming.nodes!r}; host nodes: the others",
-           "pairs in allocation order: " + ", ".join(f"{h} -> {d}" for (h, _), (d, _) in zip(hosts, dpus)),
+           f"pairs {rule}: " + ", ".join(f"{h} -> {d}" for (h, _), (d, _) in zip(hosts, dpus)),
            "slots: each node's tasks (SLURM_TASKS_PER_NODE)")
     return Derived(tuple(hosts), tuple(dpus), why)
+
+
+def pair_nodes(hosts: list[str], dpus: list[str], head: str) -> tuple[list[int], str]:
+    """Which DPU node belongs to which host node: for each host (in order) the index of its DPU, and
+    the rule that said so. Slurm orders an allocation by name, not by pairs, so order alone would
+    pair h0 with h1-bf in an allocation of h0, h1, h1-bf, h2-bf; the names decide where they can:
+
+    1. by name: the host's name inside its DPU's (`h0` -> `h0-bf`; the longest such host name);
+    2. by number: the last number in each name (`thor001` -> `thor-bf01`);
+    3. neither relates any pair: allocation order, and the rule says so (`--dry-run` shows it).
+
+    Raises:
+        ConfigError: the names relate some nodes but not as one DPU per host (a DPU of a host that
+            is not in the allocation, two DPUs named for one host).
+    """
+    for rule, key_of_host, key_of_dpu in (("by name (the host's name inside its DPU's)", lambda h: h,
+                                           lambda d: _host_named_in(d, hosts)),
+                                          ("by number (the last number in each name)", _last_number, _last_number)):
+        keys = [key_of_dpu(d) for d in dpus]
+        found = {k: i for i, k in enumerate(keys) if k is not None}
+        if len(found) == len(keys) == len(hosts) and all(key_of_host(h) in found for h in hosts):
+            return [found[key_of_host(h)] for h in hosts], rule
+        if rule.startswith("by name") and found:
+            lost = [h for h in hosts if h not in found]
+            stray = [d for d, k in zip(dpus, keys) if k is None]
+            raise ConfigError(f"{head}: host node(s) {', '.join(lost)} have no DPU node of their own in the allocation "
+                              f"(DPU node(s) {', '.join(stray) or 'none'} name no allocated host); allocate each host "
+                              "node with its own DPU (e.g. sbatch --nodelist), or fix --dpu-nodes")
+    return list(range(len(hosts))), "in allocation order (the names do not say which DPU is whose: check them here)"
+
+
+def _host_named_in(dpu: str, hosts: list[str]) -> Optional[str]:
+    named = [h for h in hosts if h in dpu]
+    return max(named, key=len) if named else None
+
+
+def _last_number(name: str) -> Optional[int]:
+    found = re.findall(r"\d+", name)
+    return int(found[-1]) if found else None
 
 
 def _outside(alloc: Allocation, naming: DpuNaming, dpu_ranks: Optional[int], resolves: Callable[[str], bool],

@@ -35,11 +35,35 @@ def test_slurms_host_lists_and_task_counts():
         Allocation.from_env({**DINE, "SLURM_TASKS_PER_NODE": "16"})
 
 
-def test_dpus_as_allocated_nodes_are_paired_in_order():
+def test_dpus_as_allocated_nodes_are_paired_by_their_names():
     got = derive(Allocation.from_env(THOR), DpuNaming())
     assert (got.host_list, got.dpu_list) == ("thor001:8,thor002:8", "thor-bf01:4,thor-bf02:4")
     assert (got.host_slots, got.dpu_slots) == (16, 8)
-    assert "pairs in allocation order: thor001 -> thor-bf01, thor002 -> thor-bf02" in got.why
+    assert "pairs by number (the last number in each name): thor001 -> thor-bf01, thor002 -> thor-bf02" in got.why
+    # Slurm sorts the allocation by name, so order alone would pair h0 with h1-bf here
+    named = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "h1-bf,h0-bf,h10,h1,h10-bf,h0", "SLURM_TASKS_PER_NODE": "1(x6)"}
+    got = derive(Allocation.from_env(named), DpuNaming())
+    assert (got.host_list, got.dpu_list) == ("h10:1,h1:1,h0:1", "h10-bf:1,h1-bf:1,h0-bf:1")  # (h10-bf: not h1's)
+    assert got.why[2].startswith("pairs by name (the host's name inside its DPU's)")
+    unrelated = {**named, "SLURM_JOB_NODELIST": "alpha,beta,dpu-bf-x,dpu-bf-y", "SLURM_TASKS_PER_NODE": "1(x4)"}
+    got = derive(Allocation.from_env(unrelated), DpuNaming())
+    assert got.dpu_list == "dpu-bf-x:1,dpu-bf-y:1" and "in allocation order (the names do not say" in got.why[2]
+
+
+def test_an_allocation_that_pairs_a_host_with_another_hosts_dpu_is_refused():
+    crossed = {"SLURM_JOB_ID": "8", "SLURM_JOB_NODELIST": "h[0-1],h[1-2]-bf", "SLURM_TASKS_PER_NODE": "1(x4)"}
+    with pytest.raises(ConfigError, match=r"host node\(s\) h0 have no DPU node of their own in the allocation \(DPU "
+                                          r"node\(s\) h2-bf name no allocated host\); allocate each host node with"):
+        derive(Allocation.from_env(crossed), DpuNaming())
+
+
+def test_a_none_job_needs_no_dpu_node():
+    hosts_only = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "h[0-1]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    got = derive(Allocation.from_env(hosts_only), DpuNaming(), dpu_ranks=0)
+    assert (got.host_list, got.dpu_list, got.dpu_slots) == ("h0:2,h1:2", "", 0)
+    res = dry_run(hosts_only, "--dpu-ranks", "0", training=("--mode", "none"))
+    assert res.returncode == 0, res.stderr
+    assert "-np 4 --host h0:2,h1:2" in res.stdout and "dpuoffload.dpu" not in res.stdout
 
 
 def test_dpus_outside_slurm_by_pattern_or_map(tmp_path):
@@ -79,17 +103,18 @@ def test_outside_an_allocation_the_defaults_and_the_naming_flags():
         cli.parse_launcher_args(["--dpu-name", "{host}-bf"])
 
 
-def dry_run(env: dict, *launcher: str) -> subprocess.CompletedProcess:
+def dry_run(env: dict, *launcher: str, training: tuple[str, ...] = ("--mode", "da")) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     return subprocess.run([DPURUN, *launcher, "--dry-run", "--mpi-flavor", "openmpi", "--", "--dataset", "fake",
-                           "--mode", "da"], capture_output=True, text=True, env={**clean, **env}, cwd=REPO, timeout=60)
+                           *training], capture_output=True, text=True, env={**clean, **env}, cwd=REPO, timeout=60)
 
 
 def test_dry_run_in_an_allocation_says_what_it_derived_and_why():
     res = dry_run(THOR)
     assert res.returncode == 0, res.stderr
     assert "dpurun: note: Slurm job 4242: SLURM_JOB_NODELIST=thor[001-002],thor-bf[01-02] (4 node(s))" in res.stderr
-    assert "dpurun: note: pairs in allocation order: thor001 -> thor-bf01, thor002 -> thor-bf02" in res.stderr
+    assert "dpurun: note: pairs by number (the last number in each name): thor001 -> thor-bf01, thor002 -> thor-bf02" \
+        in res.stderr
     assert ("dpurun: note: from the allocation: --hosts thor001:8,thor002:8 --dpus thor-bf01:4,thor-bf02:4 "
             "--host-ranks 16 --dpu-ranks 8") in res.stderr
     assert "-np 16 --host thor001:8,thor002:8" in res.stdout and "-np 8 --host thor-bf01:4,thor-bf02:4" in res.stdout
