@@ -35,6 +35,20 @@ def test_da_bound_is_the_max_of_host_without_data_and_dpu_augmentation():
     assert workloads.da_bound(none, da_dpu_heavy)[2] == [21.0]
 
 
+def test_auto_is_compared_with_the_best_mode_of_each_repetition_on_steady_epochs():
+    def run(times, chosen=None):
+        log = _log(times, [{"data": 1.0}] * len(times))
+        log.auto = {"chosen": chosen} if chosen else None
+        return log
+
+    by = {"none": [run([4.0, 4.0]), run([4.0])], "da": [run([3.0, 3.0]), run([2.0])], "mv": [run([2.5]), run([2.2])],
+          "auto": [run([2.6, 2.6], "mv"), run([2.2], "da")]}  # (epoch 0, 99 s, is warm-up: never counted)
+    r = workloads.auto_vs_best(by)
+    assert r["best_mode"] == ["mv", "da"] and r["chosen"] == ["mv", "da"]
+    assert r["ratio"]["min"] == pytest.approx(1.04) and r["ratio"]["max"] == pytest.approx(1.1)
+    assert r["epoch_s"]["median"] == 2.6
+
+
 def test_ratio_spread_pairs_repetitions():
     r = harness.ratio_spread([2.0, 4.0, 3.0], [1.0, 2.0, 3.0])
     assert r["median"] == 1.5 and r["min"] == 1.0 and r["max"] == 2.0 and r["n"] == 3
@@ -98,6 +112,7 @@ def test_suite_quick(quick_suite):
     # run, under 5 in the others; a sanity bound on the ratio, not a speed target)
     assert 0.2 < r["ratios"]["peer_vs_none"]["median"] < 10
     assert all(r["epoch_s"][v]["median"] > 0 for v in ("none", "da", "mv", "peer"))
+    assert r["auto"]["chosen"][0] in ("none", "da", "mv") and r["auto"]["ratio"]["median"] > 0
     assert 0 < r["bound_s"]["median"] < r["epoch_s"]["none"]["median"] * 1.5
     assert set(r["phases_none"]) == {"data", "forward_backward", "allreduce", "optimizer", "validation"}
     assert r["phases_none"]["forward_backward"] > 0.3 and 0.9 < sum(r["phases_none"].values()) <= 1.0001
