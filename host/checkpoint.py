@@ -32,6 +32,7 @@ from dpuoffload.common.errors import PeerError, PeerLost
 from dpuoffload.common.faults.abort import EXIT_CHECKPOINT_FAILED, PREFIX
 from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.plan.assign import StateAssignment
+from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Topology
@@ -50,7 +51,7 @@ from dpuoffload.common.state.trainstate import (
     meta_of,
     shared_tensors,
 )
-from dpuoffload.host.recovery.survivors import SurvivorGroup, seat_hosts, world_ranks
+from dpuoffload.host.recovery.survivors import seat_hosts, world_ranks
 from dpuoffload.host.state import Live, Loaded, Reader, StateSource, load_state
 
 ZERO_POLL_MAX_SLEEP = 0.0005  # the next optimizer step waits on these: poll often
@@ -143,7 +144,8 @@ class StateHandoff:
     """Decides when state is due and sends it; the trainer calls the hooks below."""
 
     def __init__(self, cfg: RunConfig, topo: Topology, faults: Faults, model: Optional[nn.Module], optimizer: Any,
-                 scheduler: Any, steps_per_epoch: Optional[int], group: Any = None, joining: bool = False) -> None:
+                 scheduler: Any, steps_per_epoch: Optional[int], group: Optional[HostGroup] = None,
+                 joining: bool = False) -> None:
         """`faults`: the run's failure record (the keepers known dead). `model`/`optimizer` None: a
         script's job binds them at its first `job.checkpoint` (`bind`); `steps_per_epoch` None: the
         script counts its own steps. `group`: the host ranks' `SurvivorGroup` under --recovery: each
@@ -154,7 +156,8 @@ class StateHandoff:
         self.faults = faults
         self.steps_per_epoch = steps_per_epoch
         self.assign = StateAssignment.of(topo)
-        self.comm: Any = topo.side_comm if group is None else group
+        self.comm: HostGroup = topo.side_comm if group is None else group
+        self.surviving = group is not None  # (--recovery: host ranks may die, keepers may be left without one)
         self.seat_host = seat_hosts(self.comm, topo.host_ranks)[self.rank]  # whose place this rank trains in
         self.keeper = self.assign.keeper_of(self.seat_host)
         self.fallback = cfg.recovery_policy.survives_keeper_loss  # a dead keeper: the next hand-offs go to a living one
@@ -172,7 +175,7 @@ class StateHandoff:
     @classmethod
     def for_trainer(cls, cfg: RunConfig, topo: Topology, trainer: Any) -> "StateHandoff":
         """The hand-off of `trainer`'s model, optimizer and schedule (a `host.extensions.HooksFactory`)."""
-        group = trainer.comm if isinstance(trainer.comm, SurvivorGroup) else None
+        group = trainer.comm if cfg.recovery_policy.survives_host_loss else None  # (its SurvivorGroup)
         return cls(cfg, topo, trainer.faults, trainer.model, trainer.optimizer, trainer.scheduler, trainer.feed.steps(),
                    group, trainer.joining)
 
@@ -193,7 +196,7 @@ class StateHandoff:
         common = dict(kind=kind, global_step=global_step, senders=self.size,
                       leader=world_ranks(self.comm, self.topo.host_ranks)[0],
                       lost_keepers=self.assign.lost_mask(self.lost))
-        if isinstance(self.comm, SurvivorGroup) and self.rank == 0 and kind is not StateKind.JOIN:
+        if self.surviving and self.rank == 0 and kind is not StateKind.JOIN:
             for k in self.assign.keeper_ranks:
                 if k not in keepers and k not in self.lost:
                     notice = CKPT_HEADER.pack(**common, sender=-1, seat=-1, to_me=0)

@@ -41,6 +41,7 @@ from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.modes import Mode, Wire
 from dpuoffload.common.plan.offload import OffloadPlan, plan_offload, require_feeder
 from dpuoffload.common.runtime import env
+from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.runtime.messages import StateKind
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import start_program
@@ -68,7 +69,6 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
     from dpuoffload.host.recovery.spares import SparePool
-    from dpuoffload.host.recovery.survivors import SurvivorGroup
 
 # Environment variables of launchers that start one process per rank, for the fallback's rank count.
 _RANK_VARS = (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"), ("PMI_SIZE", "PMI_RANK"), ("WORLD_SIZE", "RANK"))
@@ -407,7 +407,7 @@ class Job:
         """
         return self.finish_over(None, None)
 
-    def finish_over(self, group: Optional["SurvivorGroup"],
+    def finish_over(self, group: Optional[HostGroup],
                     spares: Optional["SparePool"]) -> dict[int, dict[str, float]]:
         """`finish` for the built-in host program under --recovery, which passes what it built after
         start-up: `group`, the host ranks as they are now (the barrier runs over the living ones;

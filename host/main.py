@@ -21,6 +21,7 @@ from dpuoffload.common.modes import Mode
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.plan.offload import plan_offload
 from dpuoffload.common.runtime import trace
+from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import Run, start_program
@@ -119,7 +120,7 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
     if topo.role is Role.SPARE:
         return run_spare(cfg, topo, job, faults)
     survivors, spares = build_survivors(cfg, topo, faults)
-    group: Any = topo.side_comm if survivors is None else survivors
+    group: HostGroup = topo.side_comm if survivors is None else survivors
     if cfg.mode.dpu_trains:  # DPU ranks are replicas too: one gradient group over the whole job
         source = "balanced by --mode auto's profile" if started.auto is not None else "from --dpu-batch-size"
         job.feed = build_naive_feed(cfg, topo, job.train, profiles, source)

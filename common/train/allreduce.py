@@ -12,7 +12,7 @@ they talk to hosts over mpi4py point-to-point on COMM_WORLD.
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ from torch import nn
 
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.runtime.env import horovod_available
+from dpuoffload.common.runtime.hostgroup import HostGroup, generation
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -181,8 +182,8 @@ class MpiSync:
 
     name = "mpi"
 
-    def __init__(self, group: Any) -> None:
-        """`group`: an `MPI.Comm` or a `SurvivorGroup` (anything with `Allreduce`, `Bcast`, `Get_size`)."""
+    def __init__(self, group: HostGroup) -> None:
+        """`group`: the replicas (an `MPI.Comm`, or a `SurvivorGroup` under --recovery)."""
         self.group = group
 
     def broadcast_parameters_(self, model: nn.Module) -> None:
@@ -204,10 +205,10 @@ class MpiSync:
         flat = torch.cat([g.detach().reshape(-1).cpu() for g in grads]
                          + [torch.tensor([1.0 if average else weight], dtype=grads[0].dtype)])
         out = np.empty_like(flat.numpy())
-        generation = getattr(self.group, "generation", 0)
+        before = generation(self.group)
         self.group.Allreduce(flat.numpy(), out)
         summed = torch.from_numpy(out)
-        if getattr(self.group, "generation", 0) != generation:  # the group changed in the call (replicas lost:
+        if generation(self.group) != before:  # the group changed in the call (replicas lost:
             # the survivors' weighted mean; a spare replayed a dead one's step: the weights sum to the size again)
             summed[:-1].div_(summed[-1])
         elif average:
@@ -221,7 +222,7 @@ class MpiSync:
         """Nothing to end: the group is the caller's (freed at MPI_Finalize)."""
 
 
-def build_sync(requested: str, group: Any, timeout: float,
+def build_sync(requested: str, group: HostGroup, timeout: float,
                device: torch.device = torch.device("cpu")) -> GradientSync:
     """The gradient allreduce of `group`; GPU host ranks (`device` cuda) reduce on their GPUs
     (`--allreduce mpi`: through host memory)."""

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from dpuoffload.common.runtime.hostgroup import HostGroup, generation
 from dpuoffload.common.train.device import model_device
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def metrics_from_sums(sums: np.ndarray) -> tuple[float, float]:
     return float(sums[0] / count), float(sums[1] / count)
 
 
-def allreduce_sums(comm: "MPI.Comm", sums: Sums) -> Sums:
+def allreduce_sums(comm: HostGroup, sums: Sums) -> Sums:
     from mpi4py import MPI
 
     out = np.empty_like(sums)
@@ -76,16 +77,16 @@ def allreduce_sums(comm: "MPI.Comm", sums: Sums) -> Sums:
     return out
 
 
-def allreduce_shards(comm: "MPI.Comm", sums_of: Callable[[int, int], Sums]) -> Sums:
+def allreduce_shards(comm: HostGroup, sums_of: Callable[[int, int], Sums]) -> Sums:
     """Sum `sums_of(rank, size)` (sums over this rank's shard of a set) over `comm`.
 
     On a `host.recovery.survivors.SurvivorGroup` that lost a rank during the sum (its `generation`
     moved), the shards are recomputed for the new size: else the dead rank's shard would be missing.
     """
     while True:
-        generation = getattr(comm, "generation", 0)
+        before = generation(comm)
         out = allreduce_sums(comm, sums_of(comm.Get_rank(), comm.Get_size()))
-        if getattr(comm, "generation", 0) == generation:
+        if generation(comm) == before:
             return out
 
 

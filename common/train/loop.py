@@ -20,15 +20,12 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
-
-if TYPE_CHECKING:
-    from mpi4py import MPI
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import DatasetPair
@@ -40,6 +37,7 @@ from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.files import write_atomic
 from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.runtime import env, trace
+from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.runtime.metrics import JsonlLog, PhaseTimer
 from dpuoffload.common.runtime.report import Reports, build_reports
 from dpuoffload.common.runtime.roles import Topology
@@ -165,7 +163,7 @@ def lr_factor(schedule: str, step: int, total: int) -> float:
 class Trainer:
     def __init__(self, cfg: RunConfig, topo: Topology, job: TrainJob, sync: GradientSync,
                  validation: Validation, share_policy: Optional[SharePolicy] = None,
-                 group: Optional["MPI.Comm"] = None, *, faults: Faults,
+                 group: Optional[HostGroup] = None, *, faults: Faults,
                  hooks: Optional[Callable[["Trainer"], Optional[StateHooks]]] = None, joining: bool = False) -> None:
         """`faults`: the run's failure record (`--inject` notes its moments there; the state hooks
         ask it which keepers are dead). `hooks` builds this trainer's state hooks, called once at the
@@ -174,7 +172,7 @@ class Trainer:
         `joining`: a spare rank taking a dead host rank's seat mid-run (`--recovery rollback`): the
         run's logs are appended to, and its weights come with the state, not from a broadcast."""
         self.cfg, self.topo, self.sync, self.faults = cfg, topo, sync, faults
-        self.comm = topo.side_comm if group is None else group  # all training replicas (a SurvivorGroup
+        self.comm: HostGroup = topo.side_comm if group is None else group  # all training replicas (a SurvivorGroup
         # under --recovery lossy-forward: fewer once a host rank died)
         self.model = job.model
         self.validation, self.share_policy = validation, share_policy

@@ -41,6 +41,7 @@ from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import PeerLost
 from dpuoffload.common.faults.abort import PREFIX
 from dpuoffload.common.faults.policy import Recovery
+from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.runtime.waits import is_failure, wait
 
 if TYPE_CHECKING:
@@ -56,14 +57,14 @@ COLLECTIVE_SPIN = 0.05         # poll a collective without sleeping this long (a
 COLLECTIVE_MAX_SLEEP = 0.001   # ...then sleep at most this long between polls
 
 
-def seat_hosts(comm: Any, host_ranks: tuple[int, ...]) -> list[int]:
+def seat_hosts(comm: HostGroup, host_ranks: tuple[int, ...]) -> list[int]:
     """World ranks of the host ranks whose seats the ranks of `comm` fill, in its rank order: a
     `SurvivorGroup`'s survivors (or spares in dead ranks' seats), or a plain host communicator's
     ranks. State hand-offs route by seat, so a spare sends where the rank it replaced would have."""
     return [host_ranks[s] for s in getattr(comm, "alive", range(comm.Get_size()))]
 
 
-def world_ranks(comm: Any, host_ranks: tuple[int, ...]) -> list[int]:
+def world_ranks(comm: HostGroup, host_ranks: tuple[int, ...]) -> list[int]:
     """World ranks of the ranks of `comm`, in its rank order: under --recovery rollback a spare in
     a seat is itself, not the host rank whose seat it fills (`seat_hosts`). Replies (the
     checkpoint summary) go here."""
@@ -86,12 +87,12 @@ class Shrink:
 class SurvivorGroup:
     """The host ranks' communicator, shrunk to the survivors when host ranks die.
 
-    It offers the few `MPI.Comm` calls the host side needs (`Get_rank`, `Get_size`, `Allreduce`,
-    `Bcast`, `Barrier`), each redone on the survivors after a death; `generation` counts the
-    shrinks, so a caller can tell that its collective lost a member (and recompute what depended
-    on the group's size). Every call is non-blocking underneath and waited for with a deadline
-    (`timeout`, --peer-timeout): a host rank that hangs instead of dying (which ULFM cannot see)
-    ends the job with a `PeerError` naming the wait, instead of hanging it.
+    It offers the few `MPI.Comm` calls the host side needs (`common.runtime.hostgroup.HostGroup`:
+    `Get_rank`, `Get_size`, `Allreduce`, `Bcast`, `Barrier`), each redone on the survivors after a
+    death; `generation` counts the shrinks, so a caller can tell that its collective lost a member
+    (and recompute what depended on the group's size). Every call is non-blocking underneath and
+    waited for with a deadline (`timeout`, --peer-timeout): a host rank that hangs instead of dying
+    (which ULFM cannot see) ends the job with a `PeerError` naming the wait, instead of hanging it.
     """
 
     def __init__(self, topo: "Topology", faults: "Faults", timeout: Optional[float] = None,
