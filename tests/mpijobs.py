@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -82,6 +82,20 @@ def mpmd(n_host: int, host_argv: Sequence[str], n_dpu: int, dpu_argv: Sequence[s
     """A hand-written MPMD mpirun line (what dpurun would build, but with free per-side argv)."""
     return run([MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", str(n_host), *host_argv,
                 ":", "-np", str(n_dpu), *dpu_argv], timeout=timeout)
+
+
+def machines_unavailable(switch: Optional[str] = None, needs: str = "ip netns add") -> Optional[str]:
+    """Why emulated machines (scripts/nodes.sh: network namespaces) cannot be had here, or None.
+    `switch`: an environment variable that turns the tests off with 0; `needs`: what root is for."""
+    import shutil
+
+    if switch and os.environ.get(switch, "1") == "0":
+        return f"{switch}=0: turned off"
+    if os.geteuid() != 0:
+        return f"emulated machines need root ({needs})"
+    if shutil.which("ip") is None or shutil.which("unshare") is None:
+        return "emulated machines need iproute2's ip and util-linux's unshare"
+    return None
 
 
 def json_lines(text: str) -> list[dict]:

@@ -12,12 +12,11 @@ venv (bash scripts/test.sh sets it up; DPUOFFLOAD_TEST_AARCH64=0 skips these tes
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 
 import pytest
 
-from tests.mpijobs import REPO, job_env, read_jsonl
+from tests.mpijobs import REPO, job_env, machines_unavailable, read_jsonl
 
 pytestmark = pytest.mark.mpi
 SCRIPT = str(REPO / "scripts" / "nodes.sh")
@@ -26,12 +25,9 @@ TIMEOUT = 420  # an aarch64 rank that imports torch under qemu adds 30-110 s on 
 
 
 def _why_not() -> str | None:
-    if os.environ.get("DPUOFFLOAD_TEST_AARCH64", "1") == "0":
-        return "DPUOFFLOAD_TEST_AARCH64=0: no aarch64 environment"
-    if os.geteuid() != 0:
-        return "aarch64 machines need root (ip netns, binfmt_misc, mount namespaces)"
-    if shutil.which("ip") is None or shutil.which("unshare") is None:
-        return "emulated machines need iproute2's ip and util-linux's unshare"
+    why = machines_unavailable("DPUOFFLOAD_TEST_AARCH64", "ip netns, binfmt_misc, mount namespaces: aarch64 ones")
+    if why:
+        return why
     if not (ARM_VENV / "bin" / "python").exists():
         return f"no aarch64 venv at {ARM_VENV} (bash scripts/aarch64.sh setup; bash scripts/test.sh runs it)"
     return None

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.mpijobs import REPO, job_env, read_jsonl
+from tests.mpijobs import REPO, job_env, machines_unavailable, read_jsonl
 
 NODES = ("h0", "h1", "d0", "d1")
 DPU_ARCH = os.environ.get("DPUOFFLOAD_TEST_DPU_ARCH", "x86_64")  # aarch64: the four-machine tests' DPUs are Arm
@@ -43,11 +42,7 @@ def _env() -> dict[str, str]:
 
 
 def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "emulated nodes need root (ip netns add)"
-    if shutil.which("ip") is None or shutil.which("unshare") is None:
-        return "emulated nodes need iproute2's ip and util-linux's unshare"
-    return None
+    return machines_unavailable()
 
 
 def _remove_stale() -> None:

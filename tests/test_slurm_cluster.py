@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mpijobs import REPO, job_env, read_jsonl
+from tests.mpijobs import REPO, job_env, machines_unavailable, read_jsonl
 
 pytestmark = pytest.mark.mpi
 SCRIPT = str(REPO / "scripts" / "slurm.sh")
@@ -40,13 +39,7 @@ EPOCHS = 4  # 16 steps: room for a requeue after the first checkpoint (every 2 s
 
 
 def _why_not() -> str | None:
-    if os.environ.get("DPUOFFLOAD_TEST_SLURM", "1") == "0":
-        return "DPUOFFLOAD_TEST_SLURM=0: no Slurm cluster"
-    if os.geteuid() != 0:
-        return "a Slurm on emulated machines needs root (ip netns, mounts, apt-get)"
-    if shutil.which("ip") is None or shutil.which("unshare") is None:
-        return "emulated machines need iproute2's ip and util-linux's unshare"
-    return None
+    return machines_unavailable("DPUOFFLOAD_TEST_SLURM", "ip netns, mounts, apt-get: a Slurm on them")
 
 
 def _remove_stale() -> None:
