@@ -25,7 +25,7 @@ from dpuoffload.common.version import API_VERSION, __version__
 _EXPORTS = {
     "init": "dpuoffload.host.library",
     "Job": "dpuoffload.host.library",
-    "Restored": "dpuoffload.host.library",
+    "Restored": "dpuoffload.host.script_state",
     "DpuLoader": "dpuoffload.host.loader",
     "seeded": "dpuoffload.common.data.sampling",
     "ConfigError": "dpuoffload.common.errors",

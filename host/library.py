@@ -20,15 +20,11 @@ from __future__ import annotations
 
 import atexit
 import functools
-import json
 import os
 import shlex
 import sys
 import threading
-import time
 import warnings
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 from dpuoffload.common.config import RunConfig
@@ -42,12 +38,8 @@ from dpuoffload.common.modes import Mode, Wire
 from dpuoffload.common.plan.offload import OffloadPlan, plan_offload, require_feeder
 from dpuoffload.common.runtime import env
 from dpuoffload.common.runtime.hostgroup import HostGroup
-from dpuoffload.common.runtime.messages import StateKind
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import start_program
-from dpuoffload.common.state import ckptfiles
-from dpuoffload.common.state.meta import Slicing
-from dpuoffload.common.state.trainstate import EpochProgress, Position
 from dpuoffload.host.checkpoint import StateHandoff
 from dpuoffload.host.control import shutdown_dpus
 from dpuoffload.host.loader import (
@@ -61,7 +53,8 @@ from dpuoffload.host.loader import (
     local_loader,
 )
 from dpuoffload.host.numerics import NumericsCheck, numerics_check
-from dpuoffload.host.state import Live, Reader, StateSource, load_state
+from dpuoffload.host.script_state import Restored, ScriptState
+from dpuoffload.host.state import Live
 from dpuoffload.host.validation import JobValidation
 
 if TYPE_CHECKING:
@@ -77,18 +70,6 @@ _RANK_VARS = (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"), ("PMI_SIZE", "PM
 # call and what `current()` returns; nothing internal is stored on it from outside.
 _job: Optional["Job"] = None
 _at_exit = False  # finish() runs from the exit hooks (its errors cannot be raised there)
-
-
-@dataclass(frozen=True)
-class Restored:
-    """Where a resumed script starts (`job.restore`): `step` steps of `epoch` were done when the
-    checkpoint was taken, `global_step` is the count given to `job.checkpoint`, `extra` its extra=."""
-
-    epoch: int
-    step: int
-    global_step: int
-    extra: dict[str, Any] = field(default_factory=dict)
-    path: Optional[Path] = None
 
 
 class Job:
@@ -109,20 +90,19 @@ class Job:
     def __init__(self, rank: int, size: int, mode: Mode, comm: Optional["MPI.Comm"] = None,
                  topo: Optional[Topology] = None, cfg: Optional[RunConfig] = None,
                  plan: Optional[OffloadPlan] = None, *, faults: Optional[Faults] = None,
-                 fed_as: Optional[int] = None) -> None:
+                 fed_as: Optional[int] = None, handoff: Optional[StateHandoff] = None) -> None:
         """`faults`: the run's failure record (`Started.run.faults`; inert without one: a local job).
         `fed_as`: a spare in a dead host rank's seat (`host.recovery.spare_rank`): that rank's world
-        rank, whose DPU rank feeds this job's loaders."""
+        rank, whose DPU rank feeds this job's loaders. `handoff`: where `job.checkpoint` sends the
+        state (under dpurun with --ckpt-dir or a clone to serve; None: nothing is written)."""
         self.rank, self.size, self.mode, self.comm = rank, size, mode, comm
         self.topo, self.cfg, self.plan = topo, cfg, plan
         self.faults = faults if faults is not None else Faults.inert()
         self.fed_as = fed_as
         self.loaders: list[DpuLoader] = []
         self.validation: Optional[JobValidation] = None
-        self.handoff: Optional[StateHandoff] = None   # under dpurun with --ckpt-dir/--clone-at: state to the keepers
-        self.is_clone = topo is not None and topo.role is Role.CLONE
-        self.cloned = False      # host ranks: the --clone-at state was handed off; clone ranks: received
-        self.last_global_step = -1
+        self.state = ScriptState(rank, size, topo, cfg, handoff)  # job.checkpoint / job.restore
+        self.is_clone = self.state.is_clone
         self.warned: set[str] = set()
         self.exit_code = 0
         self.finished = False
@@ -267,56 +247,10 @@ class Job:
         Without `--ckpt-dir` (or without dpurun) nothing is written: one warning says so.
         """
         self._check_open()
-        position = self._position(epoch, step, global_step)
-        if extra is not None:
-            try:
-                extra = json.loads(json.dumps(extra))
-            except (TypeError, ValueError) as e:
-                raise ConfigError(f"job.checkpoint: extra must be JSON data (dict of numbers, strings, lists), "
-                                  f"got {e}") from None
-        kinds = self._kinds_due(position.global_step)
-        if StateKind.CHECKPOINT not in kinds:
-            self._warn_once("checkpoint", "job.checkpoint: no checkpoint is written: " + (
-                "a clone rank does not checkpoint" if self.is_clone else
-                "add --ckpt-dir DIR to dpurun's flags" if self.topo is not None else
-                "start the script with dpurun -- --ckpt-dir DIR SCRIPT"))
-        if kinds and self.handoff is not None:
-            self.handoff.bind(model, optimizer, scheduler)
-            for kind in sorted(kinds):
-                self.handoff.send(kind, position, EpochProgress(), extra or {})
-            self.handoff.before_optimizer_step()  # zero-copy: the bytes must be out before the next step
-        self.cloned = self.cloned or StateKind.CLONE in kinds
-        self.last_global_step = position.global_step
-
-    def _kinds_due(self, global_step: int) -> set[StateKind]:
-        """CHECKPOINT with --ckpt-dir; CLONE at --clone-at (host ranks: the clone ranks wait for it)."""
-        kinds: set[StateKind] = set()
-        if self.cfg is None or self.is_clone:
-            return kinds
-        if self.cfg.checkpointing:
-            kinds.add(StateKind.CHECKPOINT)
-        clone_at = self.cfg.clone_at
-        if clone_at is not None and not self.cloned:
-            if global_step == clone_at:
-                kinds.add(StateKind.CLONE)
-            elif global_step > clone_at:
-                raise ConfigError(f"--clone-at {clone_at}: job.checkpoint was called at global step {global_step} "
-                                  f"without passing step {clone_at} (the last was {self.last_global_step}); "
-                                  "call it at that step, or choose a step the script checkpoints at")
-        return kinds
-
-    def _position(self, epoch: int, step: int, global_step: Optional[int]) -> Position:
-        for name, value in (("epoch", epoch), ("step", step), ("global_step", global_step)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ConfigError(f"job.checkpoint: {name} must be an integer >= 0, got {value!r}")
-        if global_step is None:
-            if not self.loaders:
-                raise ConfigError("job.checkpoint: pass global_step= (no loader was made to count steps by)")
-            global_step = epoch * len(self.loaders[0]) + step
-        if global_step <= self.last_global_step:
-            raise ConfigError(f"job.checkpoint: global_step {global_step} is not after the last checkpoint's "
-                              f"({self.last_global_step}); it names the checkpoint and must grow")
-        return Position(epoch, step, global_step)
+        position = self.state.position(epoch, step, global_step, len(self.loaders[0]) if self.loaders else None)
+        unwritten = self.state.checkpoint(Live(model, optimizer, scheduler), position, extra)
+        if unwritten:
+            self._warn_once("checkpoint", unwritten)
 
     def restore(self, model: Any, optimizer: Any, scheduler: Any = None) -> Optional[Restored]:
         """Load the checkpoint named by dpurun's `--resume latest|DIR` into your live objects.
@@ -329,47 +263,7 @@ class Job:
         Not collective: every host rank reads the checkpoint's files itself.
         """
         self._check_open()
-        if self.is_clone:
-            return self._adopt(model, optimizer, scheduler)
-        if self.cfg is None or self.cfg.resume is None:
-            return None
-        skipped: list[str] = []
-        path = ckptfiles.resolve(self.cfg.resume, self.cfg.ckpt_dir, skipped)
-        source = StateSource.of_checkpoint(ckptfiles.load(path))
-        restored = self._load(model, optimizer, scheduler, source, path)
-        if self.rank == 0:
-            for note in skipped:
-                print(f"[dpuoffload] warning: --resume latest {note}", flush=True)
-            writers = source.meta.writers
-            how = "exactly" if writers == self.size else f"written by {writers} host rank(s)"
-            print(f"[dpuoffload] resuming from {path} ({how}): epoch {restored.epoch}, step {restored.step} "
-                  f"(global step {restored.global_step})", flush=True)
-        return restored
-
-    def _adopt(self, model: Any, optimizer: Any, scheduler: Any) -> Restored:
-        """A clone rank: stand by for the state the host ranks hand off at --clone-at (forwarded by
-        the DPU keepers, never via disk), gather every slice over the clone group, load it."""
-        from dpuoffload.host.clone import assemble, receive_forwarded
-
-        topo, cfg = cast(Topology, self.topo), cast(RunConfig, self.cfg)
-        if self.rank == 0:
-            print(f"[clone] {self.size} clone rank(s) standing by for the state of step {cfg.clone_at}", flush=True)
-        t0 = time.perf_counter()
-        restored = self._load(model, optimizer, scheduler, assemble(topo, receive_forwarded(topo, cfg.peer_timeout)))
-        self.cloned = True
-        if self.rank == 0:
-            print(f"[clone] state of step {restored.global_step} received after {time.perf_counter() - t0:.1f} s; "
-                  f"continuing from epoch {restored.epoch}, step {restored.step}", flush=True)
-        return restored
-
-    def _load(self, model: Any, optimizer: Any, scheduler: Any, source: StateSource,
-              path: Optional[Path] = None) -> Restored:
-        """Load state into the live objects (`host.state.load_state`). The script's batch size is
-        its own, taken as unchanged: a mid-epoch step re-slices by the host rank count alone."""
-        reader = Reader(self.rank, Slicing(self.size, source.slicing.batch_size))
-        start = load_state(source, Live(model, optimizer, scheduler), reader).start
-        self.last_global_step = start.global_step
-        return Restored(start.epoch, start.step, start.global_step, dict(source.meta.user or {}), path)
+        return self.state.restore(Live(model, optimizer, scheduler))
 
     def init_process_group(self, backend: str = "gloo", timeout: Optional[float] = None) -> None:
         """`torch.distributed.init_process_group` over the host ranks only (for DDP).
@@ -414,13 +308,14 @@ class Job:
         None: `job.comm`), and under rollback `spares`, whose spares still standing by leave after it."""
         if self.finished:
             return dict(self.validation.results) if self.validation else {}
-        self._check_clone_served()
+        self.state.check_clone_served()
         self.finished = True
         for made in self.loaders:
             made.close()
         results = self.validation.finish() if self.validation is not None else {}
-        if self.handoff is not None:  # END to the keeper; host rank 0 gets keeper 0's summary
-            self.handoff.finish()
+        handoff = self.state.handoff
+        if handoff is not None:  # END to the keeper; host rank 0 gets keeper 0's summary
+            handoff.finish()
         if self.topo is not None and self.cfg is not None:
             (self.topo.side_comm if group is None else group).Barrier()
             self.faults.ending()  # (every host rank is done: ranks that leave now are not dying)
@@ -428,25 +323,11 @@ class Job:
                 spares.release()
             if not self.is_clone:  # (the clone group needs the DPU ranks no more once it has the state)
                 shutdown_dpus(self.topo, self.cfg.peer_timeout, self.faults.dead_ranks())
-        if self.handoff is not None:
-            self.exit_code = self.handoff.exit_code()  # host rank 0 prints the line of lost checkpoints
+        if handoff is not None:
+            self.exit_code = handoff.exit_code()  # host rank 0 prints the line of lost checkpoints
         if self.exit_code and not _at_exit:
             raise SystemExit(self.exit_code)
         return dict(results)
-
-    def _check_clone_served(self) -> None:
-        """With --clone-at, the state must have gone from the host ranks to the clone ranks: else the
-        clone ranks would stand by until their keepers end, so say why now, in one line."""
-        cfg = self.cfg
-        clones = self.topo is not None and bool(self.topo.clone_ranks)
-        if cfg is None or cfg.script is None or cfg.clone_at is None or self.cloned or not clones:
-            return  # (the built-in trainer hands the clone state off itself, not through job.checkpoint)
-        if self.is_clone:
-            raise ConfigError("a clone rank starts from the host ranks' state: call job.restore(model, optimizer, "
-                              "scheduler) before training (it stands by until the state of --clone-at arrives)")
-        raise ConfigError(f"--clone-at {cfg.clone_at}: the script never called job.checkpoint at global step "
-                          f"{cfg.clone_at} (the last was {self.last_global_step}), so the clone ranks got no "
-                          "state; checkpoint at that step or choose one the script reaches")
 
     def _finish_at_exit(self) -> None:
         """`finish` from the exit hooks, where neither an exit code (lost checkpoints) nor an error
@@ -519,10 +400,10 @@ def _dpurun_job(argv: list[str]) -> Job:
     if topo.role is Role.DPU:
         abort_job(f"{topo.describe()}: a training script runs on host and clone ranks only (app contexts 0 and "
                   "2); start it with dpurun, which puts the DPU program in context 1")
+    faults = started.run.faults
+    hands_off = topo.role is Role.HOST and (cfg.checkpointing or (cfg.clone_at is not None and topo.clone_ranks))
     job = Job(topo.side_rank, len(topo.side_ranks(topo.role)), cfg.mode, topo.side_comm, topo, cfg, started.state,
-              faults=started.run.faults)
-    if topo.role is Role.HOST and (cfg.checkpointing or (cfg.clone_at is not None and topo.clone_ranks)):
-        job.handoff = StateHandoff(cfg, topo, job.faults, None, None, None, None)
+              faults=faults, handoff=StateHandoff(cfg, topo, faults, None, None, None, None) if hands_off else None)
     _default_horovod_comm(topo.side_comm)
     atexit.register(job._finish_at_exit)
     if topo.role is Role.HOST and topo.side_rank == 0:

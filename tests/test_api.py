@@ -222,7 +222,7 @@ def test_checkpoint_without_ckpt_dir_warns_once_and_checks_its_arguments(local_j
         caught[0].message)
     assert job.restore(model, opt) is None  # no --resume: start from scratch
     job.loader(Noise(), batch_size=4)
-    job.last_global_step = 9
+    job.state.last_global_step = 9
     with pytest.raises(ConfigError, match="global_step 8 is not after the last checkpoint's \\(9\\)"):
         job.checkpoint(model, opt, epoch=1, step=2)  # 1 * 6 steps + 2
 
