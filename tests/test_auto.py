@@ -42,6 +42,26 @@ def test_auto_predicts_every_runnable_mode_runs_the_choice_and_reports(tmp_path,
                                     "TCP, 4 sizes 0.2-19 MB)), per-sample costs as measured in")
 
 
+def test_auto_times_the_runs_backend_and_then_trains_as_the_chosen_mode_run_by_hand(tmp_path, bundled_data):
+    """The profile starts the run's allreduce backend (torch.distributed here, over 2 host ranks),
+    times it on the model's gradient shapes and shuts it down; the run starts it again. Nothing of
+    the profile's steps (a copy of the model, its own loader) is left in the run: the chosen mode
+    run by hand gives the same losses and weights, to the bit."""
+    common = ["--preset", "debug", "--data", str(bundled_data / "cifar10"), "--epochs", "2", "--train-subset", "128",
+              "--allreduce", "torch", "--no-progress"]
+    launcher = ["--host-ranks", "2", "--dpu-ranks", "1"]
+    auto = dpurun(launcher, [*common, "--mode", "auto", "--log-dir", str(tmp_path / "auto")])
+    assert auto.returncode == 0, auto.stderr
+    record = read_jsonl(tmp_path / "auto" / "auto.jsonl")[-1]
+    assert record["profile"]["allreduce"] > 0 and record["profile"]["optimizer"] > 0
+    assert "allreduce torch" in auto.stdout  # (the run's own backend, started again after the profile's)
+    by_hand = dpurun(launcher, [*common, "--mode", record["chosen"], "--log-dir", str(tmp_path / "hand")])
+    assert by_hand.returncode == 0, by_hand.stderr
+    runs = {name: read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("auto", "hand")}
+    assert [r["step_losses"] for r in runs["auto"][:-1]] == [r["step_losses"] for r in runs["hand"][:-1]]
+    assert runs["auto"][-1]["weights_sha256"] == runs["hand"][-1]["weights_sha256"]
+
+
 def test_project_rejects_a_file_that_is_not_a_profile(tmp_path):
     bad = tmp_path / "x.jsonl"
     bad.write_text(json.dumps({"event": "epoch"}) + "\n")

@@ -13,16 +13,22 @@ training step (`gpu_costs`); on CPUs the profile is what it always was.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import itertools
 import statistics
 import time
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
+from torch.utils.data import default_collate
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import build_datasets, build_train_set
+from dpuoffload.common.data.loaders import RankLoader
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.faults.abort import collective_call
 from dpuoffload.common.models.zoo import build_model
 from dpuoffload.common.modes import Mode
@@ -36,32 +42,151 @@ from dpuoffload.common.plan.perfmodel import (
     format_table,
     predict_all,
 )
+from dpuoffload.common.runtime.env import horovod_available
 from dpuoffload.common.runtime.messages import Tag
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import init_torch
 from dpuoffload.common.runtime.waits import wait
+from dpuoffload.common.train.allreduce import GradientSync, build_sync
 from dpuoffload.common.train.device import Compute, resolve_device
 from dpuoffload.common.train.evaluation import eval_seconds_per_sample
-from dpuoffload.common.train.loop import build_optimizer, optimizer_seconds_per_step
-from dpuoffload.common.train.naive import train_seconds_per_sample
+from dpuoffload.common.train.loop import build_optimizer, lr_factor
+from dpuoffload.common.train.naive import naive_backend, train_seconds_per_sample
 
 
-def local_costs(cfg: RunConfig, topo: Topology) -> dict[str, Any]:
-    """Per-sample costs on this rank, measured while every other rank measures too. A host rank
-    that will train on a GPU measures its GPU step instead of a CPU training step (`gpu_costs`)."""
+@dataclass
+class Measuring:
+    """What this rank measures with, kept between the profile's steps (never exchanged)."""
+
+    model: Any
+    train: PerSampleSeeded
+    val: Any
+    compute: Optional[Compute]      # a GPU host rank's device; None on CPUs
+
+
+def local_costs(cfg: RunConfig, topo: Topology) -> tuple[dict[str, Any], Measuring]:
+    """Per-sample costs on this rank that need no other rank, measured while every other rank
+    measures too: load + augment, evaluation, a DPU rank's training step (for naive), a GPU host
+    rank's GPU step (`gpu_costs`). A CPU host rank's training step and evaluation come from
+    `step_costs`."""
     data = build_datasets(cfg)
     train = PerSampleSeeded(data.train, cfg.seed)
     model = build_model(cfg, data.num_classes)
-    aug, sample = aug_seconds_per_sample(train, min(2 * cfg.batch_size, len(train)))
-    common = {"aug": aug, "n_train": len(train), "n_val": len(data.val),
-              "grad_elems": sum(p.numel() for p in model.parameters()),
-              "batch_bytes": cfg.batch_size * sample.numel() * sample.element_size()}
+    aug, sample = aug_seconds_per_sample(train, min(2 * cfg.batch_size, len(train)), cfg.batch_size)
     compute = gpu_compute(cfg, topo)
+    costs = {"aug": aug, "n_train": len(train), "n_val": len(data.val),
+             "grad_elems": sum(p.numel() for p in model.parameters()), "horovod": horovod_available(),
+             "batch_bytes": cfg.batch_size * sample.numel() * sample.element_size()}
     if compute is not None:
-        return {**common, **gpu_costs(cfg, model, compute, sample, data.val)}
-    return {**common, "train": train_seconds_per_sample(model, train, cfg.batch_size),
-            "eval": eval_seconds_per_sample(model, data.val, cfg.val_batch_size),
-            "opt": optimizer_seconds_per_step(cfg, model)}
+        costs.update(gpu_costs(cfg, model, compute, sample, data.val))
+    elif topo.role is not Role.HOST:  # (a DPU rank's training step matters to naive only: no loader, no allreduce)
+        costs.update(train=train_seconds_per_sample(model, train, cfg.batch_size),
+                     eval=eval_seconds_per_sample(model, data.val, cfg.val_batch_size))
+    return costs, Measuring(model, train, data.val, compute)
+
+
+def step_costs(cfg: RunConfig, topo: Topology, measuring: Measuring, steps: int = 5) -> dict[str, float]:
+    """The host ranks' training step with the run's gradient allreduce live (collective over the
+    host ranks; {} on other ranks).
+
+    The `--allreduce` backend is started first, as in the run: Horovod's background thread wakes
+    every cycle on the host rank's core, and a step timed without it read 7 % fast (resnet56,
+    one core: 164 ms a step with --allreduce mpi, 175 ms with Horovod). A CPU host rank then runs
+    `loop_costs` (the allreduce inside each step, as the trainer) and times its evaluation (the
+    same thread competes there); a GPU host rank, whose step was timed on its GPU, times the
+    allreduce as many times on its gradients. The backend is shut down after (the run starts it
+    again)."""
+    if topo.role is not Role.HOST:
+        return {}
+    on_gpu = topo.side_comm.allgather(measuring.compute is not None)
+    if len(set(on_gpu)) > 1:
+        raise ConfigError(f"--mode auto: host ranks {[i for i, g in enumerate(on_gpu) if g]} train on a GPU and "
+                          f"{[i for i, g in enumerate(on_gpu) if not g]} on CPUs (--device {cfg.device}); the "
+                          "replicas must train on one kind of device: give --device cpu, or --device cuda where "
+                          "every host rank has a GPU")
+    grads = gradients_like(measuring.model, measuring.compute)
+    sync = build_sync(cfg.allreduce, topo.side_comm, cfg.peer_timeout, grads[0].device)
+    try:
+        if measuring.compute is None:
+            return {**loop_costs(cfg, topo, measuring.model, measuring.train, sync, steps),
+                    "eval": eval_seconds_per_sample(measuring.model, measuring.val, cfg.val_batch_size)}
+        return {"allreduce": timed_calls(lambda: sync.allreduce_gradients_(grads), steps)}
+    finally:
+        sync.shutdown()
+
+
+def timed_calls(fn: Callable[[], Any], reps: int) -> float:
+    """Seconds of one call of `fn`: the median of `reps` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def loop_costs(cfg: RunConfig, topo: Topology, model: Any, train: PerSampleSeeded, sync: GradientSync,
+               steps: int = 5) -> dict[str, float]:
+    """A CPU host rank's costs from a few steps of the trainer's own loop on a copy of the model,
+    each part timed as `loop.Trainer` times its phases (collective over the host ranks: `sync`):
+
+    - aug (per sample): the next batch from this rank's loader (`RankLoader`: the sampler's
+      shuffled indices, load + augment, collate), the "data" phase of `--mode none`;
+    - train (per sample): the gradients zeroed in place, forward, loss, backward, the loss and
+      correct count read ("forward_backward");
+    - allreduce (per step): the gradients through `sync`, the run's backend ("allreduce");
+    - opt (per step): the SGD step and the learning-rate schedule's ("optimizer").
+
+    The median of each over `steps` steps after one warm-up step. Timed one by one in loops of
+    their own, the parts missed 1-2 ms per step of the trainer's (a bare MPI allreduce of the
+    gradient's size: 0.05 ms where Horovod's phase measures 1.4 ms for resnet20; the optimizer on
+    warm parameters 30 % low; samples without the loader and collate 20 % low), all too fast.
+    """
+    import torch
+    from torch import nn
+
+    probe = copy.deepcopy(model).train()
+    opt = build_optimizer(cfg, probe)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg.lr_schedule, s, 10 * steps))
+    criterion = nn.CrossEntropyLoss()
+    batches = endless_batches(RankLoader(cfg, train, len(topo.host_ranks), topo.side_rank))
+    times: dict[str, list[float]] = {"aug": [], "train": [], "allreduce": [], "opt": []}
+    for _ in range(steps + 1):
+        t0 = time.perf_counter()
+        x, y = next(batches)
+        t1 = time.perf_counter()
+        probe.zero_grad(set_to_none=False)
+        out = probe(x)
+        loss = criterion(out, y)
+        loss.backward()
+        float(loss.detach()), int((out.detach().argmax(1) == y).sum())
+        t2 = time.perf_counter()
+        sync.allreduce_gradients_([p.grad for p in probe.parameters()])
+        t3 = time.perf_counter()
+        opt.step()
+        schedule.step()
+        t4 = time.perf_counter()
+        for part, seconds in (("aug", (t1 - t0) / len(y)), ("train", (t2 - t1) / len(y)), ("allreduce", t3 - t2),
+                              ("opt", t4 - t3)):
+            times[part].append(seconds)
+    return {part: statistics.median(values[1:]) for part, values in times.items()}  # (step 1 warms up)
+
+
+def endless_batches(loader: RankLoader) -> Any:
+    """The loader's batches, epoch after epoch (a small training set has fewer than a profile's steps)."""
+    for epoch in itertools.count():
+        loader.set_epoch(epoch)
+        yield from loader
+
+
+def gradients_like(model: Any, compute: Optional[Compute]) -> list[Any]:
+    """Tensors shaped as the model's gradients, where the trainer's would be (this rank's own: the
+    allreduce's timing needs them, the exchange of costs does not)."""
+    import torch
+
+    device = compute.device if compute is not None else torch.device("cpu")
+    return [torch.full(p.shape, 1e-3, dtype=p.dtype, device=device) for p in model.parameters()]
 
 
 def gpu_compute(cfg: RunConfig, topo: Topology) -> Optional[Compute]:
@@ -169,15 +294,22 @@ def pinned_copy_seconds(x: Any, y: Any, reps: int = 3) -> float:
     return statistics.median(one() for _ in range(reps))
 
 
-def aug_seconds_per_sample(train: PerSampleSeeded, k: int) -> tuple[float, Any]:
-    """Seconds to load and augment one training sample here (over `k` samples), and a sample."""
+def aug_seconds_per_sample(train: PerSampleSeeded, k: int, batch_size: Optional[int] = None) -> tuple[float, Any]:
+    """Seconds to load, augment and collate one training sample here (over `k` samples, in batches
+    of `batch_size`, default `k`), and a sample. Collated as a loader does (`default_collate`
+    stacks each batch's samples: the DPU's send ring copies them as once), which the model missed
+    while it timed the samples alone (the `none` epoch's data phase measured 1 ms per step more)."""
     train.__getitems__(list(range(len(train) - min(4, len(train)), len(train))))  # warm-up: the first decodes
-    t0 = time.perf_counter()                                                      # pay one-off costs (7x on JPEG)
-    batch = train.__getitems__(list(range(k)))
+    b = batch_size or k                                                           # pay one-off costs (7x on JPEG)
+    t0 = time.perf_counter()
+    for start in range(0, k, b):
+        batch = default_collate(train.__getitems__(list(range(start, min(start + b, k)))))
     return (time.perf_counter() - t0) / k, batch[0][0]
 
 
 def timed_allreduce(comm, elems: int, reps: int = 3) -> float:
+    """Seconds of one MPI allreduce of `elems` floats over `comm` (collective): the estimate of
+    naive's allreduce over the whole job where naive is not a candidate (`backend_allreduce_seconds`)."""
     from mpi4py import MPI
 
     buf, out = np.ones(elems, dtype=np.float32), np.empty(elems, dtype=np.float32)
@@ -203,22 +335,56 @@ def timed_transfer(topo: Topology, nbytes: int, timeout: float, reps: int = 3) -
 
 def gather_profile(cfg: RunConfig, topo: Topology, label: str) -> Profile:
     """Collective over the world: measure, exchange, and build the same `Profile` everywhere."""
-    mine = collective_call(topo.world, lambda: local_costs(cfg, topo), label)
+    with untouched_random_state():
+        mine, measuring = collective_call(topo.world, lambda: local_costs(cfg, topo), label)
+        mine.update(collective_call(topo.world, lambda: step_costs(cfg, topo, measuring), label))
     costs = topo.world.allgather(mine)
     host, dpu = costs[topo.host_ranks[0]], costs[topo.dpu_ranks[0]] if topo.dpu_ranks else {}
-    elems = host["grad_elems"]
-    ar_host = timed_allreduce(topo.side_comm, elems) if topo.role is Role.HOST else 0.0
-    ar_all = timed_allreduce(topo.world, elems)
+    ar_all = collective_call(topo.world, lambda: job_allreduce_seconds(cfg, topo, measuring, costs), label)
     xfer = timed_transfer(topo, host["batch_bytes"], cfg.peer_timeout) if topo.dpu_ranks else 0.0
-    timing = topo.world.bcast((ar_host, ar_all, xfer), root=topo.host_ranks[0])
+    timing = topo.world.bcast((ar_all, xfer), root=topo.host_ranks[0])
     return Profile(n_train=host["n_train"], n_val=host["n_val"], host_ranks=len(topo.host_ranks),
                    dpu_ranks=len(topo.dpu_ranks), batch=cfg.batch_size, host_aug=host["aug"],
                    host_train=host.get("train", 0.0), host_eval=host["eval"], dpu_aug=dpu.get("aug", 0.0),
-                   dpu_train=dpu.get("train", 0.0), dpu_eval=dpu.get("eval", 0.0), allreduce=timing[0],
-                   allreduce_all=timing[1], optimizer=host.get("opt", 0.0), transfer=timing[2], grad_bytes=4 * elems,
+                   dpu_train=dpu.get("train", 0.0), dpu_eval=dpu.get("eval", 0.0), allreduce=host["allreduce"],
+                   allreduce_all=timing[0], optimizer=host.get("opt", 0.0), transfer=timing[1],
+                   grad_bytes=4 * host["grad_elems"],
                    dpu_batch=cfg.dpu_batch_size if isinstance(cfg.dpu_batch_size, int) else None,
                    mv_fraction=cfg.mv_dpu_fraction if isinstance(cfg.mv_dpu_fraction, float) else None,
                    **feeding_flags(cfg), **gpu_fields(host))
+
+
+@contextlib.contextmanager
+def untouched_random_state() -> Iterator[None]:
+    """The global random states (torch's on the CPU and every GPU, Python's, numpy's) as they were
+    before the profile: its loaders draw their base seeds from torch's, and a user model with
+    dropout draws in its steps, so a run under `--mode auto` would otherwise train on other random
+    numbers than the chosen mode run by hand."""
+    import random
+
+    import torch
+
+    saved = random.getstate(), np.random.get_state()
+    gpus = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=gpus):
+        yield
+    random.setstate(saved[0])
+    np.random.set_state(saved[1])
+
+
+def job_allreduce_seconds(cfg: RunConfig, topo: Topology, measuring: Measuring, costs: list[dict[str, Any]]) -> float:
+    """naive's allreduce over every rank: through the backend naive would use where `--auto-allow
+    naive` makes it a candidate (started and shut down as in `step_costs`); otherwise (naive only
+    shown, never run) a plain MPI allreduce of the size, which spares a backend start-up on the
+    DPU ranks."""
+    grads = gradients_like(measuring.model, None)  # (naive trains every replica on CPUs)
+    if cfg.auto_allow != Mode.NAIVE.value:
+        return timed_allreduce(topo.world, sum(g.numel() for g in grads))
+    sync = build_sync(naive_backend(cfg, costs), topo.world, cfg.peer_timeout)
+    try:
+        return timed_calls(lambda: sync.allreduce_gradients_(grads), 5)
+    finally:
+        sync.shutdown()
 
 
 def gpu_fields(costs: dict[str, Any]) -> dict[str, float]:
@@ -299,7 +465,7 @@ def _feeding_costs(cfg: RunConfig, topo: Topology, feeds: bool) -> dict[str, flo
     in_process = topo.role is Role.HOST and cfg.da_host_workers == 0
     data = build_datasets(cfg) if in_process else None
     train = PerSampleSeeded(data.train if data is not None else build_train_set(cfg), cfg.seed)
-    aug, sample = aug_seconds_per_sample(train, min(2 * cfg.batch_size, len(train)))
+    aug, sample = aug_seconds_per_sample(train, min(2 * cfg.batch_size, len(train)), cfg.batch_size)
     costs = {"aug": aug}
     if data is not None:  # what the in-process share adds to: the CPU step, or on a GPU the host's CPU work
         model, compute = build_model(cfg, data.num_classes), gpu_compute(cfg, topo)

@@ -13,10 +13,8 @@ rank count give the same loss sequence to the bit.
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import math
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -128,27 +126,6 @@ def save_state_dict(model: nn.Module, path: str) -> None:
 def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.SGD:
     return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                            weight_decay=cfg.weight_decay)
-
-
-def optimizer_seconds_per_step(cfg: RunConfig, model: nn.Module, steps: int = 3) -> float:
-    """Measured cost of one optimizer step on this rank (on a copy: the weights stay untouched).
-
-    For the performance model: with momentum and weight decay an SGD step reads and writes every
-    parameter three times, which for a wide model (shufflenet_v2: ~5 % of a step here) is not
-    negligible beside forward/backward.
-    """
-    probe = copy.deepcopy(model)
-    for p in probe.parameters():
-        p.grad = torch.full_like(p, 1e-3)
-    opt = build_optimizer(cfg, probe)
-    opt.step()  # warm-up: allocates the momentum buffers
-
-    def one_step() -> float:
-        t0 = time.perf_counter()
-        opt.step()
-        return time.perf_counter() - t0
-
-    return statistics.median(one_step() for _ in range(steps))  # robust to one slowed step, like the others
 
 
 def lr_factor(schedule: str, step: int, total: int) -> float:

@@ -79,22 +79,28 @@ class NaiveFeed:
 def train_seconds_per_sample(model: nn.Module, dataset: PerSampleSeeded, batch_size: int, steps: int = 4) -> float:
     """Measured forward+backward cost per sample on this rank (on a copy: the weights stay untouched).
 
-    The median of `steps` timed steps after one warm-up: on a shared machine one step in a few is
-    slowed by a neighbour, and a mean of two steps carried that into every prediction (+60 %
-    for shufflenet_v2 in one benchmark run).
+    Shaped as the trainer's "forward_backward" phase (`loop.Trainer.step`): the gradients zeroed in
+    place (not freed: the trainer keeps them for the allreduce), forward, loss, backward, and the
+    loss and correct count read. A bare forward/backward left the zeroing and the reads out, 2-6 %
+    of resnet20's step. The median of `steps` timed steps after one warm-up: on a shared machine
+    one step in a few is slowed by a neighbour, and a mean of two steps carried that into every
+    prediction (+60 % for shufflenet_v2 in one benchmark run).
     """
     probe = copy.deepcopy(model).train()
-    batch = default_collate(dataset.__getitems__(list(range(min(batch_size, len(dataset))))))
+    x, y = default_collate(dataset.__getitems__(list(range(min(batch_size, len(dataset))))))
     criterion = nn.CrossEntropyLoss()
 
     def one_step() -> float:
         t0 = time.perf_counter()
-        probe.zero_grad(set_to_none=True)
-        criterion(probe(batch[0]), batch[1]).backward()
+        probe.zero_grad(set_to_none=False)
+        out = probe(x)
+        loss = criterion(out, y)
+        loss.backward()
+        float(loss.detach()), int((out.detach().argmax(1) == y).sum())
         return time.perf_counter() - t0
 
-    one_step()  # warm-up
-    return statistics.median(one_step() for _ in range(steps)) / len(batch[1])
+    one_step()  # warm-up (and the gradients allocated, as after the trainer's first step)
+    return statistics.median(one_step() for _ in range(steps)) / len(y)
 
 
 def resolve_dpu_batch(cfg: RunConfig, host_cost: Optional[float], dpu_cost: Optional[float]) -> int:
