@@ -35,7 +35,10 @@ def test_da_bound_is_the_max_of_host_without_data_and_dpu_augmentation():
     assert workloads.da_bound(none, da_dpu_heavy)[2] == [21.0]
 
 
-def test_auto_is_compared_with_the_best_mode_of_each_repetition_on_steady_epochs():
+def test_auto_is_compared_with_the_best_mode_overall_and_its_own_choice_on_steady_epochs():
+    """The best mode is the one with the shortest median over all repetitions (mv: 2.35 s), not the
+    fastest of each repetition (that would be the minimum of noisy values); each repetition's auto
+    epoch is divided by that mode's in the same repetition, and by the mode auto chose."""
     def run(times, chosen=None):
         log = _log(times, [{"data": 1.0}] * len(times))
         log.auto = {"chosen": chosen} if chosen else None
@@ -44,8 +47,9 @@ def test_auto_is_compared_with_the_best_mode_of_each_repetition_on_steady_epochs
     by = {"none": [run([4.0, 4.0]), run([4.0])], "da": [run([3.0, 3.0]), run([2.0])], "mv": [run([2.5]), run([2.2])],
           "auto": [run([2.6, 2.6], "mv"), run([2.2], "da")]}  # (epoch 0, 99 s, is warm-up: never counted)
     r = workloads.auto_vs_best(by)
-    assert r["best_mode"] == ["mv", "da"] and r["chosen"] == ["mv", "da"]
-    assert r["ratio"]["min"] == pytest.approx(1.04) and r["ratio"]["max"] == pytest.approx(1.1)
+    assert r["best_mode"] == "mv" and r["chosen"] == ["mv", "da"]
+    assert r["ratio"]["min"] == pytest.approx(1.0) and r["ratio"]["max"] == pytest.approx(1.04)
+    assert r["vs_chosen"]["min"] == pytest.approx(1.04) and r["vs_chosen"]["max"] == pytest.approx(1.1)
     assert r["epoch_s"]["median"] == 2.6
 
 

@@ -48,7 +48,7 @@ def test_loop_costs_time_every_phase_and_leave_the_model_and_random_state_alone(
     model = tiny_model()
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
-    topo = types.SimpleNamespace(host_ranks=(0,), side_rank=0)
+    topo = types.SimpleNamespace(host_ranks=(0,), side_rank=0, side_comm=MPI.COMM_SELF)
     with untouched_random_state():  # (as `gather_profile` runs it: the loader draws its seed from torch's)
         costs = loop_costs(RunConfig(batch_size=8, lr_schedule="cosine"), topo, model, tiny_set(),
                            MpiSync(MPI.COMM_SELF))

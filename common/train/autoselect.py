@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -108,7 +109,7 @@ def step_costs(cfg: RunConfig, topo: Topology, measuring: Measuring, steps: int 
     sync = build_sync(cfg.allreduce, topo.side_comm, cfg.peer_timeout, grads[0].device)
     try:
         if measuring.compute is None:
-            return {**loop_costs(cfg, topo, measuring.model, measuring.train, sync, steps),
+            return {**loop_costs(cfg, topo, measuring.model, measuring.train, sync),
                     "eval": eval_seconds_per_sample(measuring.model, measuring.val, cfg.val_batch_size)}
         return {"allreduce": timed_calls(lambda: sync.allreduce_gradients_(grads), steps)}
     finally:
@@ -126,10 +127,17 @@ def timed_calls(fn: Callable[[], Any], reps: int) -> float:
     return statistics.median(times)
 
 
+# How long the host ranks' profile steps run, at least. On a shared VM the machine's speed moves in
+# episodes of 1-4 s (one fixed step here took 73-97 ms from one second to the next); five steps of
+# shufflenet_v2 (0.5 s) fell inside a slow one in 2 of 3 jobs of one benchmark run, and every part
+# of the profile read 30-50 % slow. Steps over 2 s and their median step past such an episode.
+PROFILE_SECONDS = 2.0
+
+
 def loop_costs(cfg: RunConfig, topo: Topology, model: Any, train: PerSampleSeeded, sync: GradientSync,
-               steps: int = 5) -> dict[str, float]:
-    """A CPU host rank's costs from a few steps of the trainer's own loop on a copy of the model,
-    each part timed as `loop.Trainer` times its phases (collective over the host ranks: `sync`):
+               min_steps: int = 5, seconds: float = PROFILE_SECONDS, max_steps: int = 200) -> dict[str, float]:
+    """A CPU host rank's costs from steps of the trainer's own loop on a copy of the model, each
+    part timed as `loop.Trainer` times its phases (collective over the host ranks: `sync`):
 
     - aug (per sample): the next batch from this rank's loader (`RankLoader`: the sampler's
       shuffled indices, load + augment, collate), the "data" phase of `--mode none`;
@@ -138,21 +146,24 @@ def loop_costs(cfg: RunConfig, topo: Topology, model: Any, train: PerSampleSeede
     - allreduce (per step): the gradients through `sync`, the run's backend ("allreduce");
     - opt (per step): the SGD step and the learning-rate schedule's ("optimizer").
 
-    The median of each over `steps` steps after one warm-up step. Timed one by one in loops of
-    their own, the parts missed 1-2 ms per step of the trainer's (a bare MPI allreduce of the
-    gradient's size: 0.05 ms where Horovod's phase measures 1.4 ms for resnet20; the optimizer on
-    warm parameters 30 % low; samples without the loader and collate 20 % low), all too fast.
+    The median of each over the steps after one warm-up step: as many steps as fill `seconds` at
+    the warm-up step's pace (at least `min_steps`, at most `max_steps`; the slowest host rank's
+    count, so every rank makes as many allreduce calls). Timed one by one in loops of their own,
+    the parts missed 1-2 ms per step of the trainer's (a bare MPI allreduce of the gradient's
+    size: 0.05 ms where Horovod's phase measures 1.4 ms for resnet20; the optimizer on warm
+    parameters 30 % low; samples without the loader and collate 20 % low), all too fast.
     """
     import torch
+    from mpi4py import MPI
     from torch import nn
 
     probe = copy.deepcopy(model).train()
     opt = build_optimizer(cfg, probe)
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg.lr_schedule, s, 10 * steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg.lr_schedule, s, 1000))
     criterion = nn.CrossEntropyLoss()
     batches = endless_batches(RankLoader(cfg, train, len(topo.host_ranks), topo.side_rank))
-    times: dict[str, list[float]] = {"aug": [], "train": [], "allreduce": [], "opt": []}
-    for _ in range(steps + 1):
+
+    def step() -> dict[str, float]:
         t0 = time.perf_counter()
         x, y = next(batches)
         t1 = time.perf_counter()
@@ -167,10 +178,13 @@ def loop_costs(cfg: RunConfig, topo: Topology, model: Any, train: PerSampleSeede
         opt.step()
         schedule.step()
         t4 = time.perf_counter()
-        for part, seconds in (("aug", (t1 - t0) / len(y)), ("train", (t2 - t1) / len(y)), ("allreduce", t3 - t2),
-                              ("opt", t4 - t3)):
-            times[part].append(seconds)
-    return {part: statistics.median(values[1:]) for part, values in times.items()}  # (step 1 warms up)
+        return {"aug": (t1 - t0) / len(y), "train": (t2 - t1) / len(y), "allreduce": t3 - t2, "opt": t4 - t3,
+                "step": t4 - t0}
+
+    warm = step()  # (the first step pays one-off costs: not counted)
+    mine = min(max(min_steps, math.ceil(seconds / max(warm["step"], 1e-6))), max_steps)
+    timed = [step() for _ in range(topo.side_comm.allreduce(mine, op=MPI.MAX))]
+    return {part: statistics.median(t[part] for t in timed) for part in ("aug", "train", "allreduce", "opt")}
 
 
 def endless_batches(loader: RankLoader) -> Any:
