@@ -7,6 +7,7 @@ backend as they found them, and time the same calls the trainer's phases time.
 
 import types
 
+import pytest
 import torch
 from mpi4py import MPI
 from torch import nn
@@ -15,8 +16,17 @@ from torch.utils.data import TensorDataset
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.loaders import RankLoader, Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.runtime.roles import Role
 from dpuoffload.common.train.allreduce import MpiSync
-from dpuoffload.common.train.autoselect import endless_batches, loop_costs, timed_calls, untouched_random_state
+from dpuoffload.common.train.autoselect import (
+    Measuring,
+    endless_batches,
+    loop_costs,
+    step_costs,
+    timed_calls,
+    untouched_random_state,
+)
 
 
 def tiny_set(n: int = 20) -> PerSampleSeeded:
@@ -61,3 +71,15 @@ def test_loop_costs_time_every_phase_and_leave_the_model_and_random_state_alone(
 def test_timed_calls_is_the_median_after_a_warm_up_call():
     calls = []
     assert timed_calls(lambda: calls.append(1), 4) >= 0 and len(calls) == 5
+
+
+def test_host_ranks_on_a_gpu_and_on_cpus_are_refused_before_the_steps():
+    """`--device auto` finding a GPU on some host ranks only: one clear error on every host rank,
+    not a CPU loop's allreduce calls waiting for a GPU rank's (which time theirs apart)."""
+    class Side:
+        def allgather(self, mine):
+            return [True, False, False]
+
+    topo = types.SimpleNamespace(role=Role.HOST, side_comm=Side())
+    with pytest.raises(ConfigError, match=r"host ranks \[0\] train on a GPU and \[1, 2\] on CPUs \(--device auto\)"):
+        step_costs(RunConfig(device="auto"), topo, Measuring(tiny_model(), tiny_set(), tiny_set(), None))
