@@ -330,6 +330,10 @@ def _end_with_parent(parent: int) -> Optional[Callable[[], None]]:
     """A `preexec_fn` that makes the child get SIGTERM when dpurun dies, however it dies (Linux
     `prctl(PR_SET_PDEATHSIG)`; Open MPI's mpirun and MPICH's mpiexec both end their job on SIGTERM).
     Without it, a dpurun killed by SIGKILL left an MPICH job's proxy and DPU ranks spinning for hours.
+    SIGPIPE is ignored too (the ranks inherit that, as Python sets it anyway): dpurun read mpirun's
+    output through pipes, so after its death mpirun's first write in the teardown raised SIGPIPE and
+    killed mpirun before it had ended the ranks (every rank of the test's job still sleeping 30 s
+    later); ignored, the write fails with EPIPE and the teardown goes on.
     None where prctl is not to be had (not Linux): there mpirun outlives a killed dpurun, as before.
     """
     if not sys.platform.startswith("linux"):
@@ -342,6 +346,7 @@ def _end_with_parent(parent: int) -> Optional[Callable[[], None]]:
         return None
 
     def preexec() -> None:
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # dpurun died before the call: the signal will never come
             os.kill(os.getpid(), signal.SIGTERM)
