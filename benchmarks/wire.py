@@ -41,7 +41,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -66,6 +66,7 @@ from dpuoffload.common.data.loaders import Sampling  # noqa: E402
 from dpuoffload.common.data.sampling import PerSampleSeeded  # noqa: E402
 from dpuoffload.common.data.wire import choose, dpu_view, plan_split  # noqa: E402
 from dpuoffload.common.modes import Wire  # noqa: E402
+from dpuoffload.common.train.autoselect import timed_calls as timed  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("wire_script.py")
 WIRES = ("uint8", "float")
@@ -144,17 +145,6 @@ def as_host_rank() -> Iterator[None]:
     finally:
         torch.set_num_threads(threads)
         os.sched_setaffinity(0, cores)
-
-
-def timed(fn: Callable[[], Any], inner: int) -> float:
-    """Median seconds of `inner` calls of `fn` (after one untimed call)."""
-    fn()
-    times = []
-    for _ in range(inner):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def in_process(args: argparse.Namespace) -> dict[str, Any]:

@@ -52,7 +52,7 @@ from dpuoffload.common.train.allreduce import GradientSync, build_sync
 from dpuoffload.common.train.device import Compute, resolve_device
 from dpuoffload.common.train.evaluation import eval_seconds_per_sample
 from dpuoffload.common.train.loop import build_optimizer, lr_factor
-from dpuoffload.common.train.naive import naive_backend, train_seconds_per_sample
+from dpuoffload.common.train.naive import forward_backward, naive_backend, train_seconds_per_sample
 
 
 @dataclass
@@ -105,13 +105,24 @@ def step_costs(cfg: RunConfig, topo: Topology, measuring: Measuring, steps: int 
                           f"{[i for i, g in enumerate(on_gpu) if not g]} on CPUs (--device {cfg.device}); the "
                           "replicas must train on one kind of device: give --device cpu, or --device cuda where "
                           "every host rank has a GPU")
-    grads = gradients_like(measuring.model, measuring.compute)
-    sync = build_sync(cfg.allreduce, topo.side_comm, cfg.peer_timeout, grads[0].device)
-    try:
-        if measuring.compute is None:
+    compute = measuring.compute
+    with live_backend(cfg.allreduce, topo.side_comm, cfg, compute) as sync:
+        if compute is None:
             return {**loop_costs(cfg, topo, measuring.model, measuring.train, sync),
                     "eval": eval_seconds_per_sample(measuring.model, measuring.val, cfg.val_batch_size)}
+        grads = gradients_like(measuring.model, compute)
         return {"allreduce": timed_calls(lambda: sync.allreduce_gradients_(grads), steps)}
+
+
+@contextlib.contextmanager
+def live_backend(backend: str, group: Any, cfg: RunConfig, compute: Optional[Compute]) -> Iterator[GradientSync]:
+    """The gradient allreduce `backend` over `group` (collective over it), started for the profile
+    and shut down after it: Horovod and torch.distributed start again for the run (1-2 ms)."""
+    import torch
+
+    sync = build_sync(backend, group, cfg.peer_timeout, compute.device if compute is not None else torch.device("cpu"))
+    try:
+        yield sync
     finally:
         sync.shutdown()
 
@@ -167,11 +178,7 @@ def loop_costs(cfg: RunConfig, topo: Topology, model: Any, train: PerSampleSeede
         t0 = time.perf_counter()
         x, y = next(batches)
         t1 = time.perf_counter()
-        probe.zero_grad(set_to_none=False)
-        out = probe(x)
-        loss = criterion(out, y)
-        loss.backward()
-        float(loss.detach()), int((out.detach().argmax(1) == y).sum())
+        forward_backward(probe, criterion, x, y)
         t2 = time.perf_counter()
         sync.allreduce_gradients_([p.grad for p in probe.parameters()])
         t3 = time.perf_counter()
@@ -391,14 +398,11 @@ def job_allreduce_seconds(cfg: RunConfig, topo: Topology, measuring: Measuring, 
     naive` makes it a candidate (started and shut down as in `step_costs`); otherwise (naive only
     shown, never run) a plain MPI allreduce of the size, which spares a backend start-up on the
     DPU ranks."""
-    grads = gradients_like(measuring.model, None)  # (naive trains every replica on CPUs)
     if cfg.auto_allow != Mode.NAIVE.value:
-        return timed_allreduce(topo.world, sum(g.numel() for g in grads))
-    sync = build_sync(naive_backend(cfg, costs), topo.world, cfg.peer_timeout)
-    try:
+        return timed_allreduce(topo.world, sum(p.numel() for p in measuring.model.parameters()))
+    grads = gradients_like(measuring.model, None)  # (naive trains every replica on CPUs)
+    with live_backend(naive_backend(cfg, costs), topo.world, cfg, None) as sync:
         return timed_calls(lambda: sync.allreduce_gradients_(grads), 5)
-    finally:
-        sync.shutdown()
 
 
 def gpu_fields(costs: dict[str, Any]) -> dict[str, float]:
