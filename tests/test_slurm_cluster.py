@@ -221,6 +221,16 @@ def wait_for_checkpoint(job: Job, ckpt: Path, timeout: float = 180) -> list[Path
     return committed(ckpt)
 
 
+def last_words(job: Job, line: str, timeout: float = 30) -> str:
+    """The job's output once `line` is in it, or after `timeout` (Slurm's KillWait): the job reads
+    CANCELLED and its ranks are gone while dpurun, signalled with them, may still be writing its
+    report (under a loaded test run the output was read before it, once)."""
+    deadline = time.monotonic() + timeout
+    while line not in (said := job.text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return said
+
+
 def ranks_on(cluster: Cluster) -> dict[str, int]:
     """How many ranks (python processes of dpuoffload's programs) run on each machine of the cluster."""
     import psutil
@@ -257,7 +267,7 @@ def test_scancel_ends_every_rank_at_once_and_names_the_last_checkpoint(cluster, 
     assert job.wait(60) == "CANCELLED"
     from dpuoffload.common.state.ckptdirs import committed
 
-    said = job.text()
+    said = last_words(job, "dpurun: the last committed checkpoint is")
     last = committed(ckpt)[-1]
     assert f"*** JOB {job.id} ON h0 CANCELLED AT" in said, said
     assert f"dpurun: the last committed checkpoint is {last}; continue with `--resume latest`" in said, said
