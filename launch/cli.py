@@ -160,7 +160,8 @@ def _add_mpi_flags(g: argparse._ArgumentGroup) -> None:
                         "'=' as values start with '-', e.g. --mpirun-arg='--mca btl tcp,self' "
                         "(default: none)")
     g.add_argument("--dry-run", action="store_true",
-                   help="print the mpirun command instead of running it (after the checks; creates nothing)")
+                   help="print the mpirun command instead of running it (after the checks; creates nothing, so "
+                        "without the fresh session directory a run gives Open MPI's mpirun)")
     g.add_argument("--skip-checks", action="store_true",
                    help="skip the slow pre-launch check: the dry import of module:function factories "
                         "(a child process that builds the model, the data sets and one batch, ~3-5 s)")
@@ -486,11 +487,12 @@ def supervised(spec: LaunchSpec, restarts: int) -> int:
     raw_log = Path(cfg.log_dir) / "mpirun.log" if cfg.log_dir else None
     attempt, failed = 0, None
     while True:
-        cmd = build_command(spec)
-        print(f"{PROG}: running: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-        outcome = supervise.run_job(cmd, spec.host_ranks, spec.dpu_ranks, raw_log=raw_log, ckpt_dir=cfg.ckpt_dir,
-                                    standby=Role.SPARE if spec.spare_ranks else Role.CLONE,
-                                    machines=spec.ranks_by_machine())
+        with supervise.session_base(spec.flavor) as session:
+            cmd = build_command(dataclasses.replace(spec, session_base=session))
+            print(f"{PROG}: running: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+            outcome = supervise.run_job(cmd, spec.host_ranks, spec.dpu_ranks, raw_log=raw_log, ckpt_dir=cfg.ckpt_dir,
+                                        standby=Role.SPARE if spec.spare_ranks else Role.CLONE,
+                                        machines=spec.ranks_by_machine())
         if failed is not None:
             restart.record(cfg.log_dir, restart.report(attempt, failed, outcome, cfg.ckpt_every))
         if outcome.code == 0 or not restarts:

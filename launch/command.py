@@ -62,6 +62,7 @@ class LaunchSpec:
     script: Optional[str] = None  # a user's training script: the host ranks run `python SCRIPT [script_args]`
     script_args: tuple[str, ...] = ()
     fault_tolerant: bool = False  # --dpu-failure fallback, --recovery: MPI reports dead ranks instead of ending the job
+    session_base: Optional[str] = None  # Open MPI: a fresh directory for mpirun's session files (see _session_args)
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
@@ -148,6 +149,7 @@ def _openmpi_command(spec: LaunchSpec) -> list[str]:
             # One box: shared memory carries everything. The libfabric transport (ofi), which
             # pip's Open MPI loads by default, costs ~1 s per rank in MPI_Init probing fabrics.
             cmd += ["--mca", "btl", "^ofi"]
+    cmd += _session_args(spec)
     cmd += spec.extra_args
     cmd += ["-np", str(spec.host_ranks), *_host_list("--host", spec.host_nodes), *_host_argv(spec)]
     if spec.dpu_ranks:
@@ -158,9 +160,24 @@ def _openmpi_command(spec: LaunchSpec) -> list[str]:
     return cmd
 
 
+def _session_args(spec: LaunchSpec) -> list[str]:
+    """mpirun's session directory under `spec.session_base` (a fresh one per job, made by dpurun).
+
+    Open MPI 5 names it `<base>/ompi.<mpirun's pid>` and, when it finds the PMIx rendezvous files of
+    a job killed outright (SIGKILL, a batch system's hard limit) still there under a pid that has
+    come round again, stops at once: "The PMIx server's listener thread failed to start". With
+    pid_max at 32768 that happened in a 20-minute test run; under a base of its own no job can
+    meet another's leftovers. Only mpirun's node: remote daemons keep Open MPI's default, where
+    dpurun could not remove a directory after the job."""
+    if not spec.session_base or _sets_mca(spec.extra_args, "prte_local_tmpdir_base"):
+        return []
+    return ["--prtemca", "prte_local_tmpdir_base", spec.session_base]
+
+
 def _sets_mca(args: tuple[str, ...], name: str) -> bool:
     """Whether `args` (--mpirun-arg) set the MCA parameter `name` (Open MPI refuses it twice)."""
-    return any(flag in ("--mca", "-mca", "--gmca", "-gmca") and param == name for flag, param in zip(args, args[1:]))
+    flags = ("--mca", "-mca", "--gmca", "-gmca", "--prtemca", "-prtemca")
+    return any(flag in flags and param == name for flag, param in zip(args, args[1:]))
 
 
 def _mpich_command(spec: LaunchSpec) -> list[str]:

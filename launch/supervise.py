@@ -29,9 +29,11 @@ import codecs
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -86,6 +88,14 @@ _LATEST = {"injected"}   # the last one counts (earlier injected failures were s
 # binary). Kept in <log-dir>/mpirun.log; other banners (a killed rank) pass through.
 _NOISE = ("MPI_ABORT was invoked", 'calling\n"abort"', 'calling "abort"')
 _RULE = re.compile(r"^-{20,}\s*$")
+# Open MPI's words for a start-up failure whose usual cause dpurun can name (no rank ran: no rank to blame).
+_KNOWN_CAUSES = (
+    (re.compile(r"The PMIx server's listener thread failed to start"),
+     "Open MPI could not start its PMIx server. The usual cause is a session directory left by a job "
+     "killed outright (SIGKILL, a batch system's hard limit) whose pid has come round again: "
+     "/tmp/prted.<pid> on a remote machine (dpurun gives mpirun's own a fresh directory per job). "
+     "Remove the /tmp/prted.* and /tmp/ompi.* directories of jobs no longer running there, then launch again"),
+)
 # A non-blocking collective that met a dead rank under ULFM (`--recovery`): Open MPI says so on stderr
 # while the survivors recover from it (their own line reports the death).
 _NOISE_LINE = re.compile(r"^NBC_Progress: an error \d+ was found during schedule")
@@ -134,6 +144,7 @@ class FailureScanner:
         self.events: dict[str, tuple[float, tuple[str, ...]]] = {}  # first arrival (monotonic s) of _EVENTS,
         #                                                             and "noticed": mpirun's first death report
         self.peer_hosts: list[str] = []   # machines whose rank hung up on another (Open MPI over TCP)
+        self.known_cause: Optional[str] = None  # _KNOWN_CAUSES: why the job could not start
 
     @property
     def failures(self) -> list[RankFailure]:
@@ -162,6 +173,9 @@ class FailureScanner:
         m = _OWN_SUMMARY.match(line)
         if m:
             self.summary = m[1]
+        for pattern, cause in _KNOWN_CAUSES:
+            if self.known_cause is None and pattern.search(line):
+                self.known_cause = cause
         m = _PEER_HOST.match(line)
         if m and m[1] not in self.peer_hosts:
             self.peer_hosts.append(m[1])
@@ -317,13 +331,29 @@ def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None
     summary = scanners[1].summary or scanners[0].summary
     failures = ([reported] if reported else []) + scanners[1].failures + scanners[0].failures
     failures = name_lost_peer(failures, scanners[1].peer_hosts + scanners[0].peer_hosts, machines or {})
-    _report(failures, host_ranks, dpu_ranks, code, bool(forwarder.received), summary, standby)
+    known_cause = scanners[1].known_cause or scanners[0].known_cause
+    _report(failures, host_ranks, dpu_ranks, code, bool(forwarder.received), summary, standby, known_cause)
     if code != 0 and ckpt_dir and not summary:
         print(last_checkpoint_line(ckpt_dir), file=sys.stderr, flush=True)
     events = {**scanners[0].events}
     for name, event in scanners[1].events.items():
         events[name] = (max if name in _LATEST else min)(event, events.get(name, event))
     return JobOutcome(code, tuple(failures), bool(forwarder.received), events, ended)
+
+
+@contextlib.contextmanager
+def session_base(flavor: str) -> Iterator[Optional[str]]:
+    """A fresh private directory for one Open MPI job's session files (`command._session_args`: a
+    killed job's leftovers there cannot stop a later job), removed after the job however it ended.
+    None for MPICH, whose hydra keeps no such files. Under $TMPDIR (Slurm may give a job its own)."""
+    if flavor != "openmpi":
+        yield None
+        return
+    path = tempfile.mkdtemp(prefix="dpurun-mpi-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _end_with_parent(parent: int) -> Optional[Callable[[], None]]:
@@ -522,10 +552,12 @@ def name_lost_peer(failures: list[RankFailure], peer_hosts: Sequence[str],
 
 
 def _report(failures: list[RankFailure], host_ranks: int, dpu_ranks: Optional[int], code: int,
-            interrupted: bool, summary: Optional[str] = None, standby: Role = Role.CLONE) -> None:
+            interrupted: bool, summary: Optional[str] = None, standby: Role = Role.CLONE,
+            known_cause: Optional[str] = None) -> None:
     """Print the one-line summary: the first failed rank, or why the job ended otherwise. A rank's
     own report comes first in `failures`; lost checkpoints (`summary`) are the last word when no
-    rank failed on its own (the rank that exited to say so is not a failure)."""
+    rank failed on its own (the rank that exited to say so is not a failure); `known_cause` explains
+    a job that ended without a failed rank."""
     if summary and (not failures or failures[0].verb != "failed first"):
         print(f"{PREFIX} {summary}", file=sys.stderr, flush=True)
     elif failures:
@@ -536,6 +568,8 @@ def _report(failures: list[RankFailure], host_ranks: int, dpu_ranks: Optional[in
     elif interrupted:
         print(f"{PREFIX} job stopped after an interrupt (mpirun exit code {code})",
               file=sys.stderr, flush=True)
+    elif code != 0 and known_cause:
+        print(f"{PREFIX} the job failed to start (mpirun exit code {code}): {known_cause}", file=sys.stderr, flush=True)
     elif code != 0:
         print(f"{PREFIX} the job failed: mpirun exited with code {code} without naming a dead "
               "rank; see the messages above", file=sys.stderr, flush=True)

@@ -48,6 +48,15 @@ def test_local_default_openmpi():
         ":", "-np", "1", *ENV1, "taskset", "-c", "1", *DPU_TAIL]
 
 
+def test_session_base_goes_to_mpiruns_own_node_and_the_users_setting_wins():
+    base = ["--bind-to", "none", "--use-hwthread-cpus", "--mca", "btl", "^ofi"]
+    own = ["--prtemca", "prte_local_tmpdir_base", "/tmp/dpurun-mpi-x"]
+    assert build_command(local_spec(session_base="/tmp/dpurun-mpi-x"))[:10] == [MPIRUN, *base, *own]
+    users = ("--prtemca", "prte_local_tmpdir_base", "/scratch/mine")
+    assert build_command(local_spec(session_base="/tmp/dpurun-mpi-x", extra_args=users))[:10] == [MPIRUN, *base, *users]
+    assert "--prtemca" not in build_command(cluster_spec(flavor="mpich", session_base="/tmp/dpurun-mpi-x"))
+
+
 def test_local_root_oversubscribe_threads_and_core_ranges():
     spec = local_spec(host_ranks=2, dpu_ranks=3, host_cores=(0, 1, 2, 5), dpu_cores=(6, 7),
                       host_threads=2, dpu_threads=1, oversubscribe=True, run_as_root=True,

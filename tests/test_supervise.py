@@ -350,3 +350,46 @@ def test_own_failure_line_is_named_first():
                  "full traceback in /t/errors-rank0.txt\n" + OMPI5_ABORT)
     assert scanner.reported == RankFailure(0, "failed first", "ValueError: x (at m.py:3 in f); full traceback "
                                                               "in /t/errors-rank0.txt")
+
+
+def plant_stale_sessions(base: Path, count: int = 20000) -> None:
+    """What a job killed outright leaves where Open MPI keeps its session files: the PMIx rendezvous
+    file `ompi.<pid>/pmix.<host>.tool.<pid>` (the one file that stops a later mpirun given that pid),
+    here for the next `count` pids (every pid where pid_max is 32768), so whichever pid the next
+    mpirun gets, it meets a leftover of its own."""
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    last = int(Path("/proc/loadavg").read_text().split()[-1])
+    host = os.uname().nodename.split(".")[0]
+    for i in range(1, min(count, pid_max - 300) + 1):
+        pid = last + i if last + i < pid_max else 300 + (last + i - pid_max)
+        (base / f"ompi.{pid}").mkdir(exist_ok=True)
+        (base / f"ompi.{pid}" / f"pmix.{host}.tool.{pid}").touch()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_a_killed_jobs_leftover_session_cannot_stop_the_next_job(bundled_data, tmp_path, monkeypatch):
+    """Open MPI names its session directory after mpirun's pid; a job killed outright leaves it, and
+    a later mpirun given that pid (pid_max 32768 here: the suite's own jobs wrap it) stopped at once
+    (CI, 2026-11-26). dpurun gives each mpirun a fresh base; where the user points mpirun at the
+    leftovers itself, the job fails fast and dpurun names the cause and the fix."""
+    from tests.mpijobs import dpurun
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # Open MPI's default base, and where dpurun makes its own
+    plant_stale_sessions(tmp_path)
+    training = ["--preset", "debug", "--data", str(bundled_data / "cifar10"), "--epochs", "1", "--mode", "none",
+                "--train-subset", "32", "--val-subset", "32", "--no-progress"]
+    users_base = f"--mpirun-arg=--prtemca prte_local_tmpdir_base {tmp_path}"
+    pinned = dpurun(["--host-ranks", "1", "--dpu-ranks", "1", users_base], training, timeout=60)
+    assert pinned.returncode != 0
+    assert "The PMIx server's listener thread failed to start" in pinned.stderr
+    assert "dpurun: the job failed to start (mpirun exit code 213): Open MPI could not start its PMIx server. " \
+           "The usual cause is a session directory left by a job killed outright" in pinned.stderr
+    assert "Remove the /tmp/prted.* and /tmp/ompi.* directories of jobs no longer running" in pinned.stderr
+
+    res = dpurun(["--host-ranks", "1", "--dpu-ranks", "1"], training)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "epoch 1/1" in res.stdout
+    session = re.search(r"--prtemca prte_local_tmpdir_base (\S+)", res.stderr)[1]
+    assert Path(session).parent == tmp_path and Path(session).name.startswith("dpurun-mpi-")
+    assert not Path(session).exists()  # removed after the job
