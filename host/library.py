@@ -31,6 +31,7 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.loaders import Sampling, steps_per_epoch
 from dpuoffload.common.data.streams import Recipe, StepSplit
 from dpuoffload.common.data.wire import choose
+from dpuoffload.common.data.wire import policy as wire_policy
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.faults.abort import JobFailed, abort_job, failure_line, set_rank_label
 from dpuoffload.common.faults.watch import Faults
@@ -126,11 +127,8 @@ class Job:
 
     @property
     def wire_policy(self) -> Wire:
-        """`--wire`, with `auto` on a GPU host rank meaning float: its float steps would run on its CPU
-        (0.3-0.7 ms per 224 px sample here, `benchmarks/wire.py`), slower than the GPU takes the
-        batches; they move to the GPU in a later step (issue 32)."""
-        wire = cast(RunConfig, self.cfg).wire
-        return Wire.FLOAT if wire is Wire.AUTO and self.device.type == "cuda" else wire
+        """`--wire` for this rank's loaders (`wire.policy`: `auto` on a GPU means float)."""
+        return wire_policy(cast(RunConfig, self.cfg).wire, on_gpu=self.device.type == "cuda")
 
     @property
     def offloaded(self) -> bool:

@@ -124,6 +124,30 @@ def test_auto_share_balances_host_and_dpu_so_neither_waits():
     assert predict("hybrid", p4).detail["host_share"] > predict("da", p4).detail["host_share"]
 
 
+def test_the_uint8_wire_puts_the_float_steps_on_the_host_and_only_the_integer_part_on_the_dpu():
+    """Under the uint8 wire the host runs the float steps of each batch it receives (fin_h, in its
+    step: da's data phase, 0.6 ms a step for resnet20 that the model missed), the DPU only its part
+    of the transform (`dpu_send_aug`); naive's DPU replica still builds whole float samples."""
+    from dpuoffload.common.plan.perfmodel import balanced_host_share
+
+    wire = dict(host_finish=0.0002, dpu_send_aug=0.0008)
+    pred = predict("da", profile(**wire))
+    assert pred.train_s == pytest.approx(32 * (16 * (0.004 + 0.0002) + 0.003)) and pred.bottleneck == "host compute"
+    slow = predict("da", profile(dpu_aug=0.02, host_finish=0.0002, dpu_send_aug=0.01))
+    assert slow.train_s == pytest.approx(32 * (16 * 0.01 + 0.0001)) and slow.bottleneck == "DPU augmentation"
+    assert predict("naive", profile(**wire)) == predict("naive", profile())
+    assert predict("none", profile(**wire)) == predict("none", profile())
+    # a host share: the host finishes only the (1-s) of the steps the DPU sent
+    shared = predict("da", profile(**wire, host_share=0.25, host_workers=0))
+    assert shared.train_s == pytest.approx(32 * (16 * 0.004 + 0.003 + 0.75 * 16 * 0.0002 + 0.25 * 16 * 0.0005))
+    # balanced in process: the share s also sheds s*f of float steps, s = (d - step - f) / (h + d - f)
+    p0 = profile(dpu_aug=0.02, dpu_send_aug=0.01, host_aug=0.01, host_finish=0.001, host_workers=0, transfer=0.0)
+    d, step, h, f = 16 * 0.01, 16 * 0.004 + 0.003, 16 * 0.01, 16 * 0.001
+    s = balanced_host_share(p0)
+    assert s == round((d - step - f) / (h + d - f), 3)
+    assert step + s * h + (1 - s) * f == pytest.approx((1 - s) * d, rel=1e-2)  # neither side waits
+
+
 # ----------------------------------------------------------------------- GPU host ranks (issue 12)
 # The issue's measurements on one H100 + 16 x86 cores, resnet50 at 224 px, batch 256: the GPU trains
 # 3,983 img/s on batches already there; one core decodes + augments 202 img/s.

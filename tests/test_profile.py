@@ -26,6 +26,7 @@ from dpuoffload.common.train.autoselect import (
     step_costs,
     timed_calls,
     untouched_random_state,
+    wire_costs,
 )
 
 
@@ -83,3 +84,20 @@ def test_host_ranks_on_a_gpu_and_on_cpus_are_refused_before_the_steps():
     topo = types.SimpleNamespace(role=Role.HOST, side_comm=Side())
     with pytest.raises(ConfigError, match=r"host ranks \[0\] train on a GPU and \[1, 2\] on CPUs \(--device auto\)"):
         step_costs(RunConfig(device="auto"), topo, Measuring(tiny_model(), tiny_set(), tiny_set(), None))
+
+
+def test_wire_costs_follow_the_runs_wire_on_each_side():
+    """Where the loaders split the transform (`--wire auto`, CPU host), a host rank times the float
+    steps on a uint8 batch of the run's size and sends uint8 bytes, a DPU rank times its integer
+    part; on the float wire, and under auto on a GPU host (float there), nothing changes."""
+    from tests.test_wire import PIPELINES
+
+    data = PIPELINES["cifar"]()  # 12 RGB images, RandomCrop(32) ... ToTensor, Normalize
+    host, dpu = types.SimpleNamespace(role=Role.HOST), types.SimpleNamespace(role=Role.DPU)
+    cfg = RunConfig(batch_size=4)
+    mine = wire_costs(cfg, host, data, on_gpu=False)
+    assert set(mine) == {"finish", "batch_bytes"} and mine["finish"] > 0
+    assert mine["batch_bytes"] == 4 * 3 * 32 * 32  # uint8: a quarter of the float batch
+    assert set(wire_costs(cfg, dpu, data, on_gpu=False)) == {"aug_wire"}
+    assert wire_costs(RunConfig(batch_size=4, mode="auto", wire="float"), host, data, on_gpu=False) == {}
+    assert wire_costs(cfg, host, data, on_gpu=True) == {}

@@ -71,6 +71,14 @@ def float_tail(steps: Sequence[Any]) -> int:
     return len(steps) - first
 
 
+def policy(wire: Wire, on_gpu: bool) -> Wire:
+    """`--wire` for a host rank: `auto` on a GPU host rank means float, as its float steps would run
+    on its CPU (0.3-0.7 ms per 224 px sample here, `benchmarks/wire.py`), slower than the GPU takes
+    the batches; they move to the GPU in a later step (issue 32). One rule for the loaders
+    (`host.library.Job.wire_policy`) and for `--mode auto`'s profile of them."""
+    return Wire.FLOAT if wire is Wire.AUTO and on_gpu else wire
+
+
 def plan_split(dataset: Any, wire: Wire, host_steps: Optional[int] = None) -> Optional[Split]:
     """The split for one loader's data set, or None for the float wire.
 

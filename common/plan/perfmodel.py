@@ -7,13 +7,18 @@ predict the host's critical path per epoch:
     none    S * (B*(aug_h + train_h) + allreduce + opt)                    + val_h
             (with W processes building the batches beside training, `none_workers`, as the
             workers of a DataLoader do: S * max(B*train_h + allreduce + opt, B*aug_h/W))
-    da      S * max(B*train_h + allreduce + opt, F*(B*aug_d + transfer))   + val_h
+    da      S * max(B*(train_h + fin_h) + allreduce + opt, F*(B*aug_d + transfer))   + val_h
             (with --da-host-share s, --dpu-workers K, --da-host-workers H: the DPU term is
-            (1-s)*F*(B*aug_d/K + transfer), and the host's own share s*B*aug_h/H runs beside training
-            in its H worker processes, or adds to the host's step when it builds in process, H = 0)
+            (1-s)*F*(B*aug_d/K + transfer), the host finishes (1-s)*B*fin_h, and its own share s*B*aug_h/H
+            runs beside training in its H worker processes, or adds to the host's step when it builds
+            in process, H = 0)
     mv      max(S * (B*(aug_h + train_h) + allreduce + opt) + (1-f)*val_h,  f*val_d)
     hybrid  da's training term, mv's validation term
     naive   S' * (max(B*(aug_h + train_h), b*(aug_d + train_d)) + allreduce_all + opt) + val_h
+
+Under the uint8 wire (`common.data.wire`) da's aug_d is the DPU's integer part of the transform
+(`dpu_send_aug`), transfer the uint8 batch's, and fin_h the host's float steps (ToTensor, Normalize)
+per received sample; on the float wire fin_h = 0 and aug_d is the whole transform (naive's always).
 
 with S = steps per epoch (ceil(n / (H*B)); S' for the proportional naive split), F = host ranks
 fed per augmentation rank, val_h = n_val/H * eval_h, val_d = n_val/M_mv * eval_d, f the DPU share of
@@ -81,12 +86,15 @@ class Profile:
     gpu_step: float = 0.0       # per step: the GPU's forward + backward + optimizer (0: the host trains on CPUs)
     h2d: float = 0.0            # per batch: its copy to the GPU (from pinned memory, on a side stream)
     host_cpu: float = 0.0       # per step on a GPU host: the host process's own CPU work (receive, pinned copy)
+    host_finish: float = 0.0    # per sample received from a DPU rank: the host's float steps (uint8 wire; 0: float)
+    dpu_send_aug: Optional[float] = None  # per sample a DPU rank builds to send: its part of the transform
+                                          # (uint8 wire); None: dpu_aug, the whole (float wire; naive's own)
 
     def __post_init__(self) -> None:
         for name in ("n_train", "host_ranks", "batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"profile: {name} must be >= 1")
-        for name in ("none_workers", "gpu_step", "h2d", "host_cpu"):
+        for name in ("none_workers", "gpu_step", "h2d", "host_cpu", "host_finish"):
             if getattr(self, name) < 0:
                 raise ValueError(f"profile: {name} must be >= 0")
 
@@ -192,12 +200,17 @@ def feeding_terms(p: Profile, n_da: int, share: float) -> dict[str, float]:
     host's step (with its own building when in process), the host's worker processes, the DPU rank."""
     fan_out = math.ceil(p.host_ranks / n_da)
     host_build = p.batch * p.host_aug
-    host = _host_step(p, with_aug=False, in_process=share * host_build if p.host_workers == 0 else 0.0)
-    terms = {"host compute": host,
-             "DPU augmentation": (1 - share) * fan_out * (p.batch * p.dpu_aug / max(p.dpu_workers, 1) + p.transfer)}
+    finish = (1 - share) * p.batch * p.host_finish  # (the float steps of the batches the DPU sent)
+    host = _host_step(p, with_aug=False, in_process=finish + (share * host_build if p.host_workers == 0 else 0.0))
+    dpu = p.batch * _dpu_send_aug(p) / max(p.dpu_workers, 1) + p.transfer
+    terms = {"host compute": host, "DPU augmentation": (1 - share) * fan_out * dpu}
     if p.host_workers > 0 and share > 0:
         terms["host augmentation"] = share * host_build / p.host_workers
     return terms
+
+
+def _dpu_send_aug(p: Profile) -> float:
+    return p.dpu_aug if p.dpu_send_aug is None else p.dpu_send_aug
 
 
 def balanced_host_share(p: Profile, n_da: Optional[int] = None) -> float:
@@ -205,16 +218,18 @@ def balanced_host_share(p: Profile, n_da: Optional[int] = None) -> float:
     producers take equally long per step (neither waits for the other), to 0.001.
 
     With worker processes the host's share s costs s*h beside training and the DPU's (1-s)*d, so
-    s = d/(h+d); built in the training process (H = 0) the host's step grows by s*h instead, so
-    s = (d - step)/(h + d), where on a GPU host `step` is the host's own CPU work per step (the GPU's
-    step runs beside it). h: seconds for the host's workers to build one batch; d: for the DPU rank
-    to build and send one (its K workers, shared by the F host ranks it feeds)."""
+    s = d/(h+d); built in the training process (H = 0) the host's step grows by s*h and sheds the
+    float steps s*f of the batches it no longer receives, so s = (d - step - f)/(h + d - f), where on
+    a GPU host `step` is the host's own CPU work per step (the GPU's step runs beside it). h: seconds
+    for the host's workers to build one batch; d: for the DPU rank to build and send one (its K
+    workers, shared by the F host ranks it feeds); f: the host's float steps on one received batch."""
     n_da = n_da if n_da is not None else split(p, Mode.DA)[0]
     d = feeding_terms(p, n_da, 0.0)["DPU augmentation"]
     h = p.batch * p.host_aug / max(p.host_workers, 1)
+    f = p.batch * p.host_finish
     if d <= 0:
         return 0.0
-    share = (d - _host_serial(p)) / (h + d) if p.host_workers == 0 else d / (h + d)
+    share = (d - _host_serial(p) - f) / max(h + d - f, 1e-12) if p.host_workers == 0 else d / (h + d)
     return round(min(max(share, 0.0), 1.0), 3)
 
 

@@ -26,8 +26,9 @@ import numpy as np
 from torch.utils.data import default_collate
 
 from dpuoffload.common.config import RunConfig
+from dpuoffload.common.data import wire
 from dpuoffload.common.data.datasets import build_datasets, build_train_set
-from dpuoffload.common.data.loaders import RankLoader
+from dpuoffload.common.data.loaders import RankLoader, Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.faults.abort import collective_call
@@ -78,12 +79,34 @@ def local_costs(cfg: RunConfig, topo: Topology) -> tuple[dict[str, Any], Measuri
     costs = {"aug": aug, "n_train": len(train), "n_val": len(data.val),
              "grad_elems": sum(p.numel() for p in model.parameters()), "horovod": horovod_available(),
              "batch_bytes": cfg.batch_size * sample.numel() * sample.element_size()}
+    costs.update(wire_costs(cfg, topo, data.train, on_gpu=compute is not None))
     if compute is not None:
         costs.update(gpu_costs(cfg, model, compute, sample, data.val))
     elif topo.role is not Role.HOST:  # (a DPU rank's training step matters to naive only: no loader, no allreduce)
         costs.update(train=train_seconds_per_sample(model, train, cfg.batch_size),
                      eval=eval_seconds_per_sample(model, data.val, cfg.val_batch_size))
     return costs, Measuring(model, train, data.val, compute)
+
+
+def wire_costs(cfg: RunConfig, topo: Topology, dataset: Any, on_gpu: bool) -> dict[str, float]:
+    """What the uint8 wire changes, where the run's loaders split the transform (`wire.policy`,
+    `wire.choose`; {} on the float wire): a DPU rank's load + augment without the float steps
+    ("aug_wire"), and a host rank's float steps per received sample ("finish", `wire.HostSteps` on
+    a batch as the loader runs them) and the uint8 batch's bytes (the transfer). The model missed
+    the float steps in `da` (0.6 ms a step for 16 CIFAR samples: 1.1 % of a resnet20 step, and da's
+    predictions read 1.5-2 % low). A DPU rank cannot know whether its host trains on a GPU (float
+    wire under `auto`): it measures both, and `gather_profile` takes what its host rank's wire needs."""
+    split = wire.choose(dataset, wire.policy(cfg.wire, on_gpu), None, Sampling(cfg.batch_size, seed=cfg.seed)).split
+    if split is None:
+        return {}
+    view = PerSampleSeeded(wire.dpu_view(dataset, split), cfg.seed)
+    if topo.role is not Role.HOST:
+        return {"aug_wire": aug_seconds_per_sample(view, min(2 * cfg.batch_size, len(view)), cfg.batch_size)[0]}
+    image = view[0][0]
+    batch = image.unsqueeze(0).expand(cfg.batch_size, *image.shape).contiguous()
+    finish = split.host
+    return {"finish": timed_calls(lambda: finish(batch, reuse=True), 5) / cfg.batch_size,
+            "batch_bytes": batch.numel() * batch.element_size()}
 
 
 def step_costs(cfg: RunConfig, topo: Topology, measuring: Measuring, steps: int = 5) -> dict[str, float]:
@@ -366,7 +389,9 @@ def gather_profile(cfg: RunConfig, topo: Topology, label: str) -> Profile:
     timing = topo.world.bcast((ar_all, xfer), root=topo.host_ranks[0])
     return Profile(n_train=host["n_train"], n_val=host["n_val"], host_ranks=len(topo.host_ranks),
                    dpu_ranks=len(topo.dpu_ranks), batch=cfg.batch_size, host_aug=host["aug"],
-                   host_train=host.get("train", 0.0), host_eval=host["eval"], dpu_aug=dpu.get("aug", 0.0),
+                   host_train=host.get("train", 0.0), host_eval=host["eval"],
+                   dpu_aug=dpu.get("aug", 0.0), host_finish=host.get("finish", 0.0),
+                   dpu_send_aug=dpu.get("aug_wire") if "finish" in host else None,
                    dpu_train=dpu.get("train", 0.0), dpu_eval=dpu.get("eval", 0.0), allreduce=host["allreduce"],
                    allreduce_all=timing[0], optimizer=host.get("opt", 0.0), transfer=timing[1],
                    grad_bytes=4 * host["grad_elems"],
