@@ -207,6 +207,50 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def machine_speed(seconds: float = 20.0, core: int = 0) -> dict[str, Any]:
+    """How this machine's speed moves: one fixed piece of CPU work (10 forward/backward passes of a
+    16-channel 3x3 convolution on a 16x32x32 batch, one thread, pinned to `core`) timed back to back
+    for `seconds`, as the median of each second. On the 2-core VM of 2026-11-26 it switched between
+    32 and 47 ms in episodes of 15 s and more: a `--mode auto` profile taken in one and epochs run in
+    the other read up to 45 % apart, which no model of the job can predict. Recorded beside the
+    benchmark's numbers so that a reader can tell the machine's noise from the code's."""
+    import torch
+
+    mask, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    os.sched_setaffinity(0, {core})
+    torch.set_num_threads(1)
+    try:
+        conv, x = torch.nn.Conv2d(16, 16, 3, padding=1), torch.randn(16, 16, 32, 32)
+
+        def unit() -> float:
+            t0 = time.perf_counter()
+            for _ in range(10):
+                conv(x).sum().backward()
+            return time.perf_counter() - t0
+
+        unit()
+        per_second, current, start, end = [], [], time.perf_counter(), time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            current.append(unit())
+            if time.perf_counter() - start >= 1.0:
+                per_second.append(1e3 * statistics.median(current))
+                current, start = [], time.perf_counter()
+    finally:
+        torch.set_num_threads(threads)
+        os.sched_setaffinity(0, mask)
+    fast, slow = min(per_second), max(per_second)
+    return {"seconds": seconds, "core": core, "unit_ms_per_second": [round(v, 1) for v in per_second],
+            "fast_ms": round(fast, 1), "slow_ms": round(slow, 1), "slow_over_fast": round(slow / fast, 3)}
+
+
+def speed_line(speed: dict[str, Any]) -> str:
+    """One sentence of `machine_speed`'s result for a RESULTS.md section."""
+    return (f"Machine speed just before the run (`harness.machine_speed`: a fixed convolution step on core "
+            f"{speed['core']}, {speed['seconds']:.0f} s): the median of each second {speed['fast_ms']:.1f}-"
+            f"{speed['slow_ms']:.1f} ms, slow / fast {speed['slow_over_fast']:.2f}; a profile and epochs in "
+            "different seconds can differ by as much.")
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -47,6 +47,7 @@ from benchmarks.harness import (  # noqa: E402
     fmt_spread,
     legend_outside,
     machine,
+    machine_speed,
     make_data,
     median,
     pyplot,
@@ -54,6 +55,7 @@ from benchmarks.harness import (  # noqa: E402
     run_logged,
     save_figure,
     settings,
+    speed_line,
     spread,
     table,
     write_json,
@@ -272,10 +274,12 @@ def verdict(value: float, target: float) -> str:
     return "met" if value <= target else "missed"
 
 
-def markdown(report: dict[str, Any], settings: dict[str, Any]) -> str:
+def markdown(report: dict[str, Any], settings: dict[str, Any], speed: Optional[dict[str, Any]] = None) -> str:
     out = [f"Host rank on core 0, one DPU rank (or the peer's one DataLoader worker) on core 1 at --dpu-speed "
            f"{settings['dpu_speed']}; batch 16, {settings['epochs']} epochs x {settings['reps']} interleaved "
            "repetitions; epoch s = median over epochs 2.. (min–max).", ""]
+    if speed:
+        out += [speed_line(speed), ""]
     out.append("**Phase shares of the epoch in `--mode none`** (host rank; data = loading + augmentation)\n")
     out.append(table(["workload", "epoch s", *PHASES, "other"],
                      [[w, f"{r['epoch_s']['none']['median']:.2f}", *(f"{r['phases_none'][p]:.0%}" for p in PHASES),
@@ -391,11 +395,13 @@ def run(args: argparse.Namespace) -> Section:
         args.reps, args.epochs, args.dpu_speed = 1, 2, QUICK_DPU_SPEED
         workloads = {"resnet20/cifar10": {**WORKLOADS["resnet20/cifar10"], "train": 64, "val": 32}}
     data = make_data()
+    speed = machine_speed(3.0 if args.quick else 20.0)
     runs = measure(args, workloads, data)
     report = {w: analyze(runs[w]) for w in workloads}
-    payload = {"machine": machine(), "settings": settings(args), "targets": TARGETS, "report": report}
+    payload = {"machine": machine(), "machine_speed": speed, "settings": settings(args), "targets": TARGETS,
+               "report": report}
     write_json(args.out, payload)
-    return Section("workloads", payload, markdown(report, settings(args)), plots(report, args.plots))
+    return Section("workloads", payload, markdown(report, settings(args), speed), plots(report, args.plots))
 
 
 def main() -> int:
