@@ -184,6 +184,9 @@ FIGURES: dict[str, Callable[[], str]] = {
     "recovery_long_lf.ratios": lambda: times(
         [r["failed_step_ratio"] for r in recovery_rows("recovery-long-step-lf.json", "lossy-forward")]),
     "recovery_long.restart_over_rollback": lambda: times(over_rollback("recovery-long-step.json"), 1),
+    "workloads.speed_moved": lambda: times([load("workloads.json")["machine_speed"]["slow_over_fast"]]),
+    "workloads.resnet20_mv_fwd": lambda: times(
+        [workloads()["resnet20/cifar10"]["diagnostics"]["forward_backward_vs_none"]["mv"]]),
     "recovery.rollback_distance": lambda: f"{max(exact_distances()):g}",
     "recovery.lossy_distance": lambda: " / ".join(
         f"{r['weight_distance']:.2g}" for r in recovery_rows("recovery.json", "lossy-forward")),
