@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import math
 import os
 import re
+import selectors
 import shutil
 import signal
 import subprocess
@@ -313,17 +315,12 @@ def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None
         The outcome, with mpirun's exit code (128 + N if mpirun itself died of signal N).
     """
     scanners = (FailureScanner(), FailureScanner())
-    seen = threading.Event()
     with _SignalForwarder() as forwarder:  # installed first: no window to lose a Ctrl-C
         proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 bufsize=0, start_new_session=True, preexec_fn=_end_with_parent(os.getpid()))
         forwarder.attach(proc)
         with _open_raw(raw_log) as raw:
-            pumps = _start_pumps(proc, scanners, seen, raw)
-            rc = _wait(proc, seen, grace)
-            ended = time.monotonic()
-            for t in pumps:
-                t.join(timeout=5)
+            rc, ended = _pump_until_done(proc, scanners, raw, grace)
     code = 128 - rc if rc < 0 else rc
     if scanners[1].mid_line:
         print(file=sys.stderr)
@@ -363,7 +360,10 @@ def _end_with_parent(parent: int) -> Optional[Callable[[], None]]:
     SIGPIPE is ignored too (the ranks inherit that, as Python sets it anyway): dpurun read mpirun's
     output through pipes, so after its death mpirun's first write in the teardown raised SIGPIPE and
     killed mpirun before it had ended the ranks (every rank of the test's job still sleeping 30 s
-    later); ignored, the write fails with EPIPE and the teardown goes on.
+    later); ignored, the write fails with EPIPE and the teardown goes on. The signal comes once only
+    if dpurun has one thread when it dies: Linux sends it again each time it re-parents mpirun to
+    another of the dying process's threads, and a second SIGTERM makes mpirun quit without ending
+    the ranks (so `_pump_until_done` reads both streams in the main thread).
     None where prctl is not to be had (not Linux): there mpirun outlives a killed dpurun, as before.
     """
     if not sys.platform.startswith("linux"):
@@ -411,46 +411,89 @@ def _open_raw(path: Optional[Path]) -> Iterator[Optional[IO[bytes]]]:
         yield None
         return
     with f:
-        yield _Locked(f)
+        yield f
 
 
-class _Locked:
-    """A binary file two pump threads write to, whole chunks at a time."""
+def _pump_until_done(proc: "subprocess.Popen[bytes]", scanners: tuple[FailureScanner, FailureScanner],
+                     raw: Optional[IO[bytes]], grace: float, drain: float = 5.0) -> tuple[int, float]:
+    """Pass mpirun's two streams through as they arrive (`_Stream`) and wait for it to end; stop it
+    if it outlives a reported death by more than `grace` seconds. Returns its return code and when it
+    ended (time.monotonic()); output still arriving then is read for `drain` seconds more.
 
-    def __init__(self, f: IO[bytes]) -> None:
-        self._f, self._lock = f, threading.Lock()
+    All in this one thread, on purpose: a dpurun killed outright has its threads die one by one, and
+    Linux re-parents mpirun to each surviving thread in turn, sending the parent-death signal every
+    time (`_end_with_parent`). With two pump threads mpirun got two or three SIGTERMs within a
+    millisecond, took the second for "force" ("hit ctrl-c again to forcibly terminate") and exited
+    at once, leaving every rank running (3 of 5 tries of the test by hand, traced with strace)."""
+    streams = {proc.stdout: _Stream(sys.stdout, scanners[0], raw), proc.stderr: _Stream(sys.stderr, scanners[1], raw)}
+    stopper = _Stopper(proc, grace)
+    rc: Optional[int] = None
+    ended = 0.0
+    with selectors.DefaultSelector() as sel:
+        for src in streams:
+            sel.register(src, selectors.EVENT_READ)
+        while sel.get_map() and (rc is None or time.monotonic() < ended + drain):
+            for key, _ in sel.select(timeout=0.2):
+                if not streams[key.fileobj].pump(key.fd):
+                    sel.unregister(key.fileobj)
+            if rc is None and (rc := proc.poll()) is not None:
+                ended = time.monotonic()
+            elif rc is None:
+                stopper.check(any(sc.failures for sc in scanners))
+    for stream in streams.values():
+        stream.close()
+    return (proc.wait() if rc is None else rc), (ended or time.monotonic())
 
-    def write(self, data: bytes) -> None:
-        with self._lock:
-            self._f.write(data)
-            self._f.flush()
+
+class _Stopper:
+    """Ends an mpirun that outlives a reported death (a stuck remote daemon, say): SIGTERM `grace`
+    seconds after the first report, SIGKILL to its whole session (it leads one, see `run_job`)
+    `timeout` seconds after that. Checked between reads, so the output keeps flowing meanwhile."""
+
+    def __init__(self, proc: "subprocess.Popen[bytes]", grace: float, timeout: float = 10.0) -> None:
+        self.proc, self.grace, self.timeout = proc, grace, timeout
+        self.deadline: Optional[float] = None   # when to send SIGTERM
+        self.kill_at: Optional[float] = None    # when to send SIGKILL
+
+    def check(self, reported: bool) -> None:
+        now = time.monotonic()
+        if self.deadline is None:
+            self.deadline = now + self.grace if reported else None
+        elif self.kill_at is None and now >= self.deadline:
+            print(f"{PREFIX} mpirun is still running {self.grace:g} s after a rank died; stopping the job",
+                  file=sys.stderr, flush=True)
+            self.proc.terminate()
+            self.kill_at = now + self.timeout
+        elif self.kill_at is not None and now >= self.kill_at:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.kill_at = math.inf
 
 
-def _start_pumps(proc: "subprocess.Popen[bytes]", scanners: tuple[FailureScanner, FailureScanner],
-                 seen: threading.Event, raw: Optional["_Locked"]) -> list[threading.Thread]:
-    pumps = [threading.Thread(target=_pump, args=(src, dst, sc, seen, raw), daemon=True)
-             for src, dst, sc in ((proc.stdout, sys.stdout, scanners[0]),
-                                  (proc.stderr, sys.stderr, scanners[1]))]
-    for t in pumps:
-        t.start()
-    return pumps
+class _Stream:
+    """One of mpirun's output streams on its way to ours: as it arrives (progress bars use \\r, so
+    no waiting for newlines), less the abort banners (`BannerFilter`), kept raw in `raw`, scanned."""
 
+    def __init__(self, dst: IO[str], scanner: FailureScanner, raw: Optional[IO[bytes]]) -> None:
+        self.dst, self.scanner, self.raw = dst, scanner, raw
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.shown = BannerFilter()
 
-def _pump(src: IO[bytes], dst: IO[str], scanner: FailureScanner, seen: threading.Event,
-          raw: Optional["_Locked"] = None) -> None:
-    """Copy output as it arrives (progress bars use \\r, so no waiting for newlines), less the
-    abort banners (`BannerFilter`), keep it raw in `raw`, and scan it."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    shown = BannerFilter()
-    while chunk := src.read(65536):
-        if raw is not None:
-            raw.write(chunk)
-        text = decoder.decode(chunk)
-        _write(dst, shown.feed(text))
-        scanner.feed(text)
-        if scanner.failures:
-            seen.set()
-    _write(dst, shown.flush())
+    def pump(self, fd: int) -> bool:
+        """Pass on what `fd` has; False at its end."""
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return False
+        if self.raw is not None:
+            self.raw.write(chunk)
+            self.raw.flush()
+        text = self.decoder.decode(chunk)
+        _write(self.dst, self.shown.feed(text))
+        self.scanner.feed(text)
+        return True
+
+    def close(self) -> None:
+        _write(self.dst, self.shown.flush())
 
 
 def _write(dst: IO[str], text: str) -> None:
@@ -462,32 +505,6 @@ def _write(dst: IO[str], text: str) -> None:
     else:  # a text-only stream (e.g. pytest's capture)
         dst.write(text)
     dst.flush()
-
-
-def _wait(proc: "subprocess.Popen[bytes]", seen: threading.Event, grace: float) -> int:
-    """Wait for mpirun; stop it if it outlives a reported death by more than `grace` seconds."""
-    deadline: Optional[float] = None
-    while True:
-        try:
-            return proc.wait(timeout=0.2)
-        except subprocess.TimeoutExpired:
-            pass
-        if seen.is_set() and deadline is None:
-            deadline = time.monotonic() + grace
-        if deadline is not None and time.monotonic() > deadline:
-            print(f"{PREFIX} mpirun is still running {grace:g} s after a rank died; stopping the job",
-                  file=sys.stderr, flush=True)
-            return _stop(proc)
-
-
-def _stop(proc: "subprocess.Popen[bytes]", timeout: float = 10.0) -> int:
-    proc.terminate()
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # mpirun leads its own session (see `run`)
-        return proc.wait()
 
 
 class _SignalForwarder:
