@@ -74,7 +74,7 @@ def local_costs(cfg: RunConfig, topo: Topology) -> tuple[dict[str, Any], Measuri
     data = build_datasets(cfg)
     train = PerSampleSeeded(data.train, cfg.seed)
     model = build_model(cfg, data.num_classes)
-    aug, sample = aug_seconds_per_sample(train, min(2 * cfg.batch_size, len(train)), cfg.batch_size, AUG_SECONDS)
+    aug, sample = rank_aug_seconds(train, cfg)
     compute = gpu_compute(cfg, topo)
     costs = {"aug": aug, "n_train": len(train), "n_val": len(data.val),
              "grad_elems": sum(p.numel() for p in model.parameters()), "horovod": horovod_available(),
@@ -101,8 +101,7 @@ def wire_costs(cfg: RunConfig, topo: Topology, dataset: Any, on_gpu: bool) -> di
         return {}
     view = PerSampleSeeded(wire.dpu_view(dataset, split), cfg.seed)
     if topo.role is not Role.HOST:
-        k = min(2 * cfg.batch_size, len(view))
-        return {"aug_wire": aug_seconds_per_sample(view, k, cfg.batch_size, AUG_SECONDS)[0]}
+        return {"aug_wire": rank_aug_seconds(view, cfg)[0]}
     image = view[0][0]
     batch = image.unsqueeze(0).expand(cfg.batch_size, *image.shape).contiguous()
     finish = split.host
@@ -363,6 +362,12 @@ def aug_seconds_per_sample(train: PerSampleSeeded, k: int, batch_size: Optional[
     return (time.perf_counter() - t0) / done, batch[0][0]
 
 
+def rank_aug_seconds(train: PerSampleSeeded, cfg: RunConfig) -> tuple[float, Any]:
+    """`aug_seconds_per_sample` as every rank's profile runs it: two of the run's batches, and
+    `AUG_SECONDS` at least."""
+    return aug_seconds_per_sample(train, min(2 * cfg.batch_size, len(train)), cfg.batch_size, AUG_SECONDS)
+
+
 def timed_allreduce(comm, elems: int, reps: int = 3) -> float:
     """Seconds of one MPI allreduce of `elems` floats over `comm` (collective): the estimate of
     naive's allreduce over the whole job where naive is not a candidate (`backend_allreduce_seconds`)."""
@@ -520,7 +525,7 @@ def _feeding_costs(cfg: RunConfig, topo: Topology, feeds: bool) -> dict[str, flo
     in_process = topo.role is Role.HOST and cfg.da_host_workers == 0
     data = build_datasets(cfg) if in_process else None
     train = PerSampleSeeded(data.train if data is not None else build_train_set(cfg), cfg.seed)
-    aug, sample = aug_seconds_per_sample(train, min(2 * cfg.batch_size, len(train)), cfg.batch_size, AUG_SECONDS)
+    aug, sample = rank_aug_seconds(train, cfg)
     costs = {"aug": aug}
     if data is not None:  # what the in-process share adds to: the CPU step, or on a GPU the host's CPU work
         model, compute = build_model(cfg, data.num_classes), gpu_compute(cfg, topo)
