@@ -176,7 +176,8 @@ def test_dead_keeper_with_dpu_memory_is_survived_and_the_relaunch_reads_the_disk
     """`--ckpt-mem-keep 2` with `dpurun --restarts 1`: keeper 1 dies on getting step 6's state (survived:
     step 6 is torn, host rank 1's state goes to keeper 0), then host rank 0 dies after step 13, which
     ends the job. The dead keeper's DPU memory stopped at step 4, so no step newer than the disk's is
-    held by every keeper: the relaunch reads the disk (step 12) and ends on the failure-free weights."""
+    held by every keeper: the relaunch reads the disk (step 12, or 10 while 12 still commits) and ends on
+    the failure-free weights."""
     monkeypatch.setenv("DPUOFFLOAD_MEM_DIR", str(tmp_path / "shm"))
     ck, log = tmp_path / "ck", tmp_path / "log"
     res = dpurun([*TWO, "--restarts", "1"], [*RUN, "--mode", "none", "--data", str(bundled_data / "cifar10"),
@@ -187,7 +188,10 @@ def test_dead_keeper_with_dpu_memory_is_survived_and_the_relaunch_reads_the_disk
     assert "checkpoint at step 6 NOT saved (DPU rank 1 (world rank 3" in res.stderr
     assert "dpurun: world rank 0 = host rank 0 (host program) died" in res.stderr
     [rep] = read_jsonl(log / "restarts.jsonl")
-    assert (rep["source"], rep["failed_step"], rep["resumed_step"]) == ("disk", 13, 12)
+    # Step 12's shards go to disk in the keepers' background while step 13 trains: on a loaded box its commit can
+    # still be under way when host rank 0 dies (once in a clean-clone suite run: resumed from 10). Either is the
+    # newest committed checkpoint at the death; what matters is that it came from the disk, not DPU memory.
+    assert (rep["source"], rep["failed_step"]) == ("disk", 13) and rep["resumed_step"] in (10, 12)
     assert "restarting from DPU memory" not in res.stdout
     steps = [ckptfiles.load(d).meta["position"]["global_step"] for d in ckptfiles.committed(ck)]
     assert steps == [2, 4, 8, 10, 12, 14, 16]
