@@ -338,19 +338,48 @@ def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None
     return JobOutcome(code, tuple(failures), bool(forwarder.received), events, ended)
 
 
+SESSION_PREFIX = "dpurun-mpi-"
+
+
 @contextlib.contextmanager
 def session_base(flavor: str) -> Iterator[Optional[str]]:
     """A fresh private directory for one Open MPI job's session files (`command._session_args`: a
     killed job's leftovers there cannot stop a later job), removed after the job however it ended.
-    None for MPICH, whose hydra keeps no such files. Under $TMPDIR (Slurm may give a job its own)."""
+    None for MPICH, whose hydra keeps no such files. Under $TMPDIR (Slurm may give a job its own).
+    Its name carries dpurun's pid, so the next dpurun removes those a dpurun killed outright (SIGKILL
+    runs no `finally`) left behind (`remove_stale_sessions`)."""
     if flavor != "openmpi":
         yield None
         return
-    path = tempfile.mkdtemp(prefix="dpurun-mpi-")
+    remove_stale_sessions(Path(tempfile.gettempdir()))
+    path = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{os.getpid()}-")
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_stale_sessions(base: Path) -> list[Path]:
+    """Remove the session directories under `base` whose dpurun is gone (its pid no longer runs), and
+    say which. A pid reused since by another process keeps its directory until that one ends too:
+    nothing of a running job is ever removed."""
+    removed = []
+    for path in base.glob(f"{SESSION_PREFIX}*-*"):
+        pid = path.name[len(SESSION_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and path.is_dir() and not _running(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _end_with_parent(parent: int) -> Optional[Callable[[], None]]:
