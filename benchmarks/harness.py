@@ -58,6 +58,7 @@ class RunLog:
     auto: Optional[dict[str, Any]]               # auto.jsonl (--mode auto)
     wall: float                                  # seconds the whole job took
     stdout: str = ""
+    machine_ms: Optional[float] = None           # `machine_speed`'s fixed step just before the job (workloads)
 
     def steady(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Epochs 2.. (epoch 1 pays one-off warm-up), or all of them when there is only one."""
@@ -235,6 +236,8 @@ def machine_speed(seconds: float = 20.0, core: int = 0) -> dict[str, Any]:
             if time.perf_counter() - start >= 1.0:
                 per_second.append(1e3 * statistics.median(current))
                 current, start = [], time.perf_counter()
+        if not per_second:  # (a probe of about one second can end a hair before its first whole second)
+            per_second.append(1e3 * statistics.median(current))
     finally:
         torch.set_num_threads(threads)
         os.sched_setaffinity(0, mask)

@@ -51,6 +51,35 @@ def test_auto_is_compared_with_the_best_mode_overall_and_its_own_choice_on_stead
     assert r["ratio"]["min"] == pytest.approx(1.0) and r["ratio"]["max"] == pytest.approx(1.04)
     assert r["vs_chosen"]["min"] == pytest.approx(1.04) and r["vs_chosen"]["max"] == pytest.approx(1.1)
     assert r["epoch_s"]["median"] == 2.6
+    assert r["vs_chosen_each"] == pytest.approx([1.04, 1.1])
+    left = workloads.leftover_cost({"w": {"auto": r}, "v": {"auto": {"vs_chosen_each": [1 / 1.04, 1 / 1.1]}}})
+    assert left["n"] == 4 and left["geomean"] == pytest.approx(1.0) and left["low"] < 1.0 < left["high"]
+
+
+def test_rotation_puts_every_variant_once_in_every_place():
+    orders = [workloads.rotation(workloads.VARIANTS, rep) for rep in range(len(workloads.VARIANTS))]
+    assert all(sorted(o) == sorted(workloads.VARIANTS) for o in orders)
+    for place in range(len(workloads.VARIANTS)):
+        assert sorted(o[place] for o in orders) == sorted(workloads.VARIANTS)
+    assert workloads.rotation(workloads.VARIANTS, 0) == workloads.VARIANTS
+
+
+def test_the_prediction_is_rescaled_by_the_machine_speed_each_repetition_started_at():
+    """Repetition 1: auto's profile ran at 20 ms, mv's job at 30 ms (1.5x slower): its prediction
+    2.0 s reads 3.0 s at that speed; repetition 2: both at 25 ms. The raw error stays as it was."""
+    def auto(pred, ms):
+        log = _log([1.0], [{"data": 0.0}])
+        log.auto, log.machine_ms = {"predicted": {"mv": pred}, "chosen": "mv", "profile": {}}, ms
+        return log
+
+    def mv(ms):
+        log = _log([2.9], [{"data": 0.0}])
+        log.machine_ms = ms
+        return log
+
+    assert workloads.speed_adjusted([auto(2.0, 20.0), auto(2.2, 25.0)], [mv(30.0), mv(25.0)], "mv") == \
+        pytest.approx((3.0 + 2.2) / 2)
+    assert workloads.speed_adjusted([auto(2.0, None)], [mv(30.0)], "mv") is None  # (results without probes)
 
 
 def test_ratio_spread_pairs_repetitions():
