@@ -185,12 +185,20 @@ FIGURES: dict[str, Callable[[], str]] = {
         [r["failed_step_ratio"] for r in recovery_rows("recovery-long-step-lf.json", "lossy-forward")]),
     "recovery_long.restart_over_rollback": lambda: times(over_rollback("recovery-long-step.json"), 1),
     "workloads.speed_moved": lambda: times([load("workloads.json")["machine_speed"]["slow_over_fast"]]),
-    "workloads.resnet20_mv_fwd": lambda: times(
-        [workloads()["resnet20/cifar10"]["diagnostics"]["forward_backward_vs_none"]["mv"]]),
+    "workloads.shufflenet_da_fwd": lambda: times(
+        [workloads()["shufflenet_v2/tinyimagenet"]["diagnostics"]["forward_backward_vs_none"]["da"]]),
+    "workloads.auto_vs_choice": lambda: auto_vs_choice(),
     "recovery.rollback_distance": lambda: f"{max(exact_distances()):g}",
     "recovery.lossy_distance": lambda: " / ".join(
         f"{r['weight_distance']:.2g}" for r in recovery_rows("recovery.json", "lossy-forward")),
 }
+
+
+def auto_vs_choice() -> str:
+    """auto / its choice by hand, every repetition of every workload: the geometric mean and its ±2 SE span
+    (`workloads.leftover_cost`)."""
+    left = load("workloads.json")["auto_vs_choice"]
+    return f"{left['geomean']:.3f} ({left['low']:.3f}-{left['high']:.3f}, {left['n']} repetitions)"
 
 
 # ------------------------------------------------------------------------------------ tables

@@ -151,15 +151,15 @@ def rotation(variants: tuple[str, ...], rep: int) -> tuple[str, ...]:
 
 
 def measure(args: argparse.Namespace, workloads: dict[str, dict[str, Any]], data: Path,
-            variants: tuple[str, ...] = VARIANTS) -> dict[str, dict[str, list[RunLog]]]:
+            variants: tuple[str, ...] = VARIANTS, probe_s: float = PROBE_SECONDS) -> dict[str, dict[str, list[RunLog]]]:
     """Every variant of every workload once per repetition, repetitions interleaved (`rotation`),
-    each job after a `PROBE_SECONDS` probe of the machine's speed (`RunLog.machine_ms`)."""
+    each job after a `probe_s` probe of the machine's speed (`RunLog.machine_ms`)."""
     runs: dict[str, dict[str, list[RunLog]]] = {w: {v: [] for v in variants} for w in workloads}
     with throttle_cgroup(args.dpu_speed, 1) as cgroup:
         for rep in range(args.reps):
             for w, workload in workloads.items():
                 for v in rotation(variants, rep):
-                    probe = machine_speed(PROBE_SECONDS)["fast_ms"]
+                    probe = machine_speed(probe_s)["fast_ms"]
                     log = dataclasses.replace(run_variant(v, workload, args, data, cgroup), machine_ms=probe)
                     runs[w][v].append(log)
                     t = f"{median(log.epoch_times()):.2f} s/epoch" if log.epochs else "-"
@@ -364,10 +364,10 @@ def markdown(report: dict[str, Any], settings: dict[str, Any], speed: Optional[d
     out.append(table(["workload", "mode", "predicted s", "measured s", "error", "target",
                       "error at the jobs' machine speed", "machine ms before the mode's jobs",
                       "before auto's jobs"], rows))
-    out.append("\n(The machine's speed: `harness.machine_speed`'s fixed step, timed for "
-               f"{PROBE_SECONDS:.0f} s before every job; the error at the jobs' speed scales each repetition's "
-               "prediction by the mode's job's probe over the auto job's. A diagnostic: the target is on the "
-               "raw error.)")
+    probe_s = settings.get("probe_seconds", PROBE_SECONDS)
+    out.append(f"\n(The machine's speed: `harness.machine_speed`'s fixed step, timed for {probe_s:g} s before every "
+               "job; the error at the jobs' speed scales each repetition's prediction by the mode's job's probe over "
+               "the auto job's. A diagnostic: the target is on the raw error.)")
     out.append("\n**`--mode auto` as a user gets it: its own epoch against the best mode run by hand** "
                "(target ≤ 1.03)\n")
     rows = [[w, ", ".join(r["auto"]["chosen"]), best_modes(r["auto"]), fmt_spread(r["auto"]["epoch_s"]),
@@ -468,10 +468,11 @@ def run(args: argparse.Namespace) -> Section:
         workloads = {"resnet20/cifar10": {**WORKLOADS["resnet20/cifar10"], "train": 64, "val": 32}}
     data = make_data()
     speed = machine_speed(3.0 if args.quick else 20.0)
-    runs = measure(args, workloads, data)
+    args.probe_seconds = 0.2 if args.quick else PROBE_SECONDS
+    runs = measure(args, workloads, data, probe_s=args.probe_seconds)
     report = {w: analyze(runs[w]) for w in workloads}
     payload = {"machine": machine(), "machine_speed": speed, "settings": settings(args), "targets": TARGETS,
-               "report": report}
+               "report": report, "auto_vs_choice": leftover_cost(report)}
     write_json(args.out, payload)
     return Section("workloads", payload, markdown(report, settings(args), speed), plots(report, args.plots))
 
