@@ -137,7 +137,9 @@ def run_variant(variant: str, workload: dict[str, Any], args: argparse.Namespace
 
 
 # Seconds of `harness.machine_speed` before every job: the machine's speed the job started at, to tell
-# its noise from the model's error (`speed_adjusted`); the speed moves in episodes of 15 s and more.
+# its noise from the model's error (`speed_adjusted`). On 2026-11-26 the probes read 18-36 ms for the
+# same step between jobs, but the speed in the second before a job did not tell the job's own: the
+# rescaled errors read no better than the raw ones. Kept as the record of the machine between jobs.
 PROBE_SECONDS = 1.0
 
 

@@ -33,6 +33,7 @@ import re
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -346,13 +347,14 @@ def session_base(flavor: str) -> Iterator[Optional[str]]:
     """A fresh private directory for one Open MPI job's session files (`command._session_args`: a
     killed job's leftovers there cannot stop a later job), removed after the job however it ended.
     None for MPICH, whose hydra keeps no such files. Under $TMPDIR (Slurm may give a job its own).
-    Its name carries dpurun's pid, so the next dpurun removes those a dpurun killed outright (SIGKILL
-    runs no `finally`) left behind (`remove_stale_sessions`)."""
+    Its name carries the machine's name and dpurun's pid, so the next dpurun on that machine removes
+    those a dpurun killed outright (SIGKILL runs no `finally`) left behind (`remove_stale_sessions`)."""
     if flavor != "openmpi":
         yield None
         return
-    remove_stale_sessions(Path(tempfile.gettempdir()))
-    path = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{os.getpid()}-")
+    base = Path(tempfile.gettempdir())
+    remove_stale_sessions(base)
+    path = tempfile.mkdtemp(prefix=f"{_session_owner()}-{os.getpid()}-", dir=base)
     try:
         yield path
     finally:
@@ -360,16 +362,21 @@ def session_base(flavor: str) -> Iterator[Optional[str]]:
 
 
 def remove_stale_sessions(base: Path) -> list[Path]:
-    """Remove the session directories under `base` whose dpurun is gone (its pid no longer runs), and
-    say which. A pid reused since by another process keeps its directory until that one ends too:
-    nothing of a running job is ever removed."""
-    removed = []
-    for path in base.glob(f"{SESSION_PREFIX}*-*"):
-        pid = path.name[len(SESSION_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and path.is_dir() and not _running(int(pid)):
+    """Remove this machine's session directories under `base` whose dpurun is gone (its pid no longer
+    runs), and return them. Only this machine's (by its name): a $TMPDIR shared with other machines
+    or containers holds pids that mean nothing here. A pid reused since by another process keeps its
+    directory until that one ends too: nothing of a running job is ever removed."""
+    owner, removed = _session_owner(), []
+    for path in base.glob(f"{owner}-*-*"):
+        head, pid, _ = path.name.rsplit("-", 2)
+        if head == owner and pid.isdigit() and path.is_dir() and not _running(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+def _session_owner() -> str:
+    return f"{SESSION_PREFIX}{socket.gethostname()}"
 
 
 def _running(pid: int) -> bool:

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -396,20 +397,23 @@ def test_a_killed_jobs_leftover_session_cannot_stop_the_next_job(bundled_data, t
 
 
 def test_a_session_directory_whose_dpurun_was_killed_outright_goes_with_the_next_job(tmp_path, monkeypatch):
-    """SIGKILL runs no `finally`: the next dpurun removes the directories of dpurun processes that no
-    longer run, and nothing of one still running (this process stands for it) or not its own."""
+    """SIGKILL runs no `finally`: the next dpurun removes this machine's directories of dpurun processes
+    that no longer run, and nothing of one still running (this process stands for it), of another
+    machine sharing the directory, or not its own."""
+    host = socket.gethostname()
     gone = subprocess.Popen(["true"])
     gone.wait()
-    dead = tmp_path / f"dpurun-mpi-{gone.pid}-abc123"
+    dead = tmp_path / f"dpurun-mpi-{host}-{gone.pid}-abc123"
     (dead / "prte.vm.0").mkdir(parents=True)
     (dead / "prte.vm.0" / "pmix.vm.tool.1").write_text("leftover")
-    alive = tmp_path / f"dpurun-mpi-{os.getpid()}-def456"
-    alive.mkdir()
+    alive = tmp_path / f"dpurun-mpi-{host}-{os.getpid()}-def456"
+    elsewhere = tmp_path / f"dpurun-mpi-{host}-other-{gone.pid}-ghi789"  # (a machine named "<host>-other")
     other = tmp_path / "dpurun-mpi-notapid"
-    other.mkdir()
+    for d in (alive, elsewhere, other):
+        d.mkdir()
     monkeypatch.setattr(supervise.tempfile, "tempdir", str(tmp_path))
     with supervise.session_base("openmpi") as session:
-        assert Path(session).name.startswith(f"dpurun-mpi-{os.getpid()}-")
-        assert not dead.exists() and alive.exists() and other.exists()
+        assert Path(session).name.startswith(f"dpurun-mpi-{host}-{os.getpid()}-")
+        assert not dead.exists() and alive.exists() and elsewhere.exists() and other.exists()
     assert not Path(session).exists()
     assert supervise.remove_stale_sessions(tmp_path) == []
