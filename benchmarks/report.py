@@ -185,8 +185,6 @@ FIGURES: dict[str, Callable[[], str]] = {
         [r["failed_step_ratio"] for r in recovery_rows("recovery-long-step-lf.json", "lossy-forward")]),
     "recovery_long.restart_over_rollback": lambda: times(over_rollback("recovery-long-step.json"), 1),
     "workloads.speed_moved": lambda: times([load("workloads.json")["machine_speed"]["slow_over_fast"]]),
-    "workloads.shufflenet_da_fwd": lambda: times(
-        [workloads()["shufflenet_v2/tinyimagenet"]["diagnostics"]["forward_backward_vs_none"]["da"]]),
     "workloads.auto_vs_choice": lambda: auto_vs_choice(),
     "recovery.rollback_distance": lambda: f"{max(exact_distances()):g}",
     "recovery.lossy_distance": lambda: " / ".join(
