@@ -198,7 +198,7 @@ def analyze(by_variant: dict[str, list[RunLog]]) -> dict[str, Any]:
         "peer_data_wait_ms_per_step": 1e3 * median(per_rep(peer, lambda log: per_step(log, "data"))),
         "da_data_wait_ms_per_step": 1e3 * median(per_rep(da, lambda log: per_step(log, "data"))),
     }
-    out["prediction"] = prediction_error(by_variant["auto"], out["epoch_s"], by_variant)
+    out["prediction"] = prediction_error(by_variant, out["epoch_s"])
     out["machine_ms"] = {v: spread([log.machine_ms for log in logs]) for v, logs in by_variant.items()
                          if all(log.machine_ms for log in logs)}
     out["auto"] = auto_vs_best(by_variant)
@@ -265,15 +265,15 @@ def phase_shares(logs: list[RunLog]) -> dict[str, float]:
     return shares
 
 
-def prediction_error(auto: list[RunLog], measured: dict[str, dict[str, float]],
-                     by_variant: Optional[dict[str, list[RunLog]]] = None) -> dict[str, Any]:
-    """Predicted (the --mode auto profile of each repetition, median) vs measured epoch per mode;
-    with `by_variant`, also the error at the machine's speed of each mode's jobs (`speed_adjusted`)."""
+def prediction_error(by_variant: dict[str, list[RunLog]], measured: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Predicted (the --mode auto profile of each repetition, median) vs measured epoch per mode, and
+    where the jobs were probed, the error at the machine's speed of each mode's jobs (`speed_adjusted`)."""
+    auto = by_variant["auto"]
     predicted = {m: median(log.auto["predicted"][m] for log in auto) for m in MODES}
     modes = {m: {"predicted_s": predicted[m], "measured_s": measured[m]["median"],
                  "error": (predicted[m] - measured[m]["median"]) / measured[m]["median"]} for m in MODES}
     for m in MODES:
-        adjusted = speed_adjusted(auto, by_variant[m], m) if by_variant else None
+        adjusted = speed_adjusted(auto, by_variant[m], m)
         if adjusted is not None:
             modes[m]["error_at_job_speed"] = (adjusted - measured[m]["median"]) / measured[m]["median"]
     return {"chosen": [log.auto["chosen"] for log in auto], "modes": modes,

@@ -380,12 +380,13 @@ def _session_owner() -> str:
 
 
 def _running(pid: int) -> bool:
+    """Whether `pid` names a process (another user's too: signal 0 is then refused, not unknown)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
-        return True
+    except PermissionError:
+        pass
     return True
 
 
