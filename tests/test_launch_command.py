@@ -11,7 +11,7 @@ from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.runtime import env
 from dpuoffload.common.runtime.roles import RankInfo, Role, node_of, pair_ranks
 from dpuoffload.launch import cli, placement, throttle
-from dpuoffload.launch.command import LaunchSpec, build_command
+from dpuoffload.launch.command import LaunchSpec, MpiFlavor, build_command
 from dpuoffload.launch.placement import Node
 
 MPIRUN = "/venv/bin/mpirun"
@@ -126,8 +126,9 @@ def test_spec_rejects_inconsistent_fields():
         cluster_spec(cgroup="/cg")
     with pytest.raises(ValueError, match="host_nodes place 16 ranks, expected host_ranks=3"):
         cluster_spec(host_ranks=3)
-    with pytest.raises(ValueError, match="flavor"):
+    with pytest.raises(ValueError, match="flavor 'intel' is not one of openmpi, mpich"):
         local_spec(flavor="intel")
+    assert local_spec(flavor="mpich").flavor is MpiFlavor.MPICH  # (a plain name, as from --mpi-flavor)
 
 
 # ------------------------------------------------------------------------------- placement
@@ -314,10 +315,10 @@ def test_detect_flavor(tmp_path):
     fake = tmp_path / "mpirun"
     fake.write_text("#!/bin/sh\necho 'HYDRA build details:'\n")
     fake.chmod(0o755)
-    assert cli.detect_flavor(str(fake)) == "mpich"
+    assert cli.detect_flavor(str(fake)) is MpiFlavor.MPICH
     fake.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 5.0.11'\n")
-    assert cli.detect_flavor(str(fake)) == "openmpi"
-    assert cli.detect_flavor(str(tmp_path / "missing")) == "openmpi"
+    assert cli.detect_flavor(str(fake)) is MpiFlavor.OPENMPI
+    assert cli.detect_flavor(str(tmp_path / "missing")) is MpiFlavor.OPENMPI
 
 
 def test_clone_ranks_are_a_third_app_context_on_the_host_cores():
