@@ -1,4 +1,6 @@
-"""Baseline benchmark (--mode none): what an idle DPU rank costs, and Horovod vs torch.distributed.
+"""Baseline benchmark (--mode none): what an idle DPU rank costs, Horovod vs torch.distributed, and
+what MPI waits that spin (Open MPI's default where ranks do not outnumber cores) cost against the
+waits that yield their core (dpurun's default, `--mca mpi_yield_when_idle 1`).
 
 Runs the variants below interleaved (rep 1 of every variant, then rep 2, ...) on this machine so
 that machine noise hits all of them alike, and prints medians and ratios measured in this run.
@@ -24,8 +26,11 @@ VARIANTS = {
     "1 host + 1 idle DPU rank": ["--host-ranks", "1", "--dpu-ranks", "1", "--host-threads", "1"],
     "2 hosts, horovod": ["--host-ranks", "2", "--dpu-ranks", "0", "--host-threads", "1", "@horovod"],
     "2 hosts, torch (gloo)": ["--host-ranks", "2", "--dpu-ranks", "0", "--host-threads", "1", "@torch"],
+    "2 hosts, horovod, MPI waits spinning": ["--host-ranks", "2", "--dpu-ranks", "0", "--host-threads", "1",
+                                             "--mpirun-arg=--mca mpi_yield_when_idle 0", "@horovod"],
 }
-RATIOS = [("1 host + 1 idle DPU rank", "1 host, no DPU rank"), ("2 hosts, torch (gloo)", "2 hosts, horovod")]
+RATIOS = [("1 host + 1 idle DPU rank", "1 host, no DPU rank"), ("2 hosts, torch (gloo)", "2 hosts, horovod"),
+          ("2 hosts, horovod", "2 hosts, horovod, MPI waits spinning")]
 
 
 def run_variant(launcher: list[str], data: Path, epochs: int) -> list[dict]:

@@ -43,6 +43,14 @@ def load(name: str) -> Any:
     return json.loads((RESULTS / name).read_text())
 
 
+def baseline_ratio(numerator: str, denominator: str) -> float:
+    """A ratio `benchmarks/baseline.py` wrote, found by its variants' names (a unique part of the
+    denominator's is enough)."""
+    ratios = load("baseline.json")["ratios"]
+    (key,) = [k for k in ratios if k.startswith(f"{numerator} / ") and denominator in k.split(" / ", 1)[1]]
+    return ratios[key]
+
+
 # ------------------------------------------------------------------------------------ formatting
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -168,6 +176,9 @@ FIGURES: dict[str, Callable[[], str]] = {
     "wire.host_sample_ms": lambda: f"{load('wire.json')['in_process']['uint8']['host_sample_us'] / 1e3:.2f} ms",
     "crossarch.v2_resize_share": lambda: (
         f"{math.floor(min(v2_resize_shares()))}-{math.ceil(max(v2_resize_shares()))} %"),
+    "baseline.yield_vs_spin": lambda: f"{baseline_ratio('2 hosts, horovod', 'spinning'):.3f}",
+    "baseline.spin_vs_yield": lambda: f"{1 / baseline_ratio('2 hosts, horovod', 'spinning'):.2f}×",
+    "baseline.gloo_vs_horovod": lambda: f"{baseline_ratio('2 hosts, torch (gloo)', '2 hosts, horovod'):.2f}",
     "startup.difference": lambda: f"{load('startup.json')['summary']['dpurun']['difference_s']['median']:+.2f} s",
     "startup.difference_uncut": lambda: (
         f"{load('startup.json')['summary']['dpurun, uncut']['difference_s']['median']:+.2f} s"),

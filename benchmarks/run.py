@@ -8,7 +8,7 @@ throttled with `--dpu-speed`. Every comparison is measured side by side inside o
 Each benchmark NAME writes `<results>/<NAME>.json` and its PNG plots into `<results>/`; the run
 appends one section with the machine description and every table to the markdown file.
 
-Benchmarks (default: all but `modes`, `baseline` (15+ min each on 2 cores), `own_loop` (12 min),
+Benchmarks (default: all but `modes` (15+ min on 2 cores), `baseline` (3 min), `own_loop` (12 min),
 `multinode` and `netmodel` (root) and `gpu` (a GPU node)):
   workloads  phase shares, the DataLoader peer, the ideal bounds of da and mv, prediction error
   augweight  light -> heavy augmentation: none / da / mv / peer at each weight
@@ -16,7 +16,7 @@ Benchmarks (default: all but `modes`, `baseline` (15+ min each on 2 cores), `own
   transport  host<->DPU batch bandwidth vs raw MPI Send/Recv
   interference  host compute slowed by load on the emulated DPU core (what a real DPU would not cost)
   modes      none / da / mv / hybrid / naive side by side
-  baseline   idle DPU rank cost, Horovod vs torch.distributed
+  baseline   idle DPU rank cost, Horovod vs torch.distributed, MPI waits yielding vs spinning
   startup    wall time of a tiny dpurun job vs a plain torchvision + DataLoader script, and where it goes
   own_loop   a user's own script: torch's DataLoader on the spare core vs job.loader with a DPU rank there
   multinode  none / da / mv / hybrid across 2 emulated nodes and their DPUs (TCP between machines; root)
@@ -52,7 +52,7 @@ TITLES = {"workloads": "Phases, the DataLoader peer, ideal bounds and prediction
           "transport": "Transport: host<->DPU batches vs raw MPI",
           "interference": "Emulation fidelity: DPU-core load slowing the host core",
           "modes": "Offload modes side by side",
-          "baseline": "Baseline: idle DPU rank, Horovod vs torch.distributed",
+          "baseline": "Baseline: idle DPU rank, Horovod vs torch.distributed, MPI waits yielding vs spinning",
           "startup": "Start-up: a tiny dpurun job vs a plain torchvision script",
           "own_loop": "Own loop: a user's script, DataLoader worker vs job.loader",
           "fanin": "Fan-in: K worker processes building one host rank's batches (--dpu-workers)",

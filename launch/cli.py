@@ -294,6 +294,7 @@ def resolve_spec(args: argparse.Namespace, training_args: Sequence[str],
                 dpu_python=args.dpu_python or python, training_args=tuple(training_args),
                 oversubscribe=args.oversubscribe, run_as_root=os.geteuid() == 0,
                 progress_tty=sys.stdout.isatty(), fault_tolerant=fault_tolerant,
+                yield_when_idle="OMPI_MCA_mpi_yield_when_idle" not in os.environ,
                 extra_args=tuple(a for value in args.mpirun_arg for a in shlex.split(value)))
     if _cluster_mode(args):
         return _cluster_spec(args, base), None

