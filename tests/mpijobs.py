@@ -79,9 +79,10 @@ def dpurun(launcher: Sequence[str], training: Sequence[str], timeout: float = 24
 
 def mpmd(n_host: int, host_argv: Sequence[str], n_dpu: int, dpu_argv: Sequence[str],
          timeout: float = 120) -> subprocess.CompletedProcess:
-    """A hand-written MPMD mpirun line (what dpurun would build, but with free per-side argv)."""
-    return run([MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", str(n_host), *host_argv,
-                ":", "-np", str(n_dpu), *dpu_argv], timeout=timeout)
+    """A hand-written MPMD mpirun line (what dpurun would build, but with free per-side argv): its
+    one-box transports and its waits that yield the core (`launch.command`)."""
+    return run([MPIRUN, "--oversubscribe", "--bind-to", "none", "--mca", "btl", "^ofi", "--mca", "mpi_yield_when_idle",
+                "1", "-np", str(n_host), *host_argv, ":", "-np", str(n_dpu), *dpu_argv], timeout=timeout)
 
 
 def machines_unavailable(switch: Optional[str] = None, needs: str = "ip netns add") -> Optional[str]:
