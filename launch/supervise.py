@@ -344,13 +344,13 @@ SESSION_PREFIX = "dpurun-mpi-"
 
 
 @contextlib.contextmanager
-def session_base(flavor: MpiFlavor) -> Iterator[Optional[str]]:
+def session_base(flavor: MpiFlavor | str) -> Iterator[Optional[str]]:
     """A fresh private directory for one Open MPI job's session files (`command._session_args`: a
     killed job's leftovers there cannot stop a later job), removed after the job however it ended.
     None for MPICH, whose hydra keeps no such files. Under $TMPDIR (Slurm may give a job its own).
     Its name carries the machine's name and dpurun's pid, so the next dpurun on that machine removes
     those a dpurun killed outright (SIGKILL runs no `finally`) left behind (`remove_stale_sessions`)."""
-    if flavor is not MpiFlavor.OPENMPI:
+    if MpiFlavor(flavor) is not MpiFlavor.OPENMPI:
         yield None
         return
     base = Path(tempfile.gettempdir())
