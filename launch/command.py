@@ -34,6 +34,8 @@ class MpiFlavor(str, enum.Enum):
 
     def __str__(self) -> str:  # (argparse's --help and error messages print the plain name)
         return self.value
+
+
 HOST_MODULE = "dpuoffload.host"
 DPU_MODULE = "dpuoffload.dpu"
 CGEXEC_NAME = "dpuoffload-cgexec"  # $0 of the cgroup-entering shell; shows up in `ps`
