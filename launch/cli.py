@@ -22,7 +22,7 @@ from dpuoffload.common.config import build_parser
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.runtime.roles import Role
 from dpuoffload.launch import checks, placement, restart, slurm, supervise, throttle
-from dpuoffload.launch.command import LaunchSpec, MpiFlavor, build_command
+from dpuoffload.launch.command import YIELD_ENV, LaunchSpec, MpiFlavor, build_command
 
 PROG = "dpurun"
 
@@ -294,7 +294,7 @@ def resolve_spec(args: argparse.Namespace, training_args: Sequence[str],
                 dpu_python=args.dpu_python or python, training_args=tuple(training_args),
                 oversubscribe=args.oversubscribe, run_as_root=os.geteuid() == 0,
                 progress_tty=sys.stdout.isatty(), fault_tolerant=fault_tolerant,
-                yield_when_idle="OMPI_MCA_mpi_yield_when_idle" not in os.environ,
+                yield_when_idle=YIELD_ENV not in os.environ,
                 extra_args=tuple(a for value in args.mpirun_arg for a in shlex.split(value)))
     if _cluster_mode(args):
         return _cluster_spec(args, base), None

@@ -39,6 +39,7 @@ class MpiFlavor(str, enum.Enum):
 HOST_MODULE = "dpuoffload.host"
 DPU_MODULE = "dpuoffload.dpu"
 CGEXEC_NAME = "dpuoffload-cgexec"  # $0 of the cgroup-entering shell; shows up in `ps`
+YIELD_ENV = "OMPI_MCA_mpi_yield_when_idle"  # (per app context: see _yield_env)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +78,7 @@ class LaunchSpec:
     script_args: tuple[str, ...] = ()
     fault_tolerant: bool = False  # --dpu-failure fallback, --recovery: MPI reports dead ranks instead of ending the job
     session_base: Optional[str] = None  # Open MPI: a fresh directory for mpirun's session files (see _session_args)
-    yield_when_idle: bool = True  # Open MPI: ranks waiting on MPI yield their core (see _yield_args)
+    yield_when_idle: bool = True  # Open MPI: host program ranks waiting on MPI yield their core (see _yield_env)
 
     def __post_init__(self) -> None:
         try:
@@ -166,7 +167,6 @@ def _openmpi_command(spec: LaunchSpec) -> list[str]:
             # One box: shared memory carries everything. The libfabric transport (ofi), which
             # pip's Open MPI loads by default, costs ~1 s per rank in MPI_Init probing fabrics.
             cmd += ["--mca", "btl", "^ofi"]
-    cmd += _yield_args(spec)
     cmd += _session_args(spec)
     cmd += spec.extra_args
     cmd += ["-np", str(spec.host_ranks), *_host_list("--host", spec.host_nodes), *_host_argv(spec)]
@@ -178,20 +178,23 @@ def _openmpi_command(spec: LaunchSpec) -> list[str]:
     return cmd
 
 
-def _yield_args(spec: LaunchSpec) -> list[str]:
-    """Open MPI's waits yield the core (`mpi_yield_when_idle`) instead of spinning on it.
+def _yield_env(spec: LaunchSpec) -> dict[str, str]:
+    """The host program's Open MPI waits yield the core (`mpi_yield_when_idle`) instead of spinning.
 
-    Open MPI spins in every wait unless it sees more ranks than slots on a node. A rank here is
-    never one thread: Horovod's background thread waits in MPI while the training thread computes,
-    the DPU program's workers and sender share its cores, and emulation pins ranks to few cores. A
-    spinning waiter takes the core from the thread that has work: 2 host ranks with one core each
-    trained a debug epoch in 2.2-2.4 s with Horovod spinning, 1.2-1.3 s yielding (at 20 against
-    12.7 CPU seconds per job; benchmarks/baseline.py). A wait with nothing else to run on its core
-    costs one sched_yield per poll. Left out where the user sets the parameter (--mpirun-arg, or
-    OMPI_MCA_mpi_yield_when_idle in the environment: dpurun then clears `yield_when_idle`)."""
-    if not spec.yield_when_idle or _sets_mca(spec.extra_args, "mpi_yield_when_idle"):
-        return []
-    return ["--mca", "mpi_yield_when_idle", "1"]
+    Open MPI spins in every wait unless it sees more ranks than slots on a node. A host rank is
+    never one thread: Horovod's background thread waits in MPI for the other ranks' tensors while
+    the training thread computes on the same cores, and spinning it takes the core from them: 2 host
+    ranks with one core each trained a debug epoch in 0.52-0.68 of the time yielding that they took
+    spinning (benchmarks/baseline.py, two runs). The DPU program is left to Open MPI's default: its waits already sleep
+    between polls (`common.waits`), and one host + one throttled DPU rank in `mv` ran 1.15x slower with
+    every rank yielding (6 pairs by hand). Per app context, through its environment prefix; left out
+    where the user sets the parameter (--mpirun-arg, or OMPI_MCA_mpi_yield_when_idle in dpurun's
+    environment: dpurun then clears `yield_when_idle`)."""
+    if spec.flavor is not MpiFlavor.OPENMPI or not spec.yield_when_idle:
+        return {}
+    if _sets_mca(spec.extra_args, "mpi_yield_when_idle"):
+        return {}
+    return {YIELD_ENV: "1"}
 
 
 def _session_args(spec: LaunchSpec) -> list[str]:
@@ -237,6 +240,7 @@ def _host_list(flag: str, nodes: tuple[Node, ...]) -> list[str]:
 
 def _host_argv(spec: LaunchSpec) -> list[str]:
     extra = {env.PROGRESS_TTY: "1"} if spec.progress_tty else {}
+    extra.update(_yield_env(spec))
     return [*_env_prefix(spec, spec.host_threads, {**extra, **_script_env(spec)}), *_pin(spec.host_cores),
             spec.host_python, *_host_program(spec)]
 
@@ -244,6 +248,7 @@ def _host_argv(spec: LaunchSpec) -> list[str]:
 def _clone_argv(spec: LaunchSpec) -> list[str]:
     """App context 2: clone ranks, or spare ranks (`DPUOFFLOAD_STANDBY=spare` tells them apart)."""
     extra = {env.STANDBY: "spare"} if spec.spare_ranks else {}
+    extra.update(_yield_env(spec))
     return [*_env_prefix(spec, spec.host_threads, {**extra, **_script_env(spec)}),
             *_pin(spec.clone_cores or spec.host_cores),
             spec.host_python, *_host_program(spec)]

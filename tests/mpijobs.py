@@ -80,7 +80,8 @@ def dpurun(launcher: Sequence[str], training: Sequence[str], timeout: float = 24
 def mpmd(n_host: int, host_argv: Sequence[str], n_dpu: int, dpu_argv: Sequence[str],
          timeout: float = 120) -> subprocess.CompletedProcess:
     """A hand-written MPMD mpirun line (what dpurun would build, but with free per-side argv): its
-    one-box transports and its waits that yield the core (`launch.command`)."""
+    one-box transports, and waits that yield the core on every rank (dpurun yields on the host
+    program's only, `launch.command._yield_env`; these jobs test roles and faults, not speed)."""
     return run([MPIRUN, "--oversubscribe", "--bind-to", "none", "--mca", "btl", "^ofi", "--mca", "mpi_yield_when_idle",
                 "1", "-np", str(n_host), *host_argv, ":", "-np", str(n_dpu), *dpu_argv], timeout=timeout)
 

@@ -94,8 +94,8 @@ def test_mpirun_arg_is_repeatable_and_shell_split(monkeypatch, capsys):
             "--", "--dataset", "fake"]
     assert cli.main(argv) == 0
     cmd = shlex.split(capsys.readouterr().out)
-    i = cmd.index("btl")
-    assert cmd[i - 1:i + 3] == ["--mca", "btl", "tcp,self", "--report-bindings"]
+    i = cmd.index("--mca")
+    assert cmd[i:i + 4] == ["--mca", "btl", "tcp,self", "--report-bindings"]
 
 
 def test_make_data_subcommand_dispatches(monkeypatch):

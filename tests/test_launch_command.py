@@ -38,32 +38,36 @@ def cluster_spec(**changes) -> LaunchSpec:
 HOST_TAIL = [PY, "-m", "dpuoffload.host", *TRAIN]
 DPU_TAIL = [PY, "-m", "dpuoffload.dpu", *TRAIN]
 ENV1 = ["env", "OMP_NUM_THREADS=1", "DPUOFFLOAD_THREADS=1"]
-YIELD = ["--mca", "mpi_yield_when_idle", "1"]  # (command._yield_args: Open MPI's waits give up the core)
+YIELD = "OMPI_MCA_mpi_yield_when_idle=1"  # (command._yield_env: the host program's waits give up the core)
 
 
 # ------------------------------------------------------------------------ local emulation
 def test_local_default_openmpi():
     assert build_command(local_spec()) == [
-        MPIRUN, "--bind-to", "none", "--use-hwthread-cpus", "--mca", "btl", "^ofi", *YIELD,
-        "-np", "1", *ENV1, "taskset", "-c", "0", *HOST_TAIL,
+        MPIRUN, "--bind-to", "none", "--use-hwthread-cpus", "--mca", "btl", "^ofi",
+        "-np", "1", *ENV1, YIELD, "taskset", "-c", "0", *HOST_TAIL,
         ":", "-np", "1", *ENV1, "taskset", "-c", "1", *DPU_TAIL]
 
 
 def test_session_base_goes_to_mpiruns_own_node_and_the_users_setting_wins():
-    base = ["--bind-to", "none", "--use-hwthread-cpus", "--mca", "btl", "^ofi", *YIELD]
+    base = ["--bind-to", "none", "--use-hwthread-cpus", "--mca", "btl", "^ofi"]
     own = ["--prtemca", "prte_local_tmpdir_base", "/tmp/dpurun-mpi-x"]
-    assert build_command(local_spec(session_base="/tmp/dpurun-mpi-x"))[:13] == [MPIRUN, *base, *own]
+    assert build_command(local_spec(session_base="/tmp/dpurun-mpi-x"))[:10] == [MPIRUN, *base, *own]
     users = ("--prtemca", "prte_local_tmpdir_base", "/scratch/mine")
-    assert build_command(local_spec(session_base="/tmp/dpurun-mpi-x", extra_args=users))[:13] == [MPIRUN, *base, *users]
+    assert build_command(local_spec(session_base="/tmp/dpurun-mpi-x", extra_args=users))[:10] == [MPIRUN, *base, *users]
     assert "--prtemca" not in build_command(cluster_spec(flavor="mpich", session_base="/tmp/dpurun-mpi-x"))
 
 
-def test_waits_yield_their_core_unless_the_user_sets_it():
+def test_the_host_programs_waits_yield_their_core_unless_the_user_sets_it():
+    """Host ranks (and clone or spare ranks: the host program) yield; the DPU program's waits sleep
+    already, and it keeps Open MPI's default; a setting of the user's replaces it."""
+    cmd = build_command(local_spec(clone_ranks=1))
+    assert cmd.count(YIELD) == 2 and cmd.index(YIELD) < cmd.index(":")
+    assert YIELD not in cmd[cmd.index(":"):cmd.index("dpuoffload.dpu")]  # (the DPU context)
     users = ("--mca", "mpi_yield_when_idle", "0")
-    cmd = build_command(local_spec(extra_args=users))
-    assert cmd.count("mpi_yield_when_idle") == 1 and cmd[cmd.index("mpi_yield_when_idle") + 1] == "0"
-    assert "mpi_yield_when_idle" not in build_command(local_spec(yield_when_idle=False))  # (the user's environment)
-    assert "mpi_yield_when_idle" not in build_command(local_spec(flavor="mpich"))
+    assert YIELD not in build_command(local_spec(extra_args=users))
+    assert YIELD not in build_command(local_spec(yield_when_idle=False))  # (dpurun: the user's environment)
+    assert YIELD not in build_command(local_spec(flavor="mpich"))
 
 
 def test_local_root_oversubscribe_threads_and_core_ranges():
@@ -72,8 +76,8 @@ def test_local_root_oversubscribe_threads_and_core_ranges():
                       extra_args=("--mca", "btl", "self,vader"))
     assert build_command(spec) == [
         MPIRUN, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--use-hwthread-cpus",
-        *YIELD, "--mca", "btl", "self,vader",
-        "-np", "2", "env", "OMP_NUM_THREADS=2", "DPUOFFLOAD_THREADS=2", "taskset", "-c", "0-2,5",
+        "--mca", "btl", "self,vader",
+        "-np", "2", "env", "OMP_NUM_THREADS=2", "DPUOFFLOAD_THREADS=2", YIELD, "taskset", "-c", "0-2,5",
         *HOST_TAIL,
         ":", "-np", "3", *ENV1, "taskset", "-c", "6-7", *DPU_TAIL]
 
@@ -81,8 +85,8 @@ def test_local_root_oversubscribe_threads_and_core_ranges():
 def test_local_throttled_dpu_enters_cgroup_before_exec():
     cg = "/sys/fs/cgroup/cpu/dpuoffload-42"
     assert build_command(local_spec(cgroup=cg)) == [
-        MPIRUN, "--bind-to", "none", "--use-hwthread-cpus", "--mca", "btl", "^ofi", *YIELD,
-        "-np", "1", *ENV1, "taskset", "-c", "0", *HOST_TAIL,
+        MPIRUN, "--bind-to", "none", "--use-hwthread-cpus", "--mca", "btl", "^ofi",
+        "-np", "1", *ENV1, YIELD, "taskset", "-c", "0", *HOST_TAIL,
         ":", "-np", "1", *ENV1, f"DPUOFFLOAD_CGROUP={cg}", "taskset", "-c", "1",
         "sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "dpuoffload-cgexec", *DPU_TAIL]
 
@@ -94,9 +98,9 @@ def test_cgroup_path_with_spaces_is_quoted_for_the_shell():
 
 def test_no_dpu_ranks_gives_one_app_context():
     spec = local_spec(dpu_ranks=0, dpu_cores=None, host_cores=(0, 1))
-    assert build_command(spec) == [MPIRUN, "--bind-to", "none", "--use-hwthread-cpus", "--mca", "btl", "^ofi", *YIELD,
+    assert build_command(spec) == [MPIRUN, "--bind-to", "none", "--use-hwthread-cpus", "--mca", "btl", "^ofi",
                                    "-np", "1",
-                                   *ENV1, "taskset", "-c", "0-1", *HOST_TAIL]
+                                   *ENV1, YIELD, "taskset", "-c", "0-1", *HOST_TAIL]
 
 
 def test_local_mpich_has_no_openmpi_flags():
@@ -112,9 +116,9 @@ NODE_MAP = "DPUOFFLOAD_NODE_MAP=n1-bf=n1,n2-bf=n2"
 
 def test_cluster_openmpi_per_app_context_hosts_and_node_map():
     assert build_command(cluster_spec()) == [
-        MPIRUN, "--bind-to", "none", *YIELD,
+        MPIRUN, "--bind-to", "none",
         "-np", "16", "--host", "n1:8,n2:8",
-        "env", "OMP_NUM_THREADS=2", "DPUOFFLOAD_THREADS=2", NODE_MAP, *HOST_TAIL,
+        "env", "OMP_NUM_THREADS=2", "DPUOFFLOAD_THREADS=2", NODE_MAP, YIELD, *HOST_TAIL,
         ":", "-np", "4", "--host", "n1-bf:2,n2-bf:2",
         "env", "OMP_NUM_THREADS=4", "DPUOFFLOAD_THREADS=4", NODE_MAP,
         "/dpu/python", "-m", "dpuoffload.dpu", *TRAIN]
@@ -274,21 +278,21 @@ def dry_run(capsys, *argv: str) -> list[str]:
 
 def test_cli_local_defaults(four_cores, capsys):
     cmd = dry_run(capsys, "--mpi-flavor", "openmpi", "--host-ranks", "3", "--", *TRAIN)
-    assert cmd == ["/bin/true", "--bind-to", "none", "--use-hwthread-cpus", "--mca", "btl", "^ofi", *YIELD,
-                   "-np", "3", *ENV1, "taskset", "-c", "0-2", *HOST_TAIL,
+    assert cmd == ["/bin/true", "--bind-to", "none", "--use-hwthread-cpus", "--mca", "btl", "^ofi",
+                   "-np", "3", *ENV1, YIELD, "taskset", "-c", "0-2", *HOST_TAIL,
                    ":", "-np", "1", *ENV1, "taskset", "-c", "3", *DPU_TAIL]
 
 
 def test_cli_leaves_the_yield_to_a_users_environment(four_cores, capsys, monkeypatch):
     monkeypatch.setenv("OMPI_MCA_mpi_yield_when_idle", "0")
-    assert "mpi_yield_when_idle" not in dry_run(capsys, "--mpi-flavor", "openmpi", "--", *TRAIN)
+    assert YIELD not in dry_run(capsys, "--mpi-flavor", "openmpi", "--", *TRAIN)
 
 
 def test_cli_threads_from_core_share_and_flags(four_cores, capsys):
     cmd = dry_run(capsys, "--mpi-flavor", "openmpi", "--dpu-cores", "2-3", "--dpu-threads", "1",
                   "--", *TRAIN)
-    assert cmd[cmd.index("taskset") - 2:cmd.index("taskset") + 3] == [
-        "OMP_NUM_THREADS=2", "DPUOFFLOAD_THREADS=2", "taskset", "-c", "0-1"]
+    assert cmd[cmd.index("taskset") - 3:cmd.index("taskset") + 3] == [
+        "OMP_NUM_THREADS=2", "DPUOFFLOAD_THREADS=2", YIELD, "taskset", "-c", "0-1"]
     assert cmd[cmd.index(":"):cmd.index(":") + 8] == [":", "-np", "1", *ENV1, "taskset", "-c"]
 
 
