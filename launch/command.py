@@ -32,7 +32,7 @@ class MpiFlavor(str, enum.Enum):
     OPENMPI = "openmpi"
     MPICH = "mpich"
 
-    def __str__(self) -> str:  # (argparse's --help and error messages print the plain name)
+    def __str__(self) -> str:  # (messages and f-strings print the plain name)
         return self.value
 
 
@@ -185,11 +185,12 @@ def _yield_env(spec: LaunchSpec) -> dict[str, str]:
     never one thread: Horovod's background thread waits in MPI for the other ranks' tensors while
     the training thread computes on the same cores, and spinning it takes the core from them: 2 host
     ranks with one core each trained a debug epoch in 0.52-0.68 of the time yielding that they took
-    spinning (benchmarks/baseline.py, two runs). The DPU program is left to Open MPI's default: its waits already sleep
-    between polls (`common.waits`), and one host + one throttled DPU rank in `mv` ran 1.15x slower with
-    every rank yielding (6 pairs by hand). Per app context, through its environment prefix; left out
-    where the user sets the parameter (--mpirun-arg, or OMPI_MCA_mpi_yield_when_idle in dpurun's
-    environment: dpurun then clears `yield_when_idle`)."""
+    spinning (benchmarks/baseline.py, two runs). The DPU program is left to Open MPI's default: its
+    waits already sleep between polls (`common.waits`), and one host + one throttled DPU rank in `mv`
+    ran 1.15x slower with every rank yielding (6 pairs by hand, benchmarks/RESULTS.md). Per app
+    context, through its environment prefix; left out where the user sets the parameter
+    (--mpirun-arg, or OMPI_MCA_mpi_yield_when_idle in dpurun's environment: dpurun then clears
+    `yield_when_idle`)."""
     if spec.flavor is not MpiFlavor.OPENMPI or not spec.yield_when_idle:
         return {}
     if _sets_mca(spec.extra_args, "mpi_yield_when_idle"):
