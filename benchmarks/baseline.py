@@ -1,6 +1,7 @@
 """Baseline benchmark (--mode none): what an idle DPU rank costs, Horovod vs torch.distributed, and
 what MPI waits that spin (Open MPI's default where ranks do not outnumber cores) cost against the
-waits that yield their core (dpurun's default, `--mca mpi_yield_when_idle 1`).
+waits that yield their core (dpurun's default for the host program's ranks,
+`OMPI_MCA_mpi_yield_when_idle=1` in their app contexts: `launch/command.py::_yield_env`).
 
 Runs the variants below interleaved (rep 1 of every variant, then rep 2, ...) on this machine so
 that machine noise hits all of them alike, and prints medians and ratios measured in this run.
