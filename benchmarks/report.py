@@ -189,6 +189,8 @@ FIGURES: dict[str, Callable[[], str]] = {
                                                       / clone_median("resnet50", "ours-staged", "overhead_s")], 1),
     "interference.slowdown": lambda: " and ".join(
         f"{(load('interference.json')['slowdown'][k] - 1) * 100:+.1f} %" for k in ("load at 0.5", "load at 1.0")),
+    "interference.augment_slowdown": lambda: "{:+.1f} %".format(
+        (next(v for k, v in load("interference.json")["slowdown"].items() if k.startswith("augmentation")) - 1) * 100),
     "recovery_long.step_s": lambda: f"{load('recovery-long-step.json')['failure_free'][0]['step_s']:.2f} s",
     "recovery_long.rollback_ratios": lambda: times(
         [r["failed_step_ratio"] for r in recovery_rows("recovery-long-step.json", "rollback (spare)")]),

@@ -165,7 +165,8 @@ def test_suite_quick(quick_suite):
     assert dpu > 0 and host > 0
     assert json.loads((tmp_path / "transport.json").read_text())["results"][0]["raw_GBps"] > 0
     i = json.loads((tmp_path / "interference.json").read_text())
-    assert set(i["runs"]) == {"idle", "load at 0.5", "load at 1.0"} and i["slowdown"]["idle"] == 1.0
+    assert set(i["runs"]) == {"idle", "load at 0.5", "load at 1.0", "augmentation at 0.5, 28% busy"}
+    assert i["slowdown"]["idle"] == 1.0
     assert all(x > 0 for runs in i["runs"].values() for x in runs)
     f = json.loads((tmp_path / "fanin.json").read_text())["report"]  # (it exits if any batch differs)
     assert set(f) == {"in-process", "workers 1", "DataLoader 1 per epoch"}
