@@ -16,8 +16,10 @@ This measures host forward/backward throughput (resnet20, batch 16, one thread, 
 inside the same cgroup for `--augment-busy` of core 1's time, sleeping the rest as a DPU rank
 does when its host consumes slower. Its default, 0.28, is the busy share of core 1 measured
 while the workloads' resnet20 `da` job trained (2026-11-27, RESULTS.md "Measurements by hand"),
-whose host forward/backward ran 5-16 % slower than `none`'s, where the evaluation loop at half a
-core had cost 1 %. Variants interleaved per repetition; medians with min–max.
+whose host forward/backward ran 5-16 % slower than `none`'s. The host is timed once the load
+says it runs: a fixed 2 s sleep, before, let a throttled load still be importing torch while the
+host was timed (it read 1 % at half a core, where waiting reads 5-10 %). Variants interleaved per
+repetition; medians with min–max.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def probe(kind: str, steps: int, busy: float = 1.0) -> None:
     `augment`: build training batches forever, `busy` of the time (`augment_forever`)."""
     if kind == "augment":
         augment_forever(busy)
+        return
     import torch
 
     from dpuoffload.common.models.resnet_cifar import CifarResNet
@@ -159,6 +162,8 @@ def augment_variant(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> Section:
+    if not 0 < args.augment_busy <= 1:
+        sys.exit(f"interference.py: --augment-busy {args.augment_busy} is not a share of a core; give one in (0, 1]")
     if args.quick:
         args.reps = 1
     runs = measure(args)
