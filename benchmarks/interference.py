@@ -117,14 +117,15 @@ def host_rate(steps: int) -> float:
 
 def measure(args: argparse.Namespace) -> dict[str, list[float]]:
     steps = 10 if args.quick else 150
-    augment = augment_variant(args)
-    variants = ("idle", f"load at {args.dpu_speed}", "load at 1.0", augment)
-    runs: dict[str, list[float]] = {v: [] for v in variants}
+    # variant -> None (core 1 idle), or (in the cgroup, the batch building's busy share; None: evaluation)
+    loads: dict[str, Optional[tuple[bool, Optional[float]]]] = {
+        "idle": None, f"load at {args.dpu_speed}": (True, None), "load at 1.0": (False, None),
+        augment_variant(args): (True, args.augment_busy)}
+    runs: dict[str, list[float]] = {v: [] for v in loads}
     with throttle_cgroup(args.dpu_speed, 1) as cgroup:
         for rep in range(args.reps):
-            for v in variants:
-                load = None if v == "idle" else start_load(
-                    cgroup if v != "load at 1.0" else None, args.augment_busy if v == augment else None)
+            for v, how in loads.items():
+                load = None if how is None else start_load(cgroup if how[0] else None, how[1])
                 try:
                     runs[v].append(host_rate(steps))
                 finally:

@@ -186,14 +186,13 @@ def _yield_env(spec: LaunchSpec) -> dict[str, str]:
     the training thread computes on the same cores, and spinning it takes the core from them: 2 host
     ranks with one core each trained a debug epoch in 0.52-0.68 of the time yielding that they took
     spinning (benchmarks/baseline.py, two runs). The DPU program is left to Open MPI's default: its
-    waits already sleep between polls (`common.waits`), and one host + one throttled DPU rank in `mv`
+    waits already sleep between polls (`common.runtime.waits`), and one host + one throttled DPU rank in `mv`
     ran 1.15x slower with every rank yielding (6 pairs by hand, benchmarks/RESULTS.md). Per app
     context, through its environment prefix; left out where the user sets the parameter
     (--mpirun-arg, or OMPI_MCA_mpi_yield_when_idle in dpurun's environment: dpurun then clears
     `yield_when_idle`)."""
-    if spec.flavor is not MpiFlavor.OPENMPI or not spec.yield_when_idle:
-        return {}
-    if _sets_mca(spec.extra_args, "mpi_yield_when_idle"):
+    if spec.flavor is not MpiFlavor.OPENMPI or not spec.yield_when_idle or _sets_mca(spec.extra_args,
+                                                                                   "mpi_yield_when_idle"):
         return {}
     return {YIELD_ENV: "1"}
 
@@ -241,18 +240,21 @@ def _host_list(flag: str, nodes: tuple[Node, ...]) -> list[str]:
 
 def _host_argv(spec: LaunchSpec) -> list[str]:
     extra = {env.PROGRESS_TTY: "1"} if spec.progress_tty else {}
-    extra.update(_yield_env(spec))
-    return [*_env_prefix(spec, spec.host_threads, {**extra, **_script_env(spec)}), *_pin(spec.host_cores),
+    return [*_env_prefix(spec, spec.host_threads, _host_program_env(spec, extra)), *_pin(spec.host_cores),
             spec.host_python, *_host_program(spec)]
 
 
 def _clone_argv(spec: LaunchSpec) -> list[str]:
     """App context 2: clone ranks, or spare ranks (`DPUOFFLOAD_STANDBY=spare` tells them apart)."""
     extra = {env.STANDBY: "spare"} if spec.spare_ranks else {}
-    extra.update(_yield_env(spec))
-    return [*_env_prefix(spec, spec.host_threads, {**extra, **_script_env(spec)}),
+    return [*_env_prefix(spec, spec.host_threads, _host_program_env(spec, extra)),
             *_pin(spec.clone_cores or spec.host_cores),
             spec.host_python, *_host_program(spec)]
+
+
+def _host_program_env(spec: LaunchSpec, extra: dict[str, str]) -> dict[str, str]:
+    """What every app context of the host program gets besides `extra`: its yielding waits, the user's script."""
+    return {**extra, **_yield_env(spec), **_script_env(spec)}
 
 
 def _host_program(spec: LaunchSpec) -> list[str]:
