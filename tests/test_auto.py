@@ -23,6 +23,8 @@ def test_auto_predicts_every_runnable_mode_runs_the_choice_and_reports(tmp_path,
     assert f"[dpuoffload] --mode auto chose {record['chosen']}: " + (
         "" if tie else "the shortest predicted epoch (") in res.stdout
     assert "--auto-allow naive" in res.stdout
+    beside = record["profile"]["host_beside"]  # (the host's step timed again beside DPU ranks building batches)
+    assert beside >= 1.0 and f"the host's forward/backward took {beside:.2f}x as long while the DPU" in res.stdout
     assert f"[dpuoffload] mode {record['chosen']}:" in res.stdout
     assert f"--mode auto chose {record['chosen']}: predicted" in res.stdout
     assert record["measured_epoch_s"] > 0 and "prediction_error" in record

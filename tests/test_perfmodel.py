@@ -242,3 +242,27 @@ def test_auto_on_a_gpu_host_picks_da_at_the_balanced_share_and_cpu_profiles_are_
     assert predict("none", cpu).train_s == 32 * (16 * (0.004 + 0.0005) + 0.002 + 0.001)
     with pytest.raises(ValueError, match="gpu_step must be >= 0"):
         gpu_profile(gpu_step=-1.0)
+
+
+def test_the_host_step_beside_working_dpu_ranks_enters_da_and_hybrid_only():
+    """`host_beside` (the host's forward/backward beside DPU ranks building batches, over it beside
+    idle ones) scales train_h in the modes whose DPU ranks build while the host trains: da and
+    hybrid's training term. none and mv keep the step timed beside waiting DPU ranks."""
+    p = profile(dpu_ranks=2)
+    slowed = replace(p, host_beside=1.25)
+    for mode in ("none", "mv"):
+        assert predict(mode, slowed).epoch_s == predict(mode, p).epoch_s
+    for mode in ("da", "hybrid"):
+        assert predict(mode, slowed).train_s == pytest.approx(32 * (16 * 0.004 * 1.25 + 0.003))
+    with pytest.raises(ValueError, match="host_beside must be >= 1"):
+        profile(host_beside=0.9)
+
+
+def test_the_in_process_host_share_balances_against_the_slowed_step():
+    """With --da-host-workers 0 the host's share adds to its step as slowed beside the DPU ranks,
+    so the balanced share is (d - step_beside) / (h + d)."""
+    from dpuoffload.common.plan.perfmodel import balanced_host_share
+
+    p = profile(dpu_aug=0.01, host_workers=0, host_share=None, host_beside=1.5)
+    h, d = 16 * 0.0005, 16 * 0.01 + 0.0001
+    assert balanced_host_share(p) == round((d - (16 * 0.004 * 1.5 + 0.003)) / (h + d), 3)

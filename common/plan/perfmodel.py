@@ -14,6 +14,11 @@ predict the host's critical path per epoch:
             in process, H = 0)
     mv      max(S * (B*(aug_h + train_h) + allreduce + opt) + (1-f)*val_h,  f*val_d)
     hybrid  da's training term, mv's validation term
+
+In da's and hybrid's host term train_h is the host's forward/backward timed while the DPU ranks
+build batches beside it (`host_beside` x train_h): on a machine the DPU ranks share (the emulated
+node) their work slows the host; none and mv train beside DPU ranks that wait or validate part of
+the epoch, and use the step timed while they wait.
     naive   S' * (max(B*(aug_h + train_h), b*(aug_d + train_d)) + allreduce_all + opt) + val_h
 
 Under the uint8 wire (`common.data.wire`) da's aug_d is the DPU's integer part of the transform
@@ -89,6 +94,8 @@ class Profile:
     host_finish: float = 0.0    # per sample received from a DPU rank: the host's float steps (uint8 wire; 0: float)
     dpu_send_aug: Optional[float] = None  # per sample a DPU rank builds to send: its part of the transform
                                           # (uint8 wire); None: dpu_aug, the whole (float wire; naive's own)
+    host_beside: float = 1.0    # host_train beside DPU ranks building batches, over host_train (measured:
+                                # `common.train.interference`; 1.0 where they do not share the host's machine)
 
     def __post_init__(self) -> None:
         for name in ("n_train", "host_ranks", "batch"):
@@ -97,6 +104,8 @@ class Profile:
         for name in ("none_workers", "gpu_step", "h2d", "host_cpu", "host_finish"):
             if getattr(self, name) < 0:
                 raise ValueError(f"profile: {name} must be >= 0")
+        if self.host_beside < 1:
+            raise ValueError("profile: host_beside must be >= 1 (work elsewhere does not speed the host)")
 
     @property
     def on_gpu(self) -> bool:
@@ -121,21 +130,23 @@ def _steps(p: Profile) -> int:
     return math.ceil(p.n_train / (p.host_ranks * p.batch))
 
 
-def _host_step(p: Profile, with_aug: bool, in_process: float = 0.0) -> float:
+def _host_step(p: Profile, with_aug: bool, in_process: float = 0.0, beside_dpu: bool = False) -> float:
     """The host's step: training, plus building its batch when `with_aug` (in the training process,
-    or in `none_workers` processes beside it), plus `in_process` seconds of other building."""
+    or in `none_workers` processes beside it), plus `in_process` seconds of other building; its
+    forward/backward as slowed by DPU ranks building batches beside it when `beside_dpu` (da)."""
     if with_aug and p.none_workers > 0:  # the peer's workers build beside the training
         return max(_host_step(p, False, in_process), p.batch * p.host_aug / p.none_workers)
     if p.on_gpu:  # asynchronous launches: the GPU step, the host's CPU and the side-stream copy overlap
         build = p.batch * p.host_aug if with_aug else 0.0
         return max(p.gpu_step, p.h2d, p.host_cpu + build + in_process) + p.allreduce
-    return p.batch * (p.host_train + (p.host_aug if with_aug else 0.0)) + p.allreduce + p.optimizer + in_process
+    train = p.host_train * (p.host_beside if beside_dpu else 1.0)
+    return p.batch * (train + (p.host_aug if with_aug else 0.0)) + p.allreduce + p.optimizer + in_process
 
 
 def _host_serial(p: Profile) -> float:
     """What the host's in-process building adds to: on CPUs its whole step, on a GPU host only its
     own CPU work (the GPU's step runs beside it)."""
-    return p.host_cpu + p.allreduce if p.on_gpu else _host_step(p, with_aug=False)
+    return p.host_cpu + p.allreduce if p.on_gpu else _host_step(p, with_aug=False, beside_dpu=True)
 
 
 def _val_host(p: Profile, share: float = 0.0) -> float:
@@ -201,7 +212,8 @@ def feeding_terms(p: Profile, n_da: int, share: float) -> dict[str, float]:
     fan_out = math.ceil(p.host_ranks / n_da)
     host_build = p.batch * p.host_aug
     finish = (1 - share) * p.batch * p.host_finish  # (the float steps of the batches the DPU sent)
-    host = _host_step(p, with_aug=False, in_process=finish + (share * host_build if p.host_workers == 0 else 0.0))
+    host = _host_step(p, with_aug=False, in_process=finish + (share * host_build if p.host_workers == 0 else 0.0),
+                      beside_dpu=True)
     dpu = p.batch * _dpu_send_aug(p) / max(p.dpu_workers, 1) + p.transfer
     terms = {"host compute": host, "DPU augmentation": (1 - share) * fan_out * dpu}
     if p.host_workers > 0 and share > 0:

@@ -5,10 +5,11 @@ rank measures its per-sample costs (load + augment, forward + backward, evaluati
 data and model at the same time, so ranks that share cores measure the shared speed they will
 train at, and host rank 0's and DPU rank 0's numbers stand for their sides; the host ranks time an
 allreduce of the gradient size, all ranks one of the whole job (naive), and host rank 0 / DPU rank
-0 one batch transfer. Everyone gathers the numbers, builds the same `Profile`, and so resolves
-`auto` to the same mode. A host rank that will train on a GPU (`--device auto` finding one) times
-its GPU step, the copy of a batch to the GPU and its own CPU work per batch instead of a CPU
-training step (`gpu_costs`); on CPUs the profile is what it always was.
+0 one batch transfer. Everyone gathers the numbers; then the host ranks time their step again
+while the DPU ranks build batches, as in `da` (`interference`: on a shared machine that work slows
+the host). Everyone builds the same `Profile`, and so resolves `auto` to the same mode. A host
+rank that will train on a GPU (`--device auto` finding one) times its GPU step, the copy of a
+batch to the GPU and its own CPU work per batch instead of a CPU training step (`gpu_costs`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from dpuoffload.common.runtime.messages import Tag
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import init_torch
 from dpuoffload.common.runtime.waits import wait
+from dpuoffload.common.train import interference
 from dpuoffload.common.train.allreduce import GradientSync, build_sync
 from dpuoffload.common.train.device import Compute, resolve_device
 from dpuoffload.common.train.evaluation import eval_seconds_per_sample
@@ -399,11 +401,13 @@ def gather_profile(cfg: RunConfig, topo: Topology, label: str) -> Profile:
     with untouched_random_state():
         mine, measuring = collective_call(topo.world, lambda: local_costs(cfg, topo), label)
         mine.update(collective_call(topo.world, lambda: step_costs(cfg, topo, measuring), label))
-    costs = topo.world.allgather(mine)
+        costs = topo.world.allgather(mine)
+        beside = collective_call(topo.world, lambda: interference.measure(
+            cfg, topo, measuring.model, measuring.train, costs), label)
     host, dpu = costs[topo.host_ranks[0]], costs[topo.dpu_ranks[0]] if topo.dpu_ranks else {}
     ar_all = collective_call(topo.world, lambda: job_allreduce_seconds(cfg, topo, measuring, costs), label)
     xfer = timed_transfer(topo, host["batch_bytes"], cfg.peer_timeout) if topo.dpu_ranks else 0.0
-    timing = topo.world.bcast((ar_all, xfer), root=topo.host_ranks[0])
+    timing = topo.world.bcast((ar_all, xfer, beside), root=topo.host_ranks[0])
     return Profile(n_train=host["n_train"], n_val=host["n_val"], host_ranks=len(topo.host_ranks),
                    dpu_ranks=len(topo.dpu_ranks), batch=cfg.batch_size, host_aug=host["aug"],
                    host_train=host.get("train", 0.0), host_eval=host["eval"],
@@ -411,7 +415,7 @@ def gather_profile(cfg: RunConfig, topo: Topology, label: str) -> Profile:
                    dpu_send_aug=dpu.get("aug_wire") if "finish" in host else None,
                    dpu_train=dpu.get("train", 0.0), dpu_eval=dpu.get("eval", 0.0), allreduce=host["allreduce"],
                    allreduce_all=timing[0], optimizer=host.get("opt", 0.0), transfer=timing[1],
-                   grad_bytes=4 * host["grad_elems"],
+                   grad_bytes=4 * host["grad_elems"], host_beside=timing[2] or 1.0,
                    dpu_batch=cfg.dpu_batch_size if isinstance(cfg.dpu_batch_size, int) else None,
                    mv_fraction=cfg.mv_dpu_fraction if isinstance(cfg.mv_dpu_fraction, float) else None,
                    **feeding_flags(cfg), **gpu_fields(host))
@@ -465,6 +469,9 @@ def resolve_auto(cfg: RunConfig, topo: Topology, label: str) -> tuple[RunConfig,
     allow = (Mode(cfg.auto_allow),) if cfg.auto_allow else ()
     chosen = choose(profile, allow)
     if topo.world_rank == topo.host_ranks[0]:
+        if profile.dpu_ranks and not profile.on_gpu:
+            print(f"[dpuoffload] --mode auto profile: the host's forward/backward took {profile.host_beside:.2f}x "
+                  "as long while the DPU ranks built batches (in da's and hybrid's predictions)", flush=True)
         print(f"[dpuoffload] {explain_choice(preds, chosen, allow)}", flush=True)
     record = {"event": "auto", "chosen": chosen, "profile": profile.to_dict(), "allowed": list(allow),
               "predicted": {m: p.epoch_s for m, p in preds.items()}, "table": format_table(preds, chosen)}
