@@ -221,6 +221,7 @@ def diagnostics(r: dict[str, Any]) -> dict[str, Any]:
             "da_data_removed": 1 - ph["da"]["data"] / ph["none"]["data"] if ph["none"]["data"] else None,
             "mv_handoff_share": ph["mv"]["validation"] / r["epoch_s"]["mv"]["median"],
             "forward_backward_vs_none": {v: fwd[v] / fwd["none"] for v in fwd},
+            "host_beside_profiled": r["prediction"].get("host_beside"),
             "model_parts_none": {k: {"predicted_s": p, "measured_s": m} for k, (p, m) in parts.items()}}
 
 
@@ -277,6 +278,7 @@ def prediction_error(by_variant: dict[str, list[RunLog]], measured: dict[str, di
         if adjusted is not None:
             modes[m]["error_at_job_speed"] = (adjusted - measured[m]["median"]) / measured[m]["median"]
     return {"chosen": [log.auto["chosen"] for log in auto], "modes": modes,
+            "host_beside": median(log.auto["profile"].get("host_beside", 1.0) for log in auto),
             "profile": auto[-1].auto["profile"], "parts_none": model_parts([log.auto["profile"] for log in auto])}
 
 
@@ -384,11 +386,14 @@ def markdown(report: dict[str, Any], settings: dict[str, Any], speed: Optional[d
                    f"{left['geomean']:.3f} (±2 standard errors: {left['low']:.3f}–{left['high']:.3f}); 1.000 is "
                    "no cost of auto's own after its profile.")
     out.append("\n**Where the time goes** (within-run shares, free of run-to-run noise; forward/backward of each run "
-               "relative to none's, which would be 1.00 on a quiet machine; the model's parts of the none epoch)\n")
+               "relative to none's, which would be 1.00 on a quiet machine, and --mode auto's profile of it beside "
+               "DPU ranks building batches, da's; the model's parts of the none epoch)\n")
     rows = []
     for w, r in report.items():
         d = r["diagnostics"]
         fb = ", ".join(f"{v} {x:.2f}" for v, x in d["forward_backward_vs_none"].items() if v != "none")
+        if d.get("host_beside_profiled"):  # (results before 2026-11-27's seventh session lack it)
+            fb += f"; profiled beside DPU work {d['host_beside_profiled']:.2f}"
         parts = ", ".join(f"{k} {p['predicted_s']:.3f}/{p['measured_s']:.3f}" for k, p in d["model_parts_none"].items())
         rows.append([w, f"{d['da_stall_share']:.1%}", f"{d['mv_handoff_share']:.1%}", fb, parts])
     out.append(table(["workload", "da: host stall / epoch", "mv: hand-off / epoch", "fwd/bwd vs none",
