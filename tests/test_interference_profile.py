@@ -25,6 +25,7 @@ def test_the_schedule_fits_the_host_step_and_asks_for_das_duty_cycle():
     assert (fast.window, fast.pairs, fast.duty, fast.end) == (0.4, 4, pytest.approx(0.3), pytest.approx(3.2))
     slow = Schedule.of(host_step=0.5, dpu_busy=0.75)  # 1.5 s windows, 2 pairs at least; the DPU always busy
     assert (slow.window, slow.pairs, slow.duty) == (1.5, 2, 1.0)
+    assert Schedule.of(host_step=0.1, dpu_busy=0.03, dpu_batch=0.5).window == 1.5  # 3 of the DPU's batches
     assert [fast.busy(k) for k in range(4)] == [False, True, False, True]
     assert not Schedule.of(0.1, 0.0).busy(1)  # (a DPU rank with nothing to build)
 

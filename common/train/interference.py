@@ -35,7 +35,8 @@ from dpuoffload.common.faults.abort import arrive
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.train.naive import forward_backward
 
-# A window holds this many host steps at least, so that one or two lie wholly inside it.
+# A window holds this many host steps at least, so that one or two lie wholly inside it, and as many
+# of a DPU rank's batches (one that outlasts its window would run on into the idle one after it).
 STEPS_PER_WINDOW = 3
 MIN_WINDOW_S = 0.4
 # The whole schedule aims at this many seconds (the start-up's cost under --mode auto), in 2-4 pairs.
@@ -57,10 +58,10 @@ class Schedule:
     duty: float
 
     @classmethod
-    def of(cls, host_step: float, dpu_busy: float) -> "Schedule":
+    def of(cls, host_step: float, dpu_busy: float, dpu_batch: float = 0.0) -> "Schedule":
         """The schedule for a host step of `host_step` seconds beside DPU ranks that build for
-        `dpu_busy` seconds per host step in `da`."""
-        window = max(MIN_WINDOW_S, STEPS_PER_WINDOW * host_step)
+        `dpu_busy` seconds per host step in `da`, `dpu_batch` seconds a batch."""
+        window = max(MIN_WINDOW_S, STEPS_PER_WINDOW * host_step, STEPS_PER_WINDOW * dpu_batch)
         pairs = min(MAX_PAIRS, max(MIN_PAIRS, round(BUDGET_S / (2 * window))))
         duty = min(1.0, dpu_busy / host_step) if host_step > 0 else 1.0
         return cls(window, pairs, duty)
@@ -105,7 +106,7 @@ def schedule_for(cfg: RunConfig, topo: Topology, costs: list[dict[str, Any]]) ->
     host_step = b * (host["train"] + host.get("finish", 0.0)) + host["allreduce"] + host["opt"]
     fan_out = math.ceil(len(topo.host_ranks) / len(topo.dpu_ranks))
     send_aug = dpu["aug_wire"] if "finish" in host else dpu["aug"]
-    return Schedule.of(host_step, fan_out * b * send_aug)
+    return Schedule.of(host_step, fan_out * b * send_aug, b * dpu["aug"])  # (`build_batches` runs the whole transform)
 
 
 def measure(cfg: RunConfig, topo: Topology, model: Any, train: PerSampleSeeded,
