@@ -14,11 +14,6 @@ predict the host's critical path per epoch:
             in process, H = 0)
     mv      max(S * (B*(aug_h + train_h) + allreduce + opt) + (1-f)*val_h,  f*val_d)
     hybrid  da's training term, mv's validation term
-
-In da's and hybrid's host term train_h is the host's forward/backward timed while the DPU ranks
-build batches beside it (`host_beside` x train_h): on a machine the DPU ranks share (the emulated
-node) their work slows the host; none and mv train beside DPU ranks that wait or validate part of
-the epoch, and use the step timed while they wait.
     naive   S' * (max(B*(aug_h + train_h), b*(aug_d + train_d)) + allreduce_all + opt) + val_h
 
 Under the uint8 wire (`common.data.wire`) da's aug_d is the DPU's integer part of the transform
@@ -30,6 +25,11 @@ fed per augmentation rank, val_h = n_val/H * eval_h, val_d = n_val/M_mv * eval_d
 validation (as `--mv-dpu-fraction auto` picks it) and b the naive DPU batch (as
 `--dpu-batch-size auto` picks it). In steady state the DPU work of da overlaps host steps (the
 circular buffers decouple them) and mv's validation of epoch i overlaps epoch i+1, hence the max.
+
+In da's and hybrid's host term train_h is the host's forward/backward timed while the DPU ranks
+build batches beside it (`host_beside` x train_h): where the DPU ranks share the host's machine (the
+emulated node) their work may slow it; none and mv train beside DPU ranks that wait or validate part
+of the epoch, and use the step timed while they wait.
 
 **GPU host ranks** (`gpu_step` > 0): the host's training step is no longer CPU work. CUDA launches
 are asynchronous, so the host process's CPU time per step (`host_cpu`: receiving a batch and copying

@@ -2,10 +2,12 @@
 
 Why: `autoselect.step_costs` times the host ranks' steps while the DPU ranks wait, which is what
 `none` and `mv` train beside. In `da` the DPU ranks build batches while the host trains. Where they
-share a machine with it (the emulated node: DPU ranks on their own throttled core of this VM),
-that work slowed the host's forward/backward 5-16 % (RESULTS.md, "Measurements by hand": da's host
-beside a working DPU core), and da's predictions read 4.6 % low on average over two benchmark runs.
-On a real node the DPU is another computer, and the ratio measured here reads about 1.
+share a machine with it, that work may slow the host: whole `da` epochs on the emulated node (DPU
+ranks on their own throttled core of a 2-core VM) showed the host's forward/backward 5-16 % slower
+than in `none`, and da's predictions read 4.6 % low on average over two benchmark runs. Timed here,
+step against step, the same node read 1.00-1.03 (RESULTS.md, 2026-11-27): the epochs' gap was
+mostly the VM's speed. DPU ranks oversubscribed onto the host's cores would read far more. On a
+real node the DPU is another computer, and the ratio should read about 1.
 
 How (collective over the world, after the costs are gathered, so every rank derives the same
 `Schedule`): from one barrier every rank follows alternating windows, idle then busy. The host
