@@ -26,6 +26,9 @@ def test_the_schedule_fits_the_host_step_and_asks_for_das_duty_cycle():
     slow = Schedule.of(host_step=0.5, dpu_busy=0.75)  # 1.5 s windows, 2 pairs at least; the DPU always busy
     assert (slow.window, slow.pairs, slow.duty) == (1.5, 2, 1.0)
     assert Schedule.of(host_step=0.1, dpu_busy=0.03, dpu_batch=0.5).window == 1.5  # 3 of the DPU's batches
+    long = Schedule.of(host_step=5.0, dpu_busy=1.0)  # a 5 s step: windows of 2 steps, 2 pairs (40 s, not 60)
+    assert (long.window, long.pairs, long.end) == (10.0, 2, 40.0)
+    assert Schedule.of(host_step=0.9, dpu_busy=0.1).window == 2.0  # between: 2 s holds 2 steps at least
     assert [fast.busy(k) for k in range(4)] == [False, True, False, True]
     assert not Schedule.of(0.1, 0.0).busy(1)  # (a DPU rank with nothing to build)
 

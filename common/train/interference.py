@@ -5,9 +5,10 @@ Why: `autoselect.step_costs` times the host ranks' steps while the DPU ranks wai
 share a machine with it, that work may slow the host: whole `da` epochs on the emulated node (DPU
 ranks on their own throttled core of a 2-core VM) showed the host's forward/backward 5-16 % slower
 than in `none`, and da's predictions read 4.6 % low on average over two benchmark runs. Timed here,
-step against step, the same node read 1.00-1.03 (RESULTS.md, 2026-11-27): the epochs' gap was
-mostly the VM's speed. DPU ranks oversubscribed onto the host's cores would read far more. On a
-real node the DPU is another computer, and the ratio should read about 1.
+step against step, the same node read 1.00-1.03 (RESULTS.md, 2026-11-27) while da's epochs still
+showed 0-12 %: what slows da's host there is not only the DPU core's work (open; the real DPU rank
+also polls every 2 ms while its rings are full). DPU ranks oversubscribed onto the host's core read
+1.21-1.70. On a real node the DPU is another computer, and the ratio should read about 1.
 
 How (collective over the world, after the costs are gathered, so every rank derives the same
 `Schedule`): from one barrier every rank follows alternating windows, idle then busy. The host
@@ -37,9 +38,12 @@ from dpuoffload.common.faults.abort import arrive
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.train.naive import forward_backward
 
-# A window holds this many host steps at least, so that one or two lie wholly inside it, and as many
-# of a DPU rank's batches (one that outlasts its window would run on into the idle one after it).
+# A window holds this many host steps, so that one or two lie wholly inside it, and as many of a DPU
+# rank's batches (one that outlasts its window would run on into the idle one after it). Past
+# LONG_WINDOW_S it holds 2 of the longer one only: with steps back to back, two steps' time always
+# holds one whole step, and a 5 s step would otherwise make the schedule a minute long.
 STEPS_PER_WINDOW = 3
+LONG_WINDOW_S = 2.0
 MIN_WINDOW_S = 0.4
 # The whole schedule aims at this many seconds (the start-up's cost under --mode auto), in 2-4 pairs.
 BUDGET_S = 3.0
@@ -63,7 +67,7 @@ class Schedule:
     def of(cls, host_step: float, dpu_busy: float, dpu_batch: float = 0.0) -> "Schedule":
         """The schedule for a host step of `host_step` seconds beside DPU ranks that build for
         `dpu_busy` seconds per host step in `da`, `dpu_batch` seconds a batch."""
-        window = max(MIN_WINDOW_S, STEPS_PER_WINDOW * host_step, STEPS_PER_WINDOW * dpu_batch)
+        window = max(MIN_WINDOW_S, _fitting(host_step), _fitting(dpu_batch))
         pairs = min(MAX_PAIRS, max(MIN_PAIRS, round(BUDGET_S / (2 * window))))
         duty = min(1.0, dpu_busy / host_step) if host_step > 0 else 1.0
         return cls(window, pairs, duty)
@@ -82,6 +86,11 @@ class Schedule:
         if start - k * self.window < SETTLE_S or end > (k + 1) * self.window or k >= 2 * self.pairs:
             return None
         return k
+
+
+def _fitting(seconds: float) -> float:
+    """A window's length for a piece of work of `seconds`: 3 of them, or 2 past `LONG_WINDOW_S`."""
+    return min(STEPS_PER_WINDOW * seconds, max(2 * seconds, LONG_WINDOW_S))
 
 
 def slowdown(steps: Sequence[tuple[int, float]], schedule: Schedule) -> float:
