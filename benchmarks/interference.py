@@ -47,12 +47,10 @@ def augment_forever(busy: float) -> None:
     """Build resnet20/cifar10 training batches of 16 (load, the workload's transform, collate) for
     `busy` of this process's time: after each batch, sleep until its CPU time is that share of the
     time since the batch began (a cgroup's throttling stretches the batch, not the share)."""
-    from torch.utils.data import default_collate
-
     from benchmarks.harness import make_data
     from dpuoffload.common.config import parse_run_config
     from dpuoffload.common.data.datasets import build_datasets
-    from dpuoffload.common.data.sampling import PerSampleSeeded
+    from dpuoffload.common.data.sampling import PerSampleSeeded, collated
 
     cfg = parse_run_config(["--model", "resnet20", "--dataset", "cifar10",
                             "--data", str(make_data(("cifar10",)) / "cifar10")])
@@ -61,7 +59,7 @@ def augment_forever(busy: float) -> None:
     print("ready", flush=True)
     while True:
         t0, c0 = time.perf_counter(), time.thread_time()
-        default_collate(train.__getitems__([(start + k) % len(train) for k in range(16)]))
+        collated(train, start, 16)
         start += 16
         time.sleep(max(0.0, (time.thread_time() - c0) / busy - (time.perf_counter() - t0)))
 

@@ -30,10 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from torch.utils.data import default_collate
-
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.data.sampling import PerSampleSeeded, collated
 from dpuoffload.common.faults.abort import arrive
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.train.naive import forward_backward
@@ -143,7 +141,7 @@ def host_slowdown(model: Any, train: PerSampleSeeded, batch_size: int, schedule:
     from torch import nn
 
     probe, criterion = copy.deepcopy(model).train(), nn.CrossEntropyLoss()
-    x, y = default_collate(train.__getitems__(list(range(min(batch_size, len(train))))))
+    x, y = collated(train, 0, batch_size)
     forward_backward(probe, criterion, x, y)  # warm-up (the gradients allocated)
     arrive(topo.world, START)
     t0, steps = time.perf_counter(), []
@@ -159,7 +157,7 @@ def build_batches(train: PerSampleSeeded, batch_size: int, schedule: Schedule, t
     """A DPU rank's part: build training batches (load, augment, collate) for `duty` of every busy
     window, sleep through the idle ones. A batch is started only if the last one's time still fits
     in the window, so the work stays out of the idle window after it."""
-    n, start, last = len(train), 0, 0.0
+    start, last = 0, 0.0
     arrive(topo.world, START)
     t0 = time.perf_counter()
     while (now := time.perf_counter() - t0) < schedule.end:
@@ -169,7 +167,7 @@ def build_batches(train: PerSampleSeeded, batch_size: int, schedule: Schedule, t
             time.sleep(max(close - now, 0.0))
             continue
         b0 = time.perf_counter()
-        default_collate(train.__getitems__([(start + i) % n for i in range(min(batch_size, n))]))
-        start, last = (start + batch_size) % n, time.perf_counter() - b0
+        collated(train, start, batch_size)
+        start, last = (start + batch_size) % len(train), time.perf_counter() - b0
         rest = last * (1 / schedule.duty - 1)
         time.sleep(max(min(rest, close - (time.perf_counter() - t0)), 0.0))

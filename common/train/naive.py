@@ -22,7 +22,7 @@ from torch.utils.data import default_collate
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.feeds import Batch
-from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.data.sampling import PerSampleSeeded, collated
 from dpuoffload.common.plan.naive import balanced_dpu_batch, naive_steps
 from dpuoffload.common.runtime.roles import Role, Topology
 
@@ -87,7 +87,7 @@ def train_seconds_per_sample(model: nn.Module, dataset: PerSampleSeeded, batch_s
     prediction (+60 % for shufflenet_v2 in one benchmark run).
     """
     probe = copy.deepcopy(model).train()
-    x, y = default_collate(dataset.__getitems__(list(range(min(batch_size, len(dataset))))))
+    x, y = collated(dataset, 0, batch_size)
     criterion = nn.CrossEntropyLoss()
 
     def one_step() -> float:
