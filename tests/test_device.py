@@ -121,6 +121,26 @@ def test_staging_copies_each_batch_before_the_feed_reuses_its_memory():
     assert copier.log == [f"copied {k}" for k in range(5)]
 
 
+def test_the_trainers_fetch_loop_takes_staged_batches_with_next():
+    """The trainer's `timed` (every step's data phase) calls `next()` on the feed; on a GPU the feed
+    is a `Staging`. The first GPU run failed there ('Staging' object is not an iterator): this
+    drives the same method on the CPU, with the copies deferred as a side stream's would be."""
+    from types import SimpleNamespace
+
+    from dpuoffload.common.runtime.metrics import PhaseTimer
+    from dpuoffload.common.train.loop import Trainer
+
+    staging = Staging(reused_buffer_feed(4), DeferredCopier())
+    trainer = SimpleNamespace(timer=PhaseTimer())
+    seen = []
+    for hx, hy in Trainer.timed(trainer, staging):
+        host = int(hy[0])  # (read before the prefetch: the feed reuses that memory, as the digest does)
+        x, y = staging.on_device()
+        staging.prefetch()  # as `Trainer.step` does once the backward pass is queued
+        seen.append((host, int(y[0]), float(x.mean())))
+    assert seen == [(k, k, float(k)) for k in range(4)]
+
+
 def test_staging_without_prefetch_is_the_plain_iteration():
     """Steps that never prefetch (e.g. an empty batch) still get every batch once, in order."""
     staging = Staging(reused_buffer_feed(3), DeferredCopier())

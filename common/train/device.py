@@ -166,13 +166,17 @@ class Staging:
         self.current: Optional[tuple[Batch, InFlight]] = None
         self.ended = False
 
-    def __iter__(self) -> Iterator[Batch]:
-        while True:
-            self.prefetch()
-            if self.ahead is None:
-                return
-            self.current, self.ahead = self.ahead, None
-            yield self.current[0]
+    def __iter__(self) -> "Staging":
+        return self
+
+    def __next__(self) -> Batch:
+        """The next batch (its copy queued a step ago, or now). An iterator, not only an iterable:
+        the trainer's `timed` calls `next()` on it (the first GPU run failed on exactly that)."""
+        self.prefetch()
+        if self.ahead is None:
+            raise StopIteration
+        self.current, self.ahead = self.ahead, None
+        return self.current[0]
 
     def prefetch(self) -> None:
         """Take the next batch from the feed and queue its copy (no-op if already done or at the end)."""
