@@ -214,6 +214,8 @@ def probe(w: Workload, root: Path, device: str, steps: int, core: int) -> dict[s
         if device == "cuda":
             out.update(h2d_s=h2d_seconds(compute, x, y), memcpy_s=pinned_copy_seconds(x, y))
             out["step_autotuned_s"] = _autotuned_step(cfg, compute, x, y, steps)
+            out["step_no_read_s"] = train_step_seconds(cfg, compute.place(build_model(cfg, 10)), compute, x, y,
+                                                       steps, read_loss=False)  # the per-step loss read's cost
         else:
             t0 = time.perf_counter()
             x.clone()
@@ -338,6 +340,9 @@ def identity_runs(w: Workload, root: Path, lay: Layout) -> dict[str, RunLog]:
 
 
 # -------------------------------------------------------------------------------------- analysis
+SHORT = ("peer short", "ours short", "auto")  # rated over whole epochs (edges included), not a steady state
+
+
 def steady_rate(log: RunLog, batch: int) -> float:
     """img/s over the second half of the last epoch's steps (one host rank, whole batches)."""
     times = log.host[-1]["step_times"]
@@ -396,8 +401,7 @@ def analyze(w: Workload, lay: Layout, probed: dict[str, float], runs: dict[str, 
             identity: Optional[dict[str, RunLog]]) -> dict[str, Any]:
     """One workload's rates, busy fractions, predictions, identity checks and targets."""
     ceiling = w.batch / probed["step_s"]
-    rates = {v: spread([steady_rate(log, w.batch) for log in logs]) for v, logs in runs.items()
-             if v not in ("peer short", "ours short", "auto")}
+    rates = {v: spread([steady_rate(log, w.batch) for log in logs]) for v, logs in runs.items() if v not in SHORT}
     short = {v: spread([short_rate(log) for log in runs[v]]) for v in ("peer short", "ours short")}
     per_core = 1 / probed["aug_s"]
     pred = predictions(profile_of(w, lay, probed), lay)
@@ -408,6 +412,8 @@ def analyze(w: Workload, lay: Layout, probed: dict[str, float], runs: dict[str, 
            "identity": identity_report(runs, identity, lay), "needed_dpu_cores": needed_cores(ceiling, per_core, lay)}
     if "step_autotuned_s" in probed:
         out["ceiling_autotuned_img_s"] = w.batch / probed["step_autotuned_s"]
+    if "step_no_read_s" in probed:
+        out["ceiling_no_read_img_s"] = w.batch / probed["step_no_read_s"]
     if "auto" in runs:
         out["mode_auto"] = auto_report(runs["auto"][0])
     out["targets"] = targets(out, lay)
@@ -470,22 +476,57 @@ def targets(r: dict[str, Any], lay: Layout) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------------- main
 def measure(args: argparse.Namespace, lay: Layout, workloads: dict[str, Workload]) -> dict[str, Any]:
-    report = {}
+    report: dict[str, Any] = {}
+    partial: dict[str, Any] = {}
     for name, w in workloads.items():
         root = write_jpegs(w.size, lay.long_steps * w.batch, 10 if args.quick else 64)
         probed = probe(w, root, lay.device, 3 if args.quick else 20, lay.host[0])
         print(f"{name}: GPU-bound {w.batch / probed['step_s']:.0f} img/s, one core augments "
               f"{1 / probed['aug_s']:.0f} img/s", file=sys.stderr, flush=True)
-        todo = variants(w, root, lay, args.quick)
+        todo = chosen(variants(w, root, lay, args.quick), args.variants)
         runs: dict[str, list[RunLog]] = {v: [] for v in todo}
         for rep in range(args.reps):
             for v, fn in todo.items():
                 runs[v].append(fn())
-                print(f"rep {rep + 1}/{args.reps} {name} {v}: job {runs[v][-1].wall:.0f} s", file=sys.stderr,
-                      flush=True)
+                print(f"rep {rep + 1}/{args.reps} {name} {v}: {job_line(runs[v][-1], v, w.batch, probed)}",
+                      file=sys.stderr, flush=True)
+                partial[name] = {"probe": probed, "jobs": {k: [job_summary(log, k, w.batch) for log in logs]
+                                                          for k, logs in runs.items()}}
+                write_json(args.out, {"partial": True, "report": partial})  # a run cut short keeps these
+        if args.variants:  # a part of the table: its rates, no targets (they compare variants left out)
+            report[name] = {"ceiling_img_s": w.batch / probed["step_s"], "per_core_img_s": 1 / probed["aug_s"],
+                            **partial[name]}
+            continue
         identity = None if lay.digests else identity_runs(w, root, lay)
         report[name] = analyze(w, lay, probed, runs, identity)
     return report
+
+
+def chosen(todo: dict[str, Any], names: Optional[Sequence[str]]) -> dict[str, Any]:
+    """The variants `--variants` names (all by default), in the benchmark's order."""
+    if not names:
+        return todo
+    unknown = sorted(set(names) - set(todo))
+    if unknown:
+        sys.exit(f"gpu.py: --variants {' '.join(unknown)}: not a variant of this run; choose from "
+                 f"{', '.join(repr(v) for v in todo)}")
+    return {v: fn for v, fn in todo.items() if v in names}
+
+
+def job_summary(log: RunLog, variant: str, batch: int) -> dict[str, float]:
+    """One job's rate and where its wall time went: the epochs' training, and the rest (start-up of
+    every rank, the validation, the teardown)."""
+    rate = short_rate(log) if variant in SHORT else steady_rate(log, batch)
+    train = sum(e["train_time"] for e in log.epochs)
+    return {"img_s": rate, "train_s": train, "wall_s": log.wall, "other_s": log.wall - train}
+
+
+def job_line(log: RunLog, variant: str, batch: int, probed: dict[str, float]) -> str:
+    j = job_summary(log, variant, batch)
+    what = "short epochs" if variant in SHORT else "steady"
+    return (f"{j['img_s']:.0f} img/s {what} ({j['img_s'] * probed['step_s'] / batch:.2f} of GPU-bound); job "
+            f"{j['wall_s']:.0f} s, of it training {j['train_s']:.1f} s and start-up, validation, teardown "
+            f"{j['other_s']:.0f} s")
 
 
 def markdown(report: dict[str, Any], lay: Layout, args: argparse.Namespace) -> str:
@@ -497,6 +538,10 @@ def markdown(report: dict[str, Any], lay: Layout, args: argparse.Namespace) -> s
            "settings)." + (" **--quick on a CPU: a smoke run of the plumbing; no number here says anything "
                            "about a GPU.**" if args.quick else "")]
     for name, r in report.items():
+        if "jobs" in r:  # --variants
+            out += ["", f"**{name}** (--variants: no targets) — GPU-bound {r['ceiling_img_s']:.0f} img/s, one core "
+                        f"augments {r['per_core_img_s']:.0f} img/s", "", _jobs_table(r)]
+            continue
         out += ["", f"**{name}** — one core augments {r['per_core_img_s']:.0f} img/s; ours trained on the peer's "
                     f"batches ({', '.join(r['identity'])})", "", _rows_table(r, lay), "", _targets_table(r),
                 "", _notes(name, r, lay)]
@@ -511,6 +556,10 @@ def _rows_table(r: dict[str, Any], lay: Layout) -> str:
     if "ceiling_autotuned_img_s" in r:
         rows.append(["GPU-bound, cuDNN autotuned, not deterministic", "-", f"{r['ceiling_autotuned_img_s']:.0f}",
                      f"{r['ceiling_autotuned_img_s'] / r['ceiling_img_s']:.2f}", "-", "-"])
+    if "ceiling_no_read_img_s" in r:
+        rows.append(["GPU-bound, no per-step loss read (no synchronize per step)", "-",
+                     f"{r['ceiling_no_read_img_s']:.0f}", f"{r['ceiling_no_read_img_s'] / r['ceiling_img_s']:.2f}",
+                     "-", "-"])
     pin = ", pin_memory" if lay.device == "cuda" else ""
     names = {"peer": f"peer: DataLoader(num_workers={h}{pin}, prefetch 4)",
              "da": f"ours da, {d} DPU cores (--dpu-workers {d})",
@@ -527,6 +576,12 @@ def _rows_table(r: dict[str, Any], lay: Layout) -> str:
         rows.append([label, cores[v], f"{rates[v]['median']:.0f}", f"{busy[v]:.2f}", s, f"{pred[v]:.0f}"])
     return table(["variant", "host + DPU cores", "img/s (long, steady)", "GPU busy", "img/s (short epochs)",
                   "model img/s"], rows)
+
+
+def _jobs_table(r: dict[str, Any]) -> str:
+    rows = [[v, f"{j['img_s']:.0f}", f"{j['img_s'] / r['ceiling_img_s']:.2f}", f"{j['train_s']:.1f}",
+             f"{j['wall_s']:.0f}"] for v, jobs in r["jobs"].items() for j in jobs]
+    return table(["variant", "img/s", "GPU busy", "training s", "job s"], rows)
 
 
 def _targets_table(r: dict[str, Any]) -> str:
@@ -567,6 +622,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--long-steps", type=int, default=40, help="batches of the long epoch (default: 40)")
     p.add_argument("--short-steps", type=int, default=8, help="batches of each short epoch (default: 8)")
     p.add_argument("--short-epochs", type=int, default=4, help="short epochs, the first not measured (default: 4)")
+    p.add_argument("--variants", nargs="+", default=None, metavar="NAME",
+                   help="run only these variants (e.g. peer da 'share auto'; default: all): for a GPU lease too "
+                        "short for the whole table; the targets need the variants they compare, the batch-identity "
+                        "runs are left out")
     return p
 
 

@@ -4,6 +4,7 @@ whole benchmark on a CPU with --quick, as CI runs it (its numbers say nothing ab
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -105,3 +106,15 @@ def test_gpu_benchmark_quick_on_a_cpu(tmp_path):
                 "| ours host + DPU, --da-host-share auto (picked ", "| ours share 1.0 (1 host workers, no DPU) | 1 |",
                 "--quick on a CPU: a smoke run", "DPU cores at speed 1 to keep the device ≥ 90 % busy on resnet50"):
         assert row in res.stdout, row
+    # each job's line as it ends (a run cut short by a GPU lease still says what it measured)
+    assert re.search(r"rep 1/1 resnet50 da: \d+ img/s steady \(\d\.\d\d of GPU-bound\); job \d+ s, of it "
+                     r"training \d+\.\d s", res.stderr), res.stderr[-2000:]
+
+
+def test_variants_picks_a_part_of_the_table_and_names_the_choices():
+    todo = {"peer": 1, "da": 2, "share auto": 3}
+    assert gpu.chosen(todo, None) == todo and gpu.chosen(todo, ["share auto", "peer"]) == {"peer": 1, "share auto": 3}
+    with pytest.raises(SystemExit, match=r"--variants dd: not a variant of this run; choose from 'peer', 'da', "):
+        gpu.chosen(todo, ["dd"])
+    j = gpu.job_summary(_log([2.0, 1.0, 1.0, 1.0], epochs=[(256.0, 4.0)]), "da", 256)
+    assert j == {"img_s": 256.0, "train_s": 4.0, "wall_s": 1.0, "other_s": -3.0}  # (the stub's wall is 1 s)

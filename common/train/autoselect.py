@@ -269,12 +269,14 @@ def gpu_costs(cfg: RunConfig, model: Any, compute: Compute, sample: Any, val: An
     return costs
 
 
-def train_step_seconds(cfg: RunConfig, model: Any, compute: Compute, x: Any, y: Any, steps: int = 5) -> float:
+def train_step_seconds(cfg: RunConfig, model: Any, compute: Compute, x: Any, y: Any, steps: int = 5,
+                       read_loss: bool = True) -> float:
     """Seconds of one training step of `model` (already placed) on the batch (x, y) on its device.
 
     Autocast, layout, optimizer and the loss read of the trainer; the mean of `steps` steps after
     two warm-ups, with the device synchronized before each clock read (on a GPU the launches
-    return before the work is done). Also the GPU-bound ceiling of `benchmarks/gpu.py`."""
+    return before the work is done). Also the GPU-bound ceiling of `benchmarks/gpu.py`, which also
+    times `read_loss=False` (no per-step read, so no per-step synchronize: what that read costs)."""
     import torch
     from torch import nn
 
@@ -288,7 +290,8 @@ def train_step_seconds(cfg: RunConfig, model: Any, compute: Compute, x: Any, y: 
         with compute.autocast():
             loss = criterion(model(xd), yd)
         (loss if scaler is None else scaler.scale(loss)).backward()
-        float(loss.detach())  # the trainer reads every step's loss: a synchronize per step, as there
+        if read_loss:
+            float(loss.detach())  # the trainer reads every step's loss: a synchronize per step, as there
         if scaler is None:
             opt.step()
         else:
