@@ -28,6 +28,7 @@ from dpuoffload.common.data.datasets import build_train_set
 from dpuoffload.common.data.feeds import Batch, Feed
 from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.data.wire import HostSteps
 from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.train.loop import StateHooks, Trainer
@@ -84,6 +85,9 @@ class LoaderFeed:
 
     def epoch(self, epoch: int, start: int = 0, stop: Optional[int] = None) -> Iterator[Batch]:
         return self.loader.epoch(epoch, start, stop)
+
+    def defer_float_steps(self) -> Optional[HostSteps]:
+        return self.loader.defer_float_steps()
 
 
 def build_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded, plan: OffloadPlan) -> Feed:

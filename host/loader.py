@@ -47,6 +47,10 @@ class Source(Protocol):
 
     def batches(self, epoch: int, start: int, stop: int) -> Iterator[Batch]: ...
 
+    def defer_float_steps(self) -> Optional[HostSteps]:
+        """The float steps of the uint8 wire, handed to the caller, who runs them (on its GPU): the
+        source's uint8 batches then come as they arrived. None where nothing arrives as uint8."""
+
     def close(self) -> None: ...
 
 
@@ -59,6 +63,9 @@ class LocalSource:
     def batches(self, epoch: int, start: int, stop: int) -> Iterator[Batch]:
         self.loader.set_epoch(epoch)
         yield from self.loader.batches(start, stop)
+
+    def defer_float_steps(self) -> Optional[HostSteps]:
+        return None
 
     def close(self) -> None:
         pass
@@ -92,6 +99,7 @@ class RemoteSource:
         self.check: Optional[NumericsCheck] = None   # --numerics: compare the feeder's samples at opening
         self.checked: tuple[object, int] = (None, 0)  # ...with this data set's, under this seed
         self.tail: Optional[HostSteps] = None        # --wire uint8: the float steps this rank runs on each batch
+        self.tail_deferred = False                   # ...or its caller, on its GPU (`defer_float_steps`)
         self.closed = False
 
     def prepare(self, dataset: object, sampling: Sampling, wire: Optional[Chosen] = None,
@@ -118,7 +126,8 @@ class RemoteSource:
         self._send_bytes(self.opening, "OpenLoader")
         self.opening = None
         if self.check is not None:
-            wire = "" if self.tail is None else f"uint8 (then {', '.join(self.tail.names)} here)"
+            where = "on the GPU, after the copy" if self.tail_deferred else "here"
+            wire = "" if self.tail is None else f"uint8 (then {', '.join(self.tail.names)} {where})"
             self.check.run(self.world, self.feeder, self.feeder_label, self.loader_id, *self.checked, self.timeout,
                            wire)
         for slot in (0, 1):
@@ -139,7 +148,7 @@ class RemoteSource:
                                 "host and DPU programs disagree on the loader's batches")
             x, y = self.layout.unpack(buf, count)
             self.next = self.split.next_of(False, epoch, step + 1)
-            if self.tail is not None:  # (the float batch is other memory: the buffer is free at once, as with a copy)
+            if self.tail is not None and not self.tail_deferred:  # (the float batch is other memory: free at once)
                 x, y = self.tail(x, reuse=not self.copy, pinned=self.pinned), y.clone()
                 y = y.pin_memory() if self.pinned else y
                 self._post(self._advance())
@@ -149,6 +158,11 @@ class RemoteSource:
             else:
                 self.held = self._advance()
             yield x, y
+
+    def defer_float_steps(self) -> Optional[HostSteps]:
+        if self.tail is not None:
+            self.tail_deferred = True
+        return self.tail
 
     def begin(self, epoch: int, start: int) -> None:
         """Make the stream's next batch the feeder's first step at or after (epoch, start): a new
@@ -303,6 +317,9 @@ class SharedSource:
         for step in range(start, stop):
             yield next(local) if self.split.host(step) else next(remote)
 
+    def defer_float_steps(self) -> Optional[HostSteps]:
+        return self.remote.defer_float_steps()  # (this rank's own steps are built whole: float)
+
     def close(self) -> None:
         self.remote.close()
         self.host.close()
@@ -331,6 +348,9 @@ class FallbackSource:
             except PeerLost as e:
                 local = self.local = self._fall_back(e, epoch, step)
         yield from local.batches(epoch, step, stop)
+
+    def defer_float_steps(self) -> Optional[HostSteps]:
+        return self.primary.defer_float_steps()  # (after a fallback every batch is built here, whole)
 
     def _fall_back(self, e: PeerLost, epoch: int, step: int) -> HostPart:
         """`e` says what did not arrive (logged); the line printed says what happens now."""
@@ -393,6 +413,14 @@ class DpuLoader:
         The epoch is taken at the first batch, not here: an iterator made and dropped unused
         (Lightning makes one to check that the loader is iterable) must not use up an epoch."""
         yield from self.epoch(next(self._epochs))
+
+    def defer_float_steps(self) -> Optional[HostSteps]:
+        """Under the uint8 wire, hand the float steps (ToTensor, Normalize, ...) to the caller, to run
+        on its GPU after copying the uint8 batch there (`HostSteps.batch`; the built-in trainer does
+        on a GPU host rank with `--wire uint8`): the batches that arrive as uint8 then stay uint8, a
+        quarter of the bytes to copy, and no float steps on this CPU. The steps, or None when no batch
+        arrives as uint8 (float wire, local loading). Call it before the first batch."""
+        return self.source.defer_float_steps()
 
     def close(self) -> None:
         """Stop the DPU rank's work for this loader (`job.finish()` closes every loader)."""

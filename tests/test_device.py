@@ -221,3 +221,53 @@ def test_gpu_resnet50_trains_under_the_ranks_deterministic_mode(deterministic_st
         loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()  # AdaptiveAvgPool2d's CUDA backward: a warning, not an error
     assert all(p.grad is not None and bool(p.grad.isfinite().all()) for p in model.parameters())
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["cifar", "convert-dtype", "v2"])
+def test_gpu_float_steps_after_the_uint8_copy_give_the_cpus_bytes(name):
+    """`--wire uint8` on a GPU host rank: the uint8 batch is copied on the side stream and its float
+    steps run there (`CudaCopier` with `finish`); the batch the model gets equals, to the bit, what
+    the host's CPU makes of the same uint8 batch (v1 ToTensor / ConvertImageDtype, v2 ToDtype)."""
+    from dpuoffload.common.data.wire import Wire, dpu_view, plan_split
+    from tests.test_wire import PIPELINES, whole
+
+    ds = PIPELINES[name]()
+    split = plan_split(ds, Wire.AUTO)
+    wire = whole(dpu_view(ds, split)).pin_memory()
+    compute = Compute.of(torch.device("cuda", 0), "bf16", True)
+    staging = compute.staging(iter([(wire, torch.arange(len(wire)).pin_memory())]), split.host.batch)
+    for _ in staging:
+        x, _ = staging.on_device()
+        assert x.dtype == torch.float32 and x.is_contiguous(memory_format=torch.channels_last)
+        assert to_host(x).contiguous().numpy().tobytes() == split.host(wire).numpy().tobytes()
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_gpu_da_on_the_uint8_wire_trains_on_nones_batches(bundled_data, tmp_path):
+    """The built-in trainer on a GPU with `--wire uint8`: uint8 batches from the DPU rank, float steps
+    on the GPU. Its batches (digested as the model gets them, back from the GPU) and losses equal
+    `--mode none`'s on the same GPU (the ranks' deterministic setting), and it says where the float
+    steps ran."""
+    import json
+
+    from tests.mpijobs import dpurun
+
+    def run(mode, *extra):
+        log = tmp_path / mode
+        r = dpurun(["--dpu-ranks", "1"], ["--preset", "debug", "--data", str(bundled_data / "cifar10"), "--epochs",
+                                          "2", "--train-subset", "128", "--device", "cuda", "--mode", mode,
+                                          "--digest-batches", "--log-dir", str(log), "--no-progress", *extra])
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        epochs = [json.loads(x) for x in (log / "metrics.jsonl").read_text().splitlines()]
+        phases = [json.loads(x) for x in (log / "phases-rank0.jsonl").read_text().splitlines()]
+        return r.stdout, [e["step_losses"] for e in epochs if e.get("event") == "epoch"], \
+            [p["batch_digest"] for p in phases if "batch_digest" in p]
+
+    out, losses, digests = run("da", "--wire", "uint8")
+    _, ref_losses, ref_digests = run("none")
+    assert "uint8 (then ToTensor, Normalize on the GPU, after the copy)" in out
+    assert len(digests) == 2 and digests == ref_digests and losses == ref_losses

@@ -80,6 +80,25 @@ def test_split_batches_are_the_whole_transforms_bytes(name):
     assert wire.numel() * 4 == want.numel() * want.element_size()  # 4x fewer bytes
 
 
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_the_float_steps_on_a_whole_batch_give_the_same_bytes(name):
+    """`HostSteps.batch`: the steps over the batch at once (a GPU host rank's side stream runs them so,
+    after the uint8 copy) equal the per-sample path and the whole transform, on the CPU. The same on
+    a GPU is `tests/test_device.py`'s gpu-marked test."""
+    from dpuoffload.common.train.device import Compute, finished
+
+    ds = PIPELINES[name]()
+    split = plan_split(ds, Wire.AUTO)
+    wire = whole(dpu_view(ds, split))
+    want = whole(ds)
+    assert split.host.batch(wire).numpy().tobytes() == want.numpy().tobytes()
+    x, y = finished(Compute.of(torch.device("cpu"), "off", True), (wire, torch.arange(len(wire))), split.host.batch)
+    assert x.is_contiguous(memory_format=torch.channels_last) and x.contiguous().numpy().tobytes() == \
+        want.numpy().tobytes()
+    assert finished(Compute(), (want, y), split.host.batch)[0] is want  # float batches (host-built) pass as they are
+    assert finished(Compute(), (wire, y), None)[0] is wire
+
+
 def test_the_users_data_set_is_left_alone_and_subsets_are_seen_through():
     ds = PIPELINES["cifar"]()
     before = ds.transform
@@ -142,8 +161,9 @@ def test_to_wire_takes_uint8_images_only():
 
 
 def test_auto_keeps_the_float_wire_on_a_gpu_host_rank(monkeypatch):
-    """A GPU host rank would run the float steps on its CPU (slower than its GPU takes batches): auto
-    means float there until they run on the GPU; an explicit uint8 is obeyed."""
+    """A user's loop on a GPU host rank would run the float steps on its CPU (slower than its GPU takes
+    batches): auto means float there; an explicit uint8 is obeyed (the built-in trainer then runs the
+    float steps on the GPU, `DpuLoader.defer_float_steps`)."""
     from dpuoffload.common.config import RunConfig
     from dpuoffload.common.modes import Mode
     from dpuoffload.host.library import Job
@@ -155,3 +175,17 @@ def test_auto_keeps_the_float_wire_on_a_gpu_host_rank(monkeypatch):
     assert auto.wire_policy is Wire.AUTO and uint8.wire_policy is Wire.UINT8
     on["device"] = "cuda"
     assert auto.wire_policy is Wire.FLOAT and uint8.wire_policy is Wire.UINT8
+
+
+@pytest.mark.mpi
+def test_a_loader_hands_its_float_steps_over_and_sends_uint8_batches():
+    """`DpuLoader.defer_float_steps` in a real job (one host, one DPU rank, `--wire uint8`): the
+    batches stay uint8, and the handed steps on whole batches give the usual loader's bytes."""
+    import json
+
+    from tests.mpijobs import dpurun
+
+    r = dpurun([], ["--mode", "da", "--wire", "uint8", "tests/deferred_float_steps.py"])
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    got = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
+    assert got == {"same": True, "deferred_dtypes": ["torch.uint8"], "steps": "HostSteps(ToTensor, Normalize)"}

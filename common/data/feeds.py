@@ -24,3 +24,6 @@ class Feed(Protocol):
     def global_samples(self, step: int) -> Optional[int]:
         """Samples in step `step` summed over all replicas when they differ per replica (gradients
         are then weighted by n_i / total and summed), or None: equal batches, plain average."""
+
+    # Optional (the trainer asks with getattr): `defer_float_steps() -> Optional[Callable]`, the uint8
+    # wire's float steps handed to a GPU host rank's trainer (`host.loader.DpuLoader.defer_float_steps`).

@@ -72,9 +72,12 @@ def float_tail(steps: Sequence[Any]) -> int:
 
 
 def policy(wire: Wire, on_gpu: bool) -> Wire:
-    """`--wire` for a host rank: `auto` on a GPU host rank means float, as its float steps would run
-    on its CPU (0.3-0.7 ms per 224 px sample here, `benchmarks/wire.py`), slower than the GPU takes
-    the batches; they move to the GPU in a later step (issue 32). One rule for the loaders
+    """`--wire` for a host rank: `auto` on a GPU host rank means float. A user's own loop gets its
+    batches in host memory, so its float steps would run on its CPU (0.3-0.7 ms per 224 px sample
+    here, `benchmarks/wire.py`), slower than the GPU takes the batches. `--wire uint8` on a GPU host
+    rank: the built-in trainer copies the uint8 batch (a quarter of the bytes) and runs the float
+    steps on the GPU (`DpuLoader.defer_float_steps`, `Compute.staging`); `auto` stays float there
+    until a GPU run has checked that path bit for bit (issue 32). One rule for the loaders
     (`host.library.Job.wire_policy`) and for `--mode auto`'s profile of them."""
     return Wire.FLOAT if wire is Wire.AUTO and on_gpu else wire
 
@@ -263,6 +266,16 @@ class HostSteps:
             self.ring = [torch.empty((count, *first.shape), dtype=first.dtype, pin_memory=pinned) for _ in range(2)]
         self.turn = 1 - self.turn
         return self.ring[self.turn][:count]
+
+    def batch(self, batch: Any) -> Any:
+        """The float steps on a whole uint8 batch at once, wherever it is: on a GPU host rank, after
+        the uint8 batch's copy (a few element-wise kernels over the batch, where `__call__` would
+        launch some per sample). The same arithmetic per element as `one`: every step is element-wise
+        over [..., C, H, W] (`float_tail` admits no other)."""
+        x = batch
+        for step, name in zip(self.steps, self.names):
+            x = _to_tensor(x) if name == "ToTensor" else step(x)
+        return x
 
     def one(self, image: Any) -> Any:
         """The float steps on one uint8 CHW image."""

@@ -52,7 +52,7 @@ from dpuoffload.common.runtime.startup import init_torch
 from dpuoffload.common.runtime.waits import wait
 from dpuoffload.common.train import interference
 from dpuoffload.common.train.allreduce import GradientSync, build_sync
-from dpuoffload.common.train.device import Compute, resolve_device
+from dpuoffload.common.train.device import Compute, finished, resolve_device
 from dpuoffload.common.train.evaluation import eval_seconds_per_sample
 from dpuoffload.common.train.loop import build_optimizer, lr_factor
 from dpuoffload.common.train.naive import forward_backward, naive_backend, train_seconds_per_sample
@@ -83,7 +83,7 @@ def local_costs(cfg: RunConfig, topo: Topology) -> tuple[dict[str, Any], Measuri
              "batch_bytes": cfg.batch_size * sample.numel() * sample.element_size()}
     costs.update(wire_costs(cfg, topo, data.train, on_gpu=compute is not None))
     if compute is not None:
-        costs.update(gpu_costs(cfg, model, compute, sample, data.val))
+        costs.update(gpu_costs(cfg, model, compute, sample, data.val, gpu_wire_batch(cfg, data.train)))
     elif topo.role is not Role.HOST:  # (a DPU rank's training step matters to naive only: no loader, no allreduce)
         costs.update(train=train_seconds_per_sample(model, train, cfg.batch_size),
                      eval=eval_seconds_per_sample(model, data.val, cfg.val_batch_size))
@@ -106,9 +106,21 @@ def wire_costs(cfg: RunConfig, topo: Topology, dataset: Any, on_gpu: bool) -> di
         return {"aug_wire": rank_aug_seconds(view, cfg)[0]}
     image = view[0][0]
     batch = image.unsqueeze(0).expand(cfg.batch_size, *image.shape).contiguous()
+    if on_gpu:  # the trainer runs the float steps on the GPU, after the copy (`gpu_costs`' h2d): none here
+        return {"finish": 0.0, "batch_bytes": batch.numel() * batch.element_size()}
     finish = split.host
     return {"finish": timed_calls(lambda: finish(batch, reuse=True), 5) / cfg.batch_size,
             "batch_bytes": batch.numel() * batch.element_size()}
+
+
+def gpu_wire_batch(cfg: RunConfig, dataset: Any) -> Optional[tuple[Any, Any]]:
+    """On a GPU host rank under `--wire uint8`: a uint8 batch as the DPU sends it and the float
+    steps the trainer runs on the GPU after its copy (`HostSteps`); None on the float wire."""
+    split = wire.choose(dataset, wire.policy(cfg.wire, True), None, Sampling(cfg.batch_size, seed=cfg.seed)).split
+    if split is None:
+        return None
+    image = PerSampleSeeded(wire.dpu_view(dataset, split), cfg.seed)[0][0]
+    return image.unsqueeze(0).expand(cfg.batch_size, *image.shape).contiguous(), split.host
 
 
 def step_costs(cfg: RunConfig, topo: Topology, measuring: Measuring, steps: int = 5) -> dict[str, float]:
@@ -244,13 +256,15 @@ def gpu_compute(cfg: RunConfig, topo: Topology) -> Optional[Compute]:
     return Compute.of(device, cfg.amp, cfg.channels_last) if device.type == "cuda" else None
 
 
-def gpu_costs(cfg: RunConfig, model: Any, compute: Compute, sample: Any, val: Any = None) -> dict[str, float]:
+def gpu_costs(cfg: RunConfig, model: Any, compute: Compute, sample: Any, val: Any = None,
+              wire_batch: Optional[tuple[Any, Any]] = None) -> dict[str, float]:
     """A GPU host rank's profile (`perfmodel.Profile`'s GPU fields), clocks read after a synchronize:
 
     - gpu_step: one training step on a batch already on the GPU (autocast, layout, optimizer, and
       the loss read the trainer does every step), the mean over a few steps after two warm-ups
       (cuDNN picks its algorithms, the caching allocator fills);
-    - h2d: the copy of one batch from pinned memory to the GPU;
+    - h2d: the copy of one batch from pinned memory to the GPU (under `--wire uint8`, `wire_batch`:
+      the uint8 batch and the float steps run on it there, as the trainer's side stream does);
     - host_cpu: the host process's CPU work per batch, one copy of a batch into pinned memory (what
       receiving it costs; launches are asynchronous and overlap the GPU);
     - eval: validation seconds per sample on the GPU (with `val`).
@@ -262,8 +276,9 @@ def gpu_costs(cfg: RunConfig, model: Any, compute: Compute, sample: Any, val: An
     x = sample.unsqueeze(0).expand(cfg.batch_size, *sample.shape).contiguous()
     y = torch.zeros(cfg.batch_size, dtype=torch.int64)
     probe = compute.place(copy.deepcopy(model))
-    costs = {"gpu_step": train_step_seconds(cfg, probe, compute, x, y), "h2d": h2d_seconds(compute, x, y),
-             "host_cpu": pinned_copy_seconds(x, y)}
+    wx, finish = wire_batch if wire_batch is not None else (x, None)
+    costs = {"gpu_step": train_step_seconds(cfg, probe, compute, x, y),
+             "h2d": h2d_seconds(compute, wx, y, finish=finish), "host_cpu": pinned_copy_seconds(wx, y)}
     if val is not None:
         costs["eval"] = eval_seconds_per_sample(probe, val, cfg.val_batch_size)  # (reads sums: synchronizes)
     return costs
@@ -312,8 +327,9 @@ def train_step_seconds(cfg: RunConfig, model: Any, compute: Compute, x: Any, y: 
     return (time.perf_counter() - t0) / steps
 
 
-def h2d_seconds(compute: Compute, x: Any, y: Any, reps: int = 3) -> float:
-    """Seconds to copy the batch (x, y) from pinned memory to the GPU (median of `reps`)."""
+def h2d_seconds(compute: Compute, x: Any, y: Any, reps: int = 3, finish: Any = None) -> float:
+    """Seconds to copy the batch (x, y) from pinned memory to the GPU (median of `reps`), and to
+    run `finish` there on a uint8 batch (the float steps of `--wire uint8`, `device.finished`)."""
     import torch
 
     xp, yp = x.pin_memory(), y.pin_memory()
@@ -321,7 +337,7 @@ def h2d_seconds(compute: Compute, x: Any, y: Any, reps: int = 3) -> float:
     def one() -> float:
         torch.cuda.synchronize(compute.device)
         t0 = time.perf_counter()
-        compute.inputs(xp, yp)
+        finished(compute, compute.inputs(xp, yp), None if finish is None else finish.batch)
         torch.cuda.synchronize(compute.device)
         return time.perf_counter() - t0
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional, Protocol
 
 import torch
 from torch import nn
@@ -19,6 +19,7 @@ from torch import nn
 from dpuoffload.common.errors import ConfigError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+Finish = Callable[[torch.Tensor], torch.Tensor]  # the uint8 wire's float steps on a device batch
 AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -63,9 +64,11 @@ class Compute:
     def inputs(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch on this device (asynchronously from pinned memory), images channels-last if asked."""
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        if self.channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x, y
+        return self.layout(x), y
+
+    def layout(self, x: torch.Tensor) -> torch.Tensor:
+        """Images in the memory format the model was placed in (no copy when they already are)."""
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last and x.dim() == 4 else x
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
@@ -75,12 +78,13 @@ class Compute:
         with torch.autocast(self.device.type, dtype=self.amp):
             yield
 
-    def staging(self, batches: Iterator[Batch]) -> Optional["Staging"]:
+    def staging(self, batches: Iterator[Batch], finish: Optional[Finish] = None) -> Optional["Staging"]:
         """Batches to this GPU a step ahead on a side stream (`Staging`); None on the CPU, where
-        `inputs` has nothing to copy."""
+        `inputs` has nothing to copy. `finish`: the uint8 wire's float steps, run on the GPU after
+        the copy of each batch that arrives as uint8 (`DpuLoader.defer_float_steps`)."""
         if self.device.type != "cuda":
             return None
-        return Staging(batches, CudaCopier(self))
+        return Staging(batches, CudaCopier(self, finish))
 
     def describe(self) -> str:
         amp = {None: "", torch.bfloat16: ", bf16 autocast", torch.float16: ", fp16 autocast"}[self.amp]
@@ -132,18 +136,28 @@ class CudaInFlight:
 
 
 class CudaCopier:
-    """Copies on a side stream of the compute's GPU, from pinned memory when the batch is pinned."""
+    """Copies on a side stream of the compute's GPU, from pinned memory when the batch is pinned;
+    a uint8 batch is finished there too (`finish`, the float steps), beside the step's compute."""
 
-    def __init__(self, compute: Compute) -> None:
-        self.compute = compute
+    def __init__(self, compute: Compute, finish: Optional[Finish] = None) -> None:
+        self.compute, self.finish = compute, finish
         self.stream = torch.cuda.Stream(compute.device)
 
     def start(self, host: Batch) -> InFlight:
         with torch.cuda.stream(self.stream):
-            device = self.compute.inputs(*host)
+            device = finished(self.compute, self.compute.inputs(*host), self.finish)
             copied = torch.cuda.Event()
             copied.record(self.stream)
         return CudaInFlight(device, copied)
+
+
+def finished(compute: Compute, batch: Batch, finish: Optional[Finish]) -> Batch:
+    """`batch` with the float steps run on it where it is, if it came as uint8 and there are steps
+    (a host rank's own steps under `--da-host-share`, or after a fallback, come float: as they are)."""
+    x, y = batch
+    if finish is None or x.dtype != torch.uint8:
+        return batch
+    return compute.layout(finish(x)), y
 
 
 class Staging:

@@ -43,7 +43,7 @@ from dpuoffload.common.state.resume import ResumePoint
 from dpuoffload.common.state.sharding import state_digest
 from dpuoffload.common.state.trainstate import EpochProgress, EpochSpan, Position, epoch_spans
 from dpuoffload.common.train.allreduce import GradientSync
-from dpuoffload.common.train.device import Compute, Staging
+from dpuoffload.common.train.device import Compute, Finish, Staging, to_host
 from dpuoffload.common.train.evaluation import (
     SharePolicy,
     Validation,
@@ -164,6 +164,7 @@ class Trainer:
             self.optimizer, lambda s: lr_factor(cfg.lr_schedule, s, self.total_steps))
         self.timer = PhaseTimer()
         self.staging: Optional[Staging] = None  # on a GPU, the epoch's batches a step ahead
+        self.finish: Optional[Finish] = None    # ...and the uint8 wire's float steps run there (`device_finish`)
         self.phase_log = JsonlLog(cfg.log_dir, f"phases-rank{topo.world_rank}.jsonl")
         self.metrics_log = JsonlLog(cfg.log_dir if self.is_leader else None, "metrics.jsonl", replace=not joining)
         self.joining = joining
@@ -204,6 +205,7 @@ class Trainer:
         if not self.joining:
             self.sync.broadcast_parameters_(self.model)
         self.reports = build_reports(self.cfg, self.is_leader, "clone" if self.label else "")
+        self.finish = self.device_finish()
         records: list[dict[str, Any]] = []
         for span in epoch_spans(self.feed.steps(), self.cfg.epochs, self.start, self.cfg.stop_at_step):
             self.run_epoch(span)
@@ -285,14 +287,14 @@ class Trainer:
                    # hides the terminal size from ranks and tqdm would hide a bar it thinks off-screen
                    disable=not (self.cfg.progress and self.is_leader and env.progress_wanted()))
         batches = self.feed.epoch(span.epoch, span.start, span.stop)
-        self.staging = self.compute.staging(batches)  # a GPU: each batch's copy a step ahead
+        self.staging = self.compute.staging(batches, self.finish)  # a GPU: each batch's copy a step ahead
         batches = self.staging if self.staging is not None else batches
         self.step_times, self._t_step = [], time.perf_counter()
         rate = SampleRate(self.size) if not bar.disable else None
         trace.set_position(epoch=span.epoch, step=self.global_step + 1)
         for i, (x, y) in enumerate(self.timed(batches), start=span.start):
             if digest is not None:
-                digest.update(x.numpy().tobytes())
+                digest.update(self.trained_on(x).numpy().tobytes())
                 digest.update(y.numpy().tobytes())
             total = self.feed.global_samples(i)
             own = y
@@ -318,6 +320,24 @@ class Trainer:
         bar.close()
         return (allreduce_sums(self.comm, progress.sums), progress.losses,
                 digest.hexdigest() if digest is not None else None, int(progress.sums[2]))
+
+    def device_finish(self) -> Optional[Finish]:
+        """On a GPU, the uint8 wire's float steps taken from the feed, to run after each batch's copy
+        (`DpuLoader.defer_float_steps`: `--wire uint8`). None on the CPU; under `--recovery`, where a
+        takeover joins batches built here (float) to the feed's; and for a feed without them (an
+        extension's own feed may leave the method out)."""
+        defer = getattr(self.feed, "defer_float_steps", None)
+        if self.compute.device.type != "cuda" or self.recovery is not None or defer is None:
+            return None
+        return defer()
+
+    def trained_on(self, x: torch.Tensor) -> torch.Tensor:
+        """The images the model gets for the batch `x` the feed gave (`--digest-batches`): `x`, or
+        where the float steps run on the GPU, the finished batch back in host memory (slow: a digest
+        is a check, not a hot path), so that the digest covers the GPU's arithmetic too."""
+        if self.staging is None or self.finish is None or x.dtype != torch.uint8:
+            return x
+        return to_host(self.staging.on_device()[0]).contiguous()
 
     def recovered(self, epoch: int, step: int) -> None:
         """Under --recovery: report the host ranks the last collectives lost (the new host rank 0
