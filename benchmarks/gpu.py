@@ -15,7 +15,9 @@ once as an ImageFolder under .cache/data/ by `write_jpegs`), side by side:
 2. **peer**: the project's host program fed by `DataLoader(num_workers=h, pin_memory=True,
    prefetch_factor=4)` over the torchvision ImageFolder, workers on the h host cores
    (`benchmarks/peer_host.py`, `--mode none`);
-3. **da, d DPU cores**: the real dpurun MPMD job, one DPU rank building with `--dpu-workers d`;
+3. **da, d DPU cores**: the real dpurun MPMD job, one DPU rank building with `--dpu-workers d`; and
+   the same on the uint8 wire (`--wire uint8`: a quarter of the bytes, the float steps run on the
+   GPU after the copy; full runs only);
 4. **host + DPU**: `--da-host-workers h` + `--dpu-workers d`, with `--da-host-share auto` and with
    the share fixed by counting cores, h / (h + s*d); and share 1.0 (the host's h workers alone, the
    no-regression check against the peer);
@@ -321,6 +323,9 @@ def variants(w: Workload, root: Path, lay: Layout, quick: bool) -> dict[str, Any
     }
     if quick:  # (a minute on 2 cores: the fixed share and --mode auto are two jobs more)
         return out
+    # the uint8 wire: a quarter of the bytes to copy, the float steps on the GPU after the copy
+    out["da uint8"] = lambda: run_ours(w, root, lay, "da uint8", ["--mode", "da", "--dpu-workers", str(d), "--wire",
+                                                                  "uint8"], L, 1, lay.digests)
     # a share set by counting cores, against the measured one
     out["share fixed"] = lambda: run_ours(w, root, lay, "share fixed", [
         *share, "--da-host-share", str(lay.fixed_share)], L, 1, lay.digests)
@@ -340,7 +345,9 @@ def identity_runs(w: Workload, root: Path, lay: Layout) -> dict[str, RunLog]:
     return {"peer": run_peer(w, root, lay, "identity peer", 2, 2, True),
             "ours": run_ours(w, root, lay, "identity ours", ["--mode", "da", "--da-host-workers", str(h),
                                                              "--dpu-workers", str(d), "--da-host-share",
-                                                             str(lay.fixed_share)], 2, 2, True)}
+                                                             str(lay.fixed_share)], 2, 2, True),
+            "uint8": run_ours(w, root, lay, "identity uint8", ["--mode", "da", "--dpu-workers", str(d), "--wire",
+                                                               "uint8"], 2, 2, True)}
 
 
 # -------------------------------------------------------------------------------------- analysis
@@ -429,10 +436,12 @@ def identity_report(runs: dict[str, list[RunLog]], identity: Optional[dict[str, 
     """Which of ours trained on the peer's batches (`none`'s); fails the benchmark if any did not."""
     losses = lay.device == "cpu"  # a GPU's backward kernels may add in any order: batches only there
     if identity is not None:
-        report = {"ours (host + DPU share) vs peer": same_training(identity["ours"], identity["peer"], losses)}
+        report = {"ours (host + DPU share) vs peer": same_training(identity["ours"], identity["peer"], losses),
+                  "da uint8 (float steps on the device) vs peer": same_training(identity["uint8"], identity["peer"],
+                                                                                losses)}
     else:
         report = {f"{v} vs peer": same_training(runs[v][0], runs["peer"][0], losses)
-                  for v in ("da", "share auto", "share fixed", "share 1.0") if v in runs}
+                  for v in ("da", "da uint8", "share auto", "share fixed", "share 1.0") if v in runs}
         report["ours short vs peer short"] = same_training(runs["ours short"][0], runs["peer short"][0], losses)
     bad = [k for k, ok in report.items() if not ok]
     if bad:
@@ -567,17 +576,20 @@ def _rows_table(r: dict[str, Any], lay: Layout) -> str:
     pin = ", pin_memory" if lay.device == "cuda" else ""
     names = {"peer": f"peer: DataLoader(num_workers={h}{pin}, prefetch 4)",
              "da": f"ours da, {d} DPU cores (--dpu-workers {d})",
+             "da uint8": f"ours da, {d} DPU cores, --wire uint8 (float steps on the "
+                         f"{'GPU' if lay.device == 'cuda' else 'host'})",
              "share auto": f"ours host + DPU, --da-host-share auto (picked {r['auto_share']})",
              "share fixed": f"ours host + DPU, share {r['fixed_share']} (h / (h + s·d))",
              "share 1.0": f"ours share 1.0 ({h} host workers, no DPU)"}
-    cores = {"peer": f"{h}", "da": f"0 + {d}", "share auto": f"{h} + {d}", "share fixed": f"{h} + {d}",
-             "share 1.0": f"{h}"}
+    cores = {"peer": f"{h}", "da": f"0 + {d}", "da uint8": f"0 + {d}", "share auto": f"{h} + {d}",
+             "share fixed": f"{h} + {d}", "share 1.0": f"{h}"}
     for v, label in names.items():
         if v not in rates:
             continue
         short = {"peer": "peer short", "share auto": "ours short"}.get(v)
         s = f"{r['short_img_s'][short]['median']:.0f}" if short else "-"
-        rows.append([label, cores[v], f"{rates[v]['median']:.0f}", f"{busy[v]:.2f}", s, f"{pred[v]:.0f}"])
+        rows.append([label, cores[v], f"{rates[v]['median']:.0f}", f"{busy[v]:.2f}", s,
+                     f"{pred[v]:.0f}" if v in pred else "-"])
     return table(["variant", "host + DPU cores", "img/s (long, steady)", "GPU busy", "img/s (short epochs)",
                   "model img/s"], rows)
 
