@@ -185,7 +185,7 @@ def test_a_loader_hands_its_float_steps_over_and_sends_uint8_batches():
 
     from tests.mpijobs import dpurun
 
-    r = dpurun([], ["--mode", "da", "--wire", "uint8", "tests/deferred_float_steps.py"])
+    r = dpurun([], ["--mode", "da", "--wire", "uint8", "tests/api_scripts/deferred_float_steps.py"])
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     got = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
     assert got == {"same": True, "deferred_dtypes": ["torch.uint8"], "steps": "HostSteps(ToTensor, Normalize)"}
