@@ -116,7 +116,10 @@ def wire_costs(cfg: RunConfig, topo: Topology, dataset: Any, on_gpu: bool) -> di
 def gpu_wire_batch(cfg: RunConfig, dataset: Any) -> Optional[tuple[Any, Any]]:
     """On a GPU host rank under `--wire uint8`: a uint8 batch as the DPU sends it and the float
     steps the trainer runs on the GPU after its copy (`HostSteps`); None on the float wire."""
-    split = wire.choose(dataset, wire.policy(cfg.wire, True), None, Sampling(cfg.batch_size, seed=cfg.seed)).split
+    policy = wire.policy(cfg.wire, True)
+    if wire.plan_split(dataset, policy) is None:  # (the float wire: no sample to build)
+        return None
+    split = wire.choose(dataset, policy, None, Sampling(cfg.batch_size, seed=cfg.seed)).split
     if split is None:
         return None
     image = PerSampleSeeded(wire.dpu_view(dataset, split), cfg.seed)[0][0]
