@@ -527,19 +527,23 @@ def chosen(todo: dict[str, Any], names: Optional[Sequence[str]]) -> dict[str, An
 
 
 def job_summary(log: RunLog, variant: str, batch: int) -> dict[str, float]:
-    """One job's rate and where its wall time went: the epochs' training, and the rest (start-up of
-    every rank, the validation, the teardown)."""
+    """One job's rate and where its wall time went: host rank 0's start-up (its process's start to
+    its training: imports, MPI, the start-up sequence, data and model, a `--mode auto` profile), the
+    epochs' training, their validation, and the rest (dpurun and mpirun, the ranks' teardown)."""
     rate = short_rate(log) if variant in SHORT else steady_rate(log, batch)
     train = sum(e["train_time"] for e in log.epochs)
-    return {"img_s": rate, "train_s": train, "wall_s": log.wall, "other_s": log.wall - train}
+    val = sum(e["epoch_time"] - e["train_time"] for e in log.epochs)
+    startup = float((log.end or {}).get("startup_s", 0.0))
+    return {"img_s": rate, "train_s": train, "wall_s": log.wall, "startup_s": startup, "val_s": val,
+            "other_s": log.wall - train - val - startup}
 
 
 def job_line(log: RunLog, variant: str, batch: int, probed: dict[str, float]) -> str:
     j = job_summary(log, variant, batch)
     what = "short epochs" if variant in SHORT else "steady"
     return (f"{j['img_s']:.0f} img/s {what} ({j['img_s'] * probed['step_s'] / batch:.2f} of GPU-bound); job "
-            f"{j['wall_s']:.0f} s, of it training {j['train_s']:.1f} s and start-up, validation, teardown "
-            f"{j['other_s']:.0f} s")
+            f"{j['wall_s']:.0f} s: start-up {j['startup_s']:.1f} s, training {j['train_s']:.1f} s, validation "
+            f"{j['val_s']:.1f} s, launch and teardown {j['other_s']:.1f} s")
 
 
 def markdown(report: dict[str, Any], lay: Layout, args: argparse.Namespace) -> str:
@@ -596,8 +600,8 @@ def _rows_table(r: dict[str, Any], lay: Layout) -> str:
 
 def _jobs_table(r: dict[str, Any]) -> str:
     rows = [[v, f"{j['img_s']:.0f}", f"{j['img_s'] / r['ceiling_img_s']:.2f}", f"{j['train_s']:.1f}",
-             f"{j['wall_s']:.0f}"] for v, jobs in r["jobs"].items() for j in jobs]
-    return table(["variant", "img/s", "GPU busy", "training s", "job s"], rows)
+             f"{j['startup_s']:.1f}", f"{j['wall_s']:.0f}"] for v, jobs in r["jobs"].items() for j in jobs]
+    return table(["variant", "img/s", "GPU busy", "training s", "start-up s", "job s"], rows)
 
 
 def _targets_table(r: dict[str, Any]) -> str:

@@ -59,6 +59,7 @@ class RunLog:
     wall: float                                  # seconds the whole job took
     stdout: str = ""
     machine_ms: Optional[float] = None           # `machine_speed`'s fixed step just before the job (workloads)
+    end: Optional[dict[str, Any]] = None         # metrics.jsonl's end record (host rank 0's `startup_s`, ...)
 
     def steady(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Epochs 2.. (epoch 1 pays one-off warm-up), or all of them when there is only one."""
@@ -93,7 +94,9 @@ def read_log(log: Path, wall: float, stdout: str = "") -> RunLog:
             recs = [r for r in lines(path.name) if r.get("role") == "dpu" and "epoch" in r and "phases" in r]
             dpus[rank] = sorted(recs, key=lambda r: r["epoch"])
     auto = lines("auto.jsonl")
-    return RunLog(epochs, host, {k: v for k, v in dpus.items() if v}, auto[-1] if auto else None, wall, stdout)
+    end = next((m for m in lines("metrics.jsonl") if m.get("event") == "end"), None)
+    return RunLog(epochs, host, {k: v for k, v in dpus.items() if v}, auto[-1] if auto else None, wall, stdout,
+                  end=end)
 
 
 def run_logged(cmd: Sequence[str], what: str, timeout: float = 1800) -> RunLog:

@@ -107,8 +107,12 @@ def test_gpu_benchmark_quick_on_a_cpu(tmp_path):
                 "--quick on a CPU: a smoke run", "DPU cores at speed 1 to keep the device ≥ 90 % busy on resnet50"):
         assert row in res.stdout, row
     # each job's line as it ends (a run cut short by a GPU lease still says what it measured)
-    assert re.search(r"rep 1/1 resnet50 da: \d+ img/s steady \(\d\.\d\d of GPU-bound\); job \d+ s, of it "
-                     r"training \d+\.\d s", res.stderr), res.stderr[-2000:]
+    line = re.search(r"rep 1/1 resnet50 da: \d+ img/s steady \(\d\.\d\d of GPU-bound\); job (\d+) s: start-up "
+                     r"([\d.]+) s, training ([\d.]+) s, validation ([\d.]+) s, launch and teardown (-?[\d.]+) s",
+                     res.stderr)
+    assert line, res.stderr[-2000:]
+    wall, startup, train = (float(line.group(k)) for k in (1, 2, 3))
+    assert 1 < startup < wall and 0 < train < wall  # (a rank's start-up is seconds: torch's import alone)
 
 
 def test_variants_picks_a_part_of_the_table_and_names_the_choices():
@@ -116,5 +120,7 @@ def test_variants_picks_a_part_of_the_table_and_names_the_choices():
     assert gpu.chosen(todo, None) == todo and gpu.chosen(todo, ["share auto", "peer"]) == {"peer": 1, "share auto": 3}
     with pytest.raises(SystemExit, match=r"--variants dd: not a variant of this run; choose from 'peer', 'da', "):
         gpu.chosen(todo, ["dd"])
-    j = gpu.job_summary(_log([2.0, 1.0, 1.0, 1.0], epochs=[(256.0, 4.0)]), "da", 256)
-    assert j == {"img_s": 256.0, "train_s": 4.0, "wall_s": 1.0, "other_s": -3.0}  # (the stub's wall is 1 s)
+    log = _log([2.0, 1.0, 1.0, 1.0], epochs=[(256.0, 4.0)])
+    log.epochs[0]["epoch_time"], log.wall, log.end = 4.5, 12.0, {"startup_s": 6.0}
+    assert gpu.job_summary(log, "da", 256) == {"img_s": 256.0, "train_s": 4.0, "wall_s": 12.0, "startup_s": 6.0,
+                                               "val_s": 0.5, "other_s": 1.5}

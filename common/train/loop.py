@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 import numpy as np
+import psutil
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -206,6 +207,7 @@ class Trainer:
             self.sync.broadcast_parameters_(self.model)
         self.reports = build_reports(self.cfg, self.is_leader, "clone" if self.label else "")
         self.finish = self.device_finish()
+        startup_s = time.time() - psutil.Process().create_time()  # (before the first batch: the loader opens lazily)
         records: list[dict[str, Any]] = []
         for span in epoch_spans(self.feed.steps(), self.cfg.epochs, self.start, self.cfg.stop_at_step):
             self.run_epoch(span)
@@ -217,7 +219,8 @@ class Trainer:
         self.reports.close()
         self.hooks.finish()
         final = {"event": "end", "weights_sha256": state_digest(self.model), "global_step": self.global_step,
-                 "allreduce": self.sync.name, "host_ranks": len(self.topo.host_ranks), "replicas": self.size}
+                 "allreduce": self.sync.name, "host_ranks": len(self.topo.host_ranks), "replicas": self.size,
+                 "startup_s": round(startup_s, 3)}  # (this process's start to its training: what a short job pays)
         if self.is_leader:  # (a rank that led for a while under --recovery keeps its log open)
             self.metrics_log.write(final)
         if self.is_leader and self.cfg.save_weights:
