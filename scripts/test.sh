@@ -6,11 +6,12 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$ROOT/scripts/setup.sh"
 VENV=${DPUOFFLOAD_VENV:-$ROOT/.venv}
 cd "$ROOT"
-# No package index (DPUOFFLOAD_WHEELS set, e.g. a GPU node: README "On a GPU node"): the extra
-# environments below need one (or apt-get), so they are off unless asked for, and their tests say so.
+# No package index (DPUOFFLOAD_WHEELS set, e.g. a GPU node: docs/quickstart.md "A GPU node with its own
+# torch"): the extra environments below need one (or apt-get), so they are off unless asked for, and
+# their tests say so.
 if [ -n "${DPUOFFLOAD_WHEELS:-}" ]; then
-  : "${DPUOFFLOAD_TEST_MPICH:=0}" "${DPUOFFLOAD_TEST_AARCH64:=0}" "${DPUOFFLOAD_TEST_SLURM:=0}" \
-    "${DPUOFFLOAD_TEST_MIN_PYTHON:=0}"
+  export DPUOFFLOAD_TEST_MPICH=${DPUOFFLOAD_TEST_MPICH:-0} DPUOFFLOAD_TEST_AARCH64=${DPUOFFLOAD_TEST_AARCH64:-0} \
+    DPUOFFLOAD_TEST_SLURM=${DPUOFFLOAD_TEST_SLURM:-0} DPUOFFLOAD_TEST_MIN_PYTHON=${DPUOFFLOAD_TEST_MIN_PYTHON:-0}
   echo "test.sh: no package index (DPUOFFLOAD_WHEELS): no MPICH, aarch64, Slurm or minimum-Python environment; their tests skip"
 fi
 # A second venv on MPICH (PyPI's wheel, Hydra's mpiexec) sharing the first one's torch through a
