@@ -505,7 +505,7 @@ def measure(args: argparse.Namespace, lay: Layout, workloads: dict[str, Workload
                       file=sys.stderr, flush=True)
                 partial[name] = {"probe": probed, "jobs": {k: [job_summary(log, k, w.batch) for log in logs]
                                                           for k, logs in runs.items()}}
-                write_json(args.out, {"partial": True, "report": partial})  # a run cut short keeps these
+                write_json(partial_path(args.out), {"partial": True, "report": partial})  # (kept if cut short)
         if args.variants:  # a part of the table: its rates, no targets (they compare variants left out)
             report[name] = {"ceiling_img_s": w.batch / probed["step_s"], "per_core_img_s": 1 / probed["aug_s"],
                             **partial[name]}
@@ -513,6 +513,12 @@ def measure(args: argparse.Namespace, lay: Layout, workloads: dict[str, Workload
         identity = None if lay.digests else identity_runs(w, root, lay)
         report[name] = analyze(w, lay, probed, runs, identity)
     return report
+
+
+def partial_path(out: Path) -> Path:
+    """Where the jobs' results so far go while the run goes on (beside `--out`, which keeps the last
+    whole run's until this one ends; removed then)."""
+    return out.with_name(out.stem + ".partial.json")
 
 
 def chosen(todo: dict[str, Any], names: Optional[Sequence[str]]) -> dict[str, Any]:
@@ -670,6 +676,7 @@ def run(args: argparse.Namespace) -> Section:
     report = measure(args, lay, workloads)
     payload = {"machine": machine(), "settings": settings(args), "layout": asdict(lay), "report": report}
     write_json(args.out, payload)
+    partial_path(args.out).unlink(missing_ok=True)
     return Section("gpu", payload, markdown(report, lay, args))
 
 

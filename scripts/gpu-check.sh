@@ -2,7 +2,8 @@
 # A GPU node in one command: set up (scripts/setup.sh; offline where DPUOFFLOAD_WHEELS is set, see
 # docs/quickstart.md "A GPU node with its own torch"), run the gpu-marked tests, then the issue-12
 # table (benchmarks/gpu.py) for each workload, every job's line printed as it ends and each
-# workload's JSON and table written to OUTDIR as the run goes (a run cut short keeps what it measured).
+# workload's JSON and table written to OUTDIR (the jobs so far in <workload>.partial.json while it runs: a run
+# cut short keeps what it measured).
 #
 #   bash scripts/gpu-check.sh [OUTDIR] [WORKLOAD ...]     (default: runs/gpu-check, resnet50 shufflenet_v2)
 #

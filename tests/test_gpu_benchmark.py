@@ -89,6 +89,7 @@ def test_gpu_benchmark_quick_on_a_cpu(tmp_path):
                           "--out", str(out)], capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     r = json.loads(out.read_text())["report"]["resnet50"]
+    assert not (tmp_path / "gpu.partial.json").exists()  # (the jobs so far, written during the run: gone at its end)
     assert set(r["img_s"]) == {"peer", "da", "share auto", "share 1.0"}  # (--quick: no fixed share, no auto)
     assert set(r["short_img_s"]) == {"peer short", "ours short"}
     assert all(x["median"] > 0 for x in [*r["img_s"].values(), *r["short_img_s"].values()])
