@@ -98,14 +98,13 @@ def wire_costs(cfg: RunConfig, topo: Topology, dataset: Any, on_gpu: bool) -> di
     the float steps in `da` (0.6 ms a step for 16 CIFAR samples: 1.1 % of a resnet20 step, and da's
     predictions read 1.5-2 % low). A DPU rank cannot know whether its host trains on a GPU (float
     wire under `auto`): it measures both, and `gather_profile` takes what its host rank's wire needs."""
-    split = wire.choose(dataset, wire.policy(cfg.wire, on_gpu), None, Sampling(cfg.batch_size, seed=cfg.seed)).split
-    if split is None:
+    wired = wire_view(cfg, dataset, on_gpu)
+    if wired is None:
         return {}
-    view = PerSampleSeeded(wire.dpu_view(dataset, split), cfg.seed)
+    split, view = wired
     if topo.role is not Role.HOST:
         return {"aug_wire": rank_aug_seconds(view, cfg)[0]}
-    image = view[0][0]
-    batch = image.unsqueeze(0).expand(cfg.batch_size, *image.shape).contiguous()
+    batch = repeated(cfg, view[0][0])
     if on_gpu:  # the trainer runs the float steps on the GPU, after the copy (`gpu_costs`' h2d): none here
         return {"finish": 0.0, "batch_bytes": batch.numel() * batch.element_size()}
     finish = split.host
@@ -116,14 +115,23 @@ def wire_costs(cfg: RunConfig, topo: Topology, dataset: Any, on_gpu: bool) -> di
 def gpu_wire_batch(cfg: RunConfig, dataset: Any) -> Optional[tuple[Any, Any]]:
     """On a GPU host rank under `--wire uint8`: a uint8 batch as the DPU sends it and the float
     steps the trainer runs on the GPU after its copy (`HostSteps`); None on the float wire."""
-    policy = wire.policy(cfg.wire, True)
-    if wire.plan_split(dataset, policy) is None:  # (the float wire: no sample to build)
+    wired = wire_view(cfg, dataset, on_gpu=True)
+    return None if wired is None else (repeated(cfg, wired[1][0][0]), wired[0].host)
+
+
+def wire_view(cfg: RunConfig, dataset: Any, on_gpu: bool) -> Optional[tuple[wire.Split, PerSampleSeeded]]:
+    """The run's split of the transform on a host rank of this kind and the data set as the DPU's part
+    builds it (per-sample seeded); None on the float wire (no sample built to find that out)."""
+    policy = wire.policy(cfg.wire, on_gpu)
+    if wire.plan_split(dataset, policy) is None:
         return None
     split = wire.choose(dataset, policy, None, Sampling(cfg.batch_size, seed=cfg.seed)).split
-    if split is None:
-        return None
-    image = PerSampleSeeded(wire.dpu_view(dataset, split), cfg.seed)[0][0]
-    return image.unsqueeze(0).expand(cfg.batch_size, *image.shape).contiguous(), split.host
+    return None if split is None else (split, PerSampleSeeded(wire.dpu_view(dataset, split), cfg.seed))
+
+
+def repeated(cfg: RunConfig, sample: Any) -> Any:
+    """A batch of one sample repeated: the profile's timings depend on a batch's shape, not its values."""
+    return sample.unsqueeze(0).expand(cfg.batch_size, *sample.shape).contiguous()
 
 
 def step_costs(cfg: RunConfig, topo: Topology, measuring: Measuring, steps: int = 5) -> dict[str, float]:
@@ -276,7 +284,7 @@ def gpu_costs(cfg: RunConfig, model: Any, compute: Compute, sample: Any, val: An
     """
     import torch
 
-    x = sample.unsqueeze(0).expand(cfg.batch_size, *sample.shape).contiguous()
+    x = repeated(cfg, sample)
     y = torch.zeros(cfg.batch_size, dtype=torch.int64)
     probe = compute.place(copy.deepcopy(model))
     wx, finish = wire_batch if wire_batch is not None else (x, None)
