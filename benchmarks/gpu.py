@@ -306,13 +306,22 @@ def run_peer(w: Workload, root: Path, lay: Layout, what: str, steps: int, epochs
     return run_logged(cmd, what)
 
 
+def feeding(lay: Layout) -> dict[str, list[str]]:
+    """Our feeding flags, one definition for the timed and the identity runs: the DPU alone, the
+    same on the uint8 wire, and host + DPU (a share to add)."""
+    h, d = len(lay.host), len(lay.dpu)
+    da = ["--mode", "da", "--dpu-workers", str(d)]
+    return {"da": da, "da uint8": [*da, "--wire", "uint8"], "share": [*da, "--da-host-workers", str(h)]}
+
+
 def variants(w: Workload, root: Path, lay: Layout, quick: bool) -> dict[str, Any]:
     """Each timed variant: name -> a function running it once."""
     h, d, L, S, E = len(lay.host), len(lay.dpu), lay.long_steps, lay.short_steps, lay.short_epochs
-    share = ["--mode", "da", "--da-host-workers", str(h), "--dpu-workers", str(d)]
+    flags = feeding(lay)
+    share = flags["share"]
     out = {
         "peer": lambda: run_peer(w, root, lay, "peer", L, 1, lay.digests),
-        "da": lambda: run_ours(w, root, lay, "da", ["--mode", "da", "--dpu-workers", str(d)], L, 1, lay.digests),
+        "da": lambda: run_ours(w, root, lay, "da", flags["da"], L, 1, lay.digests),
         "share auto": lambda: run_ours(w, root, lay, "share auto", [*share, "--da-host-share", "auto"], L, 1,
                                        lay.digests),
         "share 1.0": lambda: run_ours(w, root, lay, "share 1.0", ["--mode", "da", "--da-host-workers", str(h),
@@ -324,8 +333,7 @@ def variants(w: Workload, root: Path, lay: Layout, quick: bool) -> dict[str, Any
     if quick:  # (a minute on 2 cores: the fixed share and --mode auto are two jobs more)
         return out
     # the uint8 wire: a quarter of the bytes to copy, the float steps on the GPU after the copy
-    out["da uint8"] = lambda: run_ours(w, root, lay, "da uint8", ["--mode", "da", "--dpu-workers", str(d), "--wire",
-                                                                  "uint8"], L, 1, lay.digests)
+    out["da uint8"] = lambda: run_ours(w, root, lay, "da uint8", flags["da uint8"], L, 1, lay.digests)
     # a share set by counting cores, against the measured one
     out["share fixed"] = lambda: run_ours(w, root, lay, "share fixed", [
         *share, "--da-host-share", str(lay.fixed_share)], L, 1, lay.digests)
@@ -341,13 +349,11 @@ def variants(w: Workload, root: Path, lay: Layout, quick: bool) -> dict[str, Any
 def identity_runs(w: Workload, root: Path, lay: Layout) -> dict[str, RunLog]:
     """Untimed, with --digest-batches (full runs): the peer and ours (fixed share, both sides
     feeding), 2 epochs of 2 batches each."""
-    h, d = len(lay.host), len(lay.dpu)
+    flags = feeding(lay)
     return {"peer": run_peer(w, root, lay, "identity peer", 2, 2, True),
-            "ours": run_ours(w, root, lay, "identity ours", ["--mode", "da", "--da-host-workers", str(h),
-                                                             "--dpu-workers", str(d), "--da-host-share",
-                                                             str(lay.fixed_share)], 2, 2, True),
-            "uint8": run_ours(w, root, lay, "identity uint8", ["--mode", "da", "--dpu-workers", str(d), "--wire",
-                                                               "uint8"], 2, 2, True)}
+            "ours": run_ours(w, root, lay, "identity ours", [*flags["share"], "--da-host-share", str(lay.fixed_share)],
+                             2, 2, True),
+            "uint8": run_ours(w, root, lay, "identity uint8", flags["da uint8"], 2, 2, True)}
 
 
 # -------------------------------------------------------------------------------------- analysis
