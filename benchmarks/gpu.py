@@ -434,6 +434,7 @@ def analyze(w: Workload, lay: Layout, probed: dict[str, float], runs: dict[str, 
     if "auto" in runs:
         out["mode_auto"] = auto_report(runs["auto"][0])
     out["targets"] = targets(out, lay)
+    out["jobs"] = {v: [job_summary(log, v, w.batch) for log in logs] for v, logs in runs.items()}
     return out
 
 
@@ -538,24 +539,40 @@ def chosen(todo: dict[str, Any], names: Optional[Sequence[str]]) -> dict[str, An
     return {v: fn for v, fn in todo.items() if v in names}
 
 
-def job_summary(log: RunLog, variant: str, batch: int) -> dict[str, float]:
+def job_summary(log: RunLog, variant: str, batch: int) -> dict[str, Any]:
     """One job's rate and where its wall time went: host rank 0's start-up (its process's start to
-    its training: imports, MPI, the start-up sequence, data and model, a `--mode auto` profile), the
-    epochs' training, their validation, and the rest (dpurun and mpirun, the ranks' teardown)."""
+    its training: imports, MPI, the start-up sequence, data and model, a `--mode auto` profile; its
+    parts from the end record's `startup_parts_s`), the epochs' training (and their first step, which
+    waits for the first batch), their validation, and the rest (dpurun and mpirun, the ranks' teardown)."""
     rate = short_rate(log) if variant in SHORT else steady_rate(log, batch)
     train = sum(e["train_time"] for e in log.epochs)
     val = sum(e["epoch_time"] - e["train_time"] for e in log.epochs)
     startup = float((log.end or {}).get("startup_s", 0.0))
     return {"img_s": rate, "train_s": train, "wall_s": log.wall, "startup_s": startup, "val_s": val,
-            "other_s": log.wall - train - val - startup}
+            "other_s": log.wall - train - val - startup, "startup_parts_s": (log.end or {}).get("startup_parts_s", {}),
+            "first_step_s": first_step(log)}
+
+
+def first_step(log: RunLog) -> float:
+    """The training's first step, with the first batch's wait in it: the loader's opening (the numerics
+    check, the DPU rank's data set) and the pipeline's filling, which a short job pays once."""
+    steps = log.host[0].get("step_times", []) if log.host else []
+    return float(steps[0]) if steps else 0.0
+
+
+def largest_parts(parts: dict[str, float], n: int = 3) -> str:
+    """The `n` largest parts of a start-up, as "(data sets 1.5 s, ...)"; "" without parts."""
+    top = sorted(parts.items(), key=lambda kv: -kv[1])[:n]
+    return f" ({', '.join(f'{k} {v:.1f} s' for k, v in top)})" if top else ""
 
 
 def job_line(log: RunLog, variant: str, batch: int, probed: dict[str, float]) -> str:
     j = job_summary(log, variant, batch)
     what = "short epochs" if variant in SHORT else "steady"
     return (f"{j['img_s']:.0f} img/s {what} ({j['img_s'] * probed['step_s'] / batch:.2f} of GPU-bound); job "
-            f"{j['wall_s']:.0f} s: start-up {j['startup_s']:.1f} s, training {j['train_s']:.1f} s, validation "
-            f"{j['val_s']:.1f} s, launch and teardown {j['other_s']:.1f} s")
+            f"{j['wall_s']:.0f} s: start-up {j['startup_s']:.1f} s{largest_parts(j['startup_parts_s'])}, training "
+            f"{j['train_s']:.1f} s (its first step {j['first_step_s']:.1f} s), validation {j['val_s']:.1f} s, launch "
+            f"and teardown {j['other_s']:.1f} s")
 
 
 def markdown(report: dict[str, Any], lay: Layout, args: argparse.Namespace) -> str:
@@ -567,13 +584,13 @@ def markdown(report: dict[str, Any], lay: Layout, args: argparse.Namespace) -> s
            "settings)." + (" **--quick on a CPU: a smoke run of the plumbing; no number here says anything "
                            "about a GPU.**" if args.quick else "")]
     for name, r in report.items():
-        if "jobs" in r:  # --variants
+        if "targets" not in r:  # --variants
             out += ["", f"**{name}** (--variants: no targets) — GPU-bound {r['ceiling_img_s']:.0f} img/s, one core "
                         f"augments {r['per_core_img_s']:.0f} img/s", "", _jobs_table(r)]
             continue
         out += ["", f"**{name}** — one core augments {r['per_core_img_s']:.0f} img/s; ours trained on the peer's "
                     f"batches ({', '.join(r['identity'])})", "", _rows_table(r, lay), "", _targets_table(r),
-                "", _notes(name, r, lay)]
+                "", _notes(name, r, lay), "", "Where each job's time went:", "", _jobs_table(r)]
     return "\n".join(out)
 
 
@@ -612,8 +629,11 @@ def _rows_table(r: dict[str, Any], lay: Layout) -> str:
 
 def _jobs_table(r: dict[str, Any]) -> str:
     rows = [[v, f"{j['img_s']:.0f}", f"{j['img_s'] / r['ceiling_img_s']:.2f}", f"{j['train_s']:.1f}",
-             f"{j['startup_s']:.1f}", f"{j['wall_s']:.0f}"] for v, jobs in r["jobs"].items() for j in jobs]
-    return table(["variant", "img/s", "GPU busy", "training s", "start-up s", "job s"], rows)
+             f"{j.get('first_step_s', 0.0):.1f}", f"{j['startup_s']:.1f}",
+             largest_parts(j.get("startup_parts_s", {})).strip(" ()"), f"{j['wall_s']:.0f}"]
+            for v, jobs in r["jobs"].items() for j in jobs]
+    return table(["variant", "img/s", "GPU busy", "training s", "its first step s", "start-up s",
+                  "start-up's largest parts", "job s"], rows)
 
 
 def _targets_table(r: dict[str, Any]) -> str:

@@ -24,7 +24,7 @@ from dpuoffload.common.runtime import trace
 from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
-from dpuoffload.common.runtime.startup import Run, start_program
+from dpuoffload.common.runtime.startup import CLOCK, Run, start_program
 from dpuoffload.common.state.resume import find_resume, start_position
 from dpuoffload.common.state.trainstate import describe_position, epoch_spans
 from dpuoffload.common.train.allreduce import build_sync, resolve_backend
@@ -49,6 +49,7 @@ def prepare(cfg: RunConfig, topo: Topology, run: Run, extensions: HostExtensions
         cfg = clone_config(cfg)
     resolve_backend(cfg.allreduce)
     data = build_datasets(cfg)
+    CLOCK.mark("data sets")
     plan = plan_offload(topo.ranks, cfg)
     if topo.role is Role.HOST:  # the public API's job: the da feed's loader and the end of the run
         attach(cfg, topo, plan, run.faults)
@@ -62,8 +63,10 @@ def prepare(cfg: RunConfig, topo: Topology, run: Run, extensions: HostExtensions
         feed = spare_feed(cfg, topo, run.faults, train, 0)
     else:
         feed = extensions.feed_factory(cfg, topo, train, plan)
+    CLOCK.mark("feed")
     job = TrainJob(data=data, train=train, model=compute.place(build_model(cfg, data.num_classes)),
                    feed=feed, plan=plan, compute=compute)
+    CLOCK.mark("model on its device")  # (a GPU's context is made here: its first tensor)
     if topo.role is Role.HOST:
         check_state_flags(cfg, topo, job, run)
     return job

@@ -109,11 +109,14 @@ def test_gpu_benchmark_quick_on_a_cpu(tmp_path):
         assert row in res.stdout, row
     # each job's line as it ends (a run cut short by a GPU lease still says what it measured)
     line = re.search(r"rep 1/1 resnet50 da: \d+ img/s steady \(\d\.\d\d of GPU-bound\); job (\d+) s: start-up "
-                     r"([\d.]+) s, training ([\d.]+) s, validation ([\d.]+) s, launch and teardown (-?[\d.]+) s",
-                     res.stderr)
+                     r"([\d.]+) s \((.+?)\), training ([\d.]+) s \(its first step ([\d.]+) s\), validation ([\d.]+) s, "
+                     r"launch and teardown (-?[\d.]+) s", res.stderr)
     assert line, res.stderr[-2000:]
-    wall, startup, train = (float(line.group(k)) for k in (1, 2, 3))
-    assert 1 < startup < wall and 0 < train < wall  # (a rank's start-up is seconds: torch's import alone)
+    wall, startup, train, first = (float(line.group(k)) for k in (1, 2, 4, 5))
+    assert 1 < startup < wall and 0 < first < train < wall  # (a rank's start-up is seconds: torch's import alone)
+    assert "interpreter and imports" in line.group(3)  # (the 3 largest parts of host rank 0's start-up)
+    parts = r["jobs"]["da"][0]["startup_parts_s"]
+    assert sum(parts.values()) == pytest.approx(r["jobs"]["da"][0]["startup_s"], abs=0.05)
 
 
 def test_variants_picks_a_part_of_the_table_and_names_the_choices():
@@ -122,6 +125,10 @@ def test_variants_picks_a_part_of_the_table_and_names_the_choices():
     with pytest.raises(SystemExit, match=r"--variants dd: not a variant of this run; choose from 'peer', 'da', "):
         gpu.chosen(todo, ["dd"])
     log = _log([2.0, 1.0, 1.0, 1.0], epochs=[(256.0, 4.0)])
-    log.epochs[0]["epoch_time"], log.wall, log.end = 4.5, 12.0, {"startup_s": 6.0}
+    parts = {"interpreter and imports": 2.5, "data sets": 3.0, "feed": 0.1, "model on its device": 0.4}
+    log.epochs[0]["epoch_time"], log.wall, log.end = 4.5, 12.0, {"startup_s": 6.0, "startup_parts_s": parts}
     assert gpu.job_summary(log, "da", 256) == {"img_s": 256.0, "train_s": 4.0, "wall_s": 12.0, "startup_s": 6.0,
-                                               "val_s": 0.5, "other_s": 1.5}
+                                               "val_s": 0.5, "other_s": 1.5, "startup_parts_s": parts,
+                                               "first_step_s": 2.0}  # (the first step waits for the first batch)
+    assert gpu.largest_parts(parts) == " (data sets 3.0 s, interpreter and imports 2.5 s, model on its device 0.4 s)"
+    assert gpu.largest_parts({}) == ""  # (results of a run before 2026-11-27's ninth session)

@@ -1,4 +1,5 @@
-"""Start-up cuts that must not change behaviour: determinism without importing torch._inductor."""
+"""Start-up cuts that must not change behaviour: determinism without importing torch._inductor; where a
+rank's start-up goes (`StartupClock`)."""
 
 import subprocess
 import sys
@@ -18,3 +19,19 @@ def test_determinism_is_on_without_loading_dynamo():
     res = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["True", "False", "True"]
+
+
+def test_the_startup_clock_gives_each_stage_its_seconds_from_the_process_start(monkeypatch):
+    """`startup_parts_s` in the end record: each stage's seconds since the one before, the first
+    since the process was created, a stage marked twice added up; they sum to `startup_s`."""
+    import psutil
+
+    from dpuoffload.common.runtime import startup
+
+    clock, times = startup.StartupClock(), iter([102.0, 103.5, 106.0, 106.25])
+    monkeypatch.setattr(startup.time, "time", lambda: next(times))
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: 100.0)
+    for stage in ("interpreter and imports", "data sets", "model on its device", "data sets"):
+        clock.mark(stage)
+    assert clock.parts() == {"interpreter and imports": 2.0, "data sets": 1.75, "model on its device": 2.5}
+    assert sum(clock.parts().values()) == 106.25 - 100.0

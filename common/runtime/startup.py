@@ -26,7 +26,8 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
 
 from dpuoffload.common.config import RunConfig, parse_run_config
@@ -41,6 +42,37 @@ from dpuoffload.common.runtime.roles import Role, Topology, build_topology
 from dpuoffload.common.state.memstore import MemoryPoint, agree_restart
 
 T = TypeVar("T")
+
+
+@dataclass
+class StartupClock:
+    """Where this process's start-up went: the wall-clock time at the end of each stage, in order.
+
+    Why: a short job pays its start-up in full (a GPU lease's 24-batch jobs took 27-59 s where
+    their training took seconds), and one number (`startup_s`) cannot say whether imports, the
+    data sets, the model's move to the device or a profile took it. The stages are marked where
+    they end (`mark`); `parts` gives each one's seconds, the first counted from the process's
+    creation (the interpreter and the imports). Process-wide (`CLOCK`): a process starts once.
+    """
+
+    marks: list[tuple[str, float]] = field(default_factory=list)
+
+    def mark(self, stage: str) -> None:
+        self.marks.append((stage, time.time()))
+
+    def parts(self) -> dict[str, float]:
+        """Seconds per stage (a stage marked twice adds up), from the process's creation."""
+        import psutil
+
+        out: dict[str, float] = {}
+        last = psutil.Process().create_time()
+        for stage, at in self.marks:
+            out[stage] = round(out.get(stage, 0.0) + max(at - last, 0.0), 3)  # (create_time is rounded to ticks)
+            last = at
+        return out
+
+
+CLOCK = StartupClock()
 
 
 def use_deterministic_algorithms() -> None:
@@ -132,7 +164,9 @@ def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[
     `prepare` calls `init_torch` itself when its work computes. `prepare` gets the `Run` and keeps
     what its objects need of it.
     """
+    CLOCK.mark("interpreter and imports")
     topo = build_topology(role)
+    CLOCK.mark("MPI init and topology")
     label = topo.describe()
     set_rank_label(label)
     prog = "python -m dpuoffload.host" if role is Role.HOST else "python -m dpuoffload.dpu"
@@ -147,19 +181,24 @@ def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[
     run = Run(faults, collective_call(topo.world, lambda: agree_restart(cfg, topo), label))
     if role is Role.HOST or cfg.mode is Mode.AUTO:
         init_torch()
+    CLOCK.mark("flags, peer checks and torch settings")
     auto = None
     if cfg.mode is Mode.AUTO:
         from dpuoffload.common.train.autoselect import resolve_auto  # (torch: measures the model)
 
         cfg, auto = resolve_auto(cfg, topo, label)
+        CLOCK.mark("--mode auto's profile")
     if cfg.da_host_share == "auto":  # (da, hybrid: the config allows it nowhere else)
         from dpuoffload.common.train.autoselect import resolve_host_share  # (torch: builds samples)
 
         cfg = resolve_host_share(cfg, topo, label)
+        CLOCK.mark("--da-host-share auto's profile")
     state = collective_call(topo.world, lambda: prepare(cfg, topo, run), label)
+    CLOCK.mark("waiting for every rank's set-up")  # (a host rank's `prepare` marks its own parts inside it)
     mine = collective_call(topo.world, lambda: {"horovod": horovod_available(), **profile(cfg, topo, state)}, label)
     profiles = topo.world.allgather(mine)
     trace.start(topo, cfg.trace is not None)
     run.faults.start(topo, cfg)
     freeze_startup_objects()  # no full collection walks start-up's objects in a step (common/runtime/malloc.py)
+    CLOCK.mark("profiles exchanged")
     return Started(cfg, topo, state, profiles, auto, run)

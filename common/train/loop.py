@@ -40,6 +40,7 @@ from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.runtime.metrics import JsonlLog, PhaseTimer
 from dpuoffload.common.runtime.report import Reports, build_reports
 from dpuoffload.common.runtime.roles import Topology
+from dpuoffload.common.runtime.startup import CLOCK
 from dpuoffload.common.state.resume import ResumePoint
 from dpuoffload.common.state.sharding import state_digest
 from dpuoffload.common.state.trainstate import EpochProgress, EpochSpan, Position, epoch_spans
@@ -208,6 +209,7 @@ class Trainer:
         self.reports = build_reports(self.cfg, self.is_leader, "clone" if self.label else "")
         self.finish = self.device_finish()
         startup_s = time.time() - psutil.Process().create_time()  # (before the first batch: the loader opens lazily)
+        CLOCK.mark("allreduce, trainer, parameters broadcast")
         records: list[dict[str, Any]] = []
         for span in epoch_spans(self.feed.steps(), self.cfg.epochs, self.start, self.cfg.stop_at_step):
             self.run_epoch(span)
@@ -220,7 +222,8 @@ class Trainer:
         self.hooks.finish()
         final = {"event": "end", "weights_sha256": state_digest(self.model), "global_step": self.global_step,
                  "allreduce": self.sync.name, "host_ranks": len(self.topo.host_ranks), "replicas": self.size,
-                 "startup_s": round(startup_s, 3)}  # (this process's start to its training: what a short job pays)
+                 "startup_s": round(startup_s, 3),  # (this process's start to its training: what a short job pays)
+                 "startup_parts_s": CLOCK.parts()}  # (where it went: `common.runtime.startup.StartupClock`)
         if self.is_leader:  # (a rank that led for a while under --recovery keeps its log open)
             self.metrics_log.write(final)
         if self.is_leader and self.cfg.save_weights:
