@@ -217,7 +217,7 @@ def probe(w: Workload, root: Path, device: str, steps: int, core: int) -> dict[s
             out.update(h2d_s=h2d_seconds(compute, x, y), memcpy_s=pinned_copy_seconds(x, y))
             out["step_autotuned_s"] = _autotuned_step(cfg, compute, x, y, steps)
             out["step_no_read_s"] = train_step_seconds(cfg, compute.place(build_model(cfg, 10)), compute, x, y,
-                                                       steps, read_loss=False)  # the per-step loss read's cost
+                                                       steps, read_loss=False)  # what the trainer's loss read costs
         else:
             t0 = time.perf_counter()
             x.clone()
@@ -603,7 +603,7 @@ def _rows_table(r: dict[str, Any], lay: Layout) -> str:
         rows.append(["GPU-bound, cuDNN autotuned, not deterministic", "-", f"{r['ceiling_autotuned_img_s']:.0f}",
                      f"{r['ceiling_autotuned_img_s'] / r['ceiling_img_s']:.2f}", "-", "-"])
     if "ceiling_no_read_img_s" in r:
-        rows.append(["GPU-bound, no per-step loss read (no synchronize per step)", "-",
+        rows.append(["GPU-bound, no loss read at all (the trainer reads each a step later)", "-",
                      f"{r['ceiling_no_read_img_s']:.0f}", f"{r['ceiling_no_read_img_s'] / r['ceiling_img_s']:.2f}",
                      "-", "-"])
     pin = ", pin_memory" if lay.device == "cuda" else ""

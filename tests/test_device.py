@@ -271,3 +271,67 @@ def test_gpu_da_on_the_uint8_wire_trains_on_nones_batches(bundled_data, tmp_path
     _, ref_losses, ref_digests = run("none")
     assert "uint8 (then ToTensor, Normalize on the GPU, after the copy)" in out
     assert len(digests) == 2 and digests == ref_digests and losses == ref_losses
+
+
+class _Read:
+    """A step's loss or count standing in for a GPU tensor: reading it is logged (`float`/`int`)."""
+
+    def __init__(self, log: list, step: int) -> None:
+        self.log, self.step = log, step
+
+    def __float__(self) -> float:
+        self.log.append(("read", self.step))
+        return float(self.step)
+
+    def __int__(self) -> int:
+        return 1
+
+
+def _epoch_of_logged_steps(hands_off: bool, steps: int = 4):
+    """`Trainer.train_epoch` on a CPU, each step logged as it is queued and each loss as it is read."""
+    from types import MethodType, SimpleNamespace
+
+    from mpi4py import MPI
+
+    from dpuoffload.common.runtime.metrics import PhaseTimer
+    from dpuoffload.common.state.trainstate import EpochSpan
+    from dpuoffload.common.train.loop import NoHooks, StepOutcome, Trainer
+
+    log: list = []
+
+    def step(x, y, total, staged=True):
+        k = sum(1 for kind, _ in log if kind == "step")
+        log.append(("step", k))
+        return StepOutcome(_Read(log, k), _Read(log, k), len(y))
+
+    batches = [(torch.zeros(2, 1), torch.zeros(2, dtype=torch.long))] * steps
+    t = SimpleNamespace(
+        model=torch.nn.Linear(1, 1), resumed_progress=None, is_leader=True, size=1, finish=None, recovery=None,
+        cfg=SimpleNamespace(digest_batches=False, epochs=1, progress=False), global_step=0, injector=None,
+        feed=SimpleNamespace(epoch=lambda e, a, b: iter(batches), global_samples=lambda i: None),
+        compute=SimpleNamespace(staging=lambda b, f: None), hooks=NoHooks(), hands_off=hands_off,
+        comm=MPI.COMM_SELF, timer=PhaseTimer(), step=step, total_steps=steps)
+    for name in ("timed", "record_step", "recovered", "handoff", "trained_on"):
+        setattr(t, name, MethodType(getattr(Trainer, name), t))
+    sums, losses, _, samples = Trainer.train_epoch(t, EpochSpan(0, 0, steps, True))
+    return log, sums, losses, samples
+
+
+def test_a_steps_loss_is_read_once_the_next_step_is_queued():
+    """Issue 32: reading a GPU step's loss right after queuing it (`float(loss)` every step) left the
+    GPU idle while the CPU queued the optimizer and the next step. The trainer reads each step's loss
+    after the next step is queued (the last at the epoch's end); the epoch's losses and sums are
+    the same, in step order."""
+    log, sums, losses, samples = _epoch_of_logged_steps(hands_off=False)
+    assert log == [("step", 0), ("step", 1), ("read", 0), ("step", 2), ("read", 1), ("step", 3), ("read", 2),
+                   ("read", 3)]
+    assert losses == [0.0, 1.0, 2.0, 3.0] and samples == 8
+    assert list(sums) == [2 * (0 + 1 + 2 + 3), 4, 8]  # (loss x batch, correct, count)
+
+
+def test_with_checkpoints_or_clones_a_steps_loss_is_read_before_the_hand_off():
+    """A hand-off after a step saves the epoch's progress, its loss included: read at once there."""
+    log, _, losses, _ = _epoch_of_logged_steps(hands_off=True)
+    assert log == [("step", 0), ("read", 0), ("step", 1), ("read", 1), ("step", 2), ("read", 2), ("step", 3),
+                   ("read", 3)]
+    assert losses == [0.0, 1.0, 2.0, 3.0]

@@ -299,10 +299,11 @@ def train_step_seconds(cfg: RunConfig, model: Any, compute: Compute, x: Any, y: 
                        read_loss: bool = True) -> float:
     """Seconds of one training step of `model` (already placed) on the batch (x, y) on its device.
 
-    Autocast, layout, optimizer and the loss read of the trainer; the mean of `steps` steps after
-    two warm-ups, with the device synchronized before each clock read (on a GPU the launches
-    return before the work is done). Also the GPU-bound ceiling of `benchmarks/gpu.py`, which also
-    times `read_loss=False` (no per-step read, so no per-step synchronize: what that read costs)."""
+    Autocast, layout, optimizer and the loss read of the trainer (a step's loss read once the next
+    step is queued, `loop.StepOutcome`); the mean of `steps` steps after two warm-ups, with the
+    device synchronized before each clock read (on a GPU the launches return before the work is
+    done). Also the GPU-bound ceiling of `benchmarks/gpu.py`, which also times `read_loss=False`
+    (no read at all: what the trainer's read still costs)."""
     import torch
     from torch import nn
 
@@ -310,19 +311,21 @@ def train_step_seconds(cfg: RunConfig, model: Any, compute: Compute, x: Any, y: 
     opt, criterion = build_optimizer(cfg, model), nn.CrossEntropyLoss()
     scaler = torch.amp.GradScaler("cuda") if compute.scales_loss else None
     xd, yd = compute.inputs(x, y)
+    last: list[Any] = []  # the step before, its loss not read yet
 
     def step() -> None:
         opt.zero_grad(set_to_none=False)
         with compute.autocast():
             loss = criterion(model(xd), yd)
         (loss if scaler is None else scaler.scale(loss)).backward()
-        if read_loss:
-            float(loss.detach())  # the trainer reads every step's loss: a synchronize per step, as there
         if scaler is None:
             opt.step()
         else:
             scaler.step(opt)
             scaler.update()
+        if read_loss and last:
+            float(last.pop())  # as the trainer: the step before's loss, once this one is queued
+        last[:] = [loss.detach()]
 
     def synchronize() -> None:
         if compute.device.type == "cuda":

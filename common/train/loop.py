@@ -139,6 +139,28 @@ def lr_factor(schedule: str, step: int, total: int) -> float:
     return 1.0
 
 
+@dataclass(frozen=True)
+class StepOutcome:
+    """A step's loss and correct count, still tensors (on the device the step ran on).
+
+    Why not floats: reading a GPU tensor waits for the kernels that make it, and a read right after
+    queuing the step (the trainer used to `float(loss)` every step) leaves the GPU idle while the
+    CPU queues the optimizer and the next step. The trainer reads a step's outcome a step later
+    (`Trainer.train_epoch`), when the GPU has long finished it; the values, and so every record,
+    are the same. On a CPU the tensors are ready at once: nothing changes there.
+    """
+
+    loss: Optional[torch.Tensor] = None      # the batch's mean loss (None: an empty batch)
+    correct: Optional[torch.Tensor] = None   # how many of its samples the model got right
+    count: int = 0                           # its samples
+
+    def read(self) -> tuple[float, int]:
+        """(loss, correct) as numbers: waits for the step's kernels on a GPU."""
+        if self.loss is None or self.correct is None:
+            return 0.0, 0
+        return float(self.loss), int(self.correct)
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, topo: Topology, job: TrainJob, sync: GradientSync,
                  validation: Validation, share_policy: Optional[SharePolicy] = None,
@@ -297,6 +319,7 @@ class Trainer:
         batches = self.staging if self.staging is not None else batches
         self.step_times, self._t_step = [], time.perf_counter()
         rate = SampleRate(self.size) if not bar.disable else None
+        pending: Optional[StepOutcome] = None  # the last step, not read yet (`StepOutcome`)
         trace.set_position(epoch=span.epoch, step=self.global_step + 1)
         for i, (x, y) in enumerate(self.timed(batches), start=span.start):
             if digest is not None:
@@ -307,9 +330,11 @@ class Trainer:
             if self.recovery is not None:  # this rank's share of dead host ranks' batches
                 (x, y), total = self.recovery.batch(span.epoch, i, (x, y), total)
             self.at = Position(span.epoch, i, self.global_step)
-            loss, correct = self.step(x, y, total, staged=y is own)
-            progress.losses.append(loss)
-            progress.sums += (loss * len(y), correct, len(y))
+            outcome = self.step(x, y, total, staged=y is own)
+            loss = self.record_step(progress, pending)  # the step before: done on a GPU by now
+            pending = outcome
+            if self.hands_off:  # a checkpoint or clone after this step saves its progress: read it now
+                loss, pending = self.record_step(progress, pending), None
             self.global_step += 1
             self.recovered(span.epoch, i)
             if self.injector:
@@ -319,13 +344,26 @@ class Trainer:
             now = time.perf_counter()
             self.step_times.append(now - self._t_step)  # data + compute + hand-off: what a checkpoint costs a step
             self._t_step = now
-            if rate is not None:  # progress bar on: loss and the job's samples/s so far this epoch
-                bar.set_postfix_str(f"loss {loss:.3f}, {rate.add(len(y), self.feed.global_samples(i)):.0f} "
-                                    "samples/s", refresh=False)
+            if rate is not None:  # progress bar on: the last loss read and the job's samples/s so far this epoch
+                speed = rate.add(len(y), self.feed.global_samples(i))
+                shown = f"loss {loss:.3f}, " if loss is not None else ""
+                bar.set_postfix_str(f"{shown}{speed:.0f} samples/s", refresh=False)
             bar.update(1)
+        self.record_step(progress, pending)
         bar.close()
         return (allreduce_sums(self.comm, progress.sums), progress.losses,
                 digest.hexdigest() if digest is not None else None, int(progress.sums[2]))
+
+    def record_step(self, progress: EpochProgress, outcome: Optional[StepOutcome]) -> Optional[float]:
+        """Add a step's loss and correct count to the epoch's progress, in step order; its loss (None
+        without a step). Timed as forward/backward: on a GPU it is where the step's kernels are waited for."""
+        if outcome is None:
+            return None
+        with self.timer.phase("forward_backward"):
+            loss, correct = outcome.read()
+        progress.losses.append(loss)
+        progress.sums += (loss * outcome.count, correct, outcome.count)
+        return loss
 
     def device_finish(self) -> Optional[Finish]:
         """On a GPU, the uint8 wire's float steps taken from the feed, to run after each batch's copy
@@ -378,7 +416,7 @@ class Trainer:
             yield batch
 
     def step(self, x: torch.Tensor, y: torch.Tensor, total: Optional[int], replay: bool = False,
-             staged: bool = True) -> tuple[float, int]:
+             staged: bool = True) -> StepOutcome:
         """One SGD step. `total` None: every replica has an equal batch, gradients are averaged.
         Otherwise the loss is scaled by n_i / total and gradients summed: the sample-weighted mean.
         `staged` False: the batch is not the feed's (a takeover added to it), so not the one staged
@@ -386,7 +424,7 @@ class Trainer:
         A step `--inject-simulate` fails loses gradients before the allreduce (`common.faults.simulate`)
         and, with immediate rollback, is replayed (`replay`) on the state it left."""
         failure = None if replay or self.simulator is None else self.simulator.at(self.global_step + 1)
-        loss, correct, out, mean = 0.0, 0, None, None
+        outcome, out, mean = StepOutcome(), None, None
         with self.timer.phase("forward_backward"):
             self.optimizer.zero_grad(set_to_none=False)
             if len(y):
@@ -398,9 +436,8 @@ class Trainer:
                 weighted = mean if total is None else mean * (len(y) / total)
                 (weighted if self.scaler is None else self.scaler.scale(weighted)).backward()
         self.prefetch(replay)  # on a GPU the next batch's copy runs beside the queued backward pass
-        with self.timer.phase("forward_backward"):
-            if out is not None and mean is not None:  # (reading the loss waits for the GPU)
-                loss, correct = float(mean.detach()), int((out.detach().argmax(1) == y).sum())
+        if out is not None and mean is not None:  # (queued, not read: `StepOutcome`)
+            outcome = StepOutcome(mean.detach(), (out.detach().argmax(1) == y).sum(), len(y))
         with self.timer.phase("allreduce"):
             grads = self.gradients()
             if failure is not None:
@@ -417,7 +454,7 @@ class Trainer:
             if failure is not None and failure.replays:  # the same mini-batch again, at the same LR
                 return self.step(x, y, total, replay=True)
             self.scheduler.step()
-        return loss, correct
+        return outcome
 
     def prefetch(self, replay: bool) -> None:
         """On a GPU: take the next batch and queue its copy now, while the queued backward pass runs
