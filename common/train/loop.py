@@ -349,7 +349,9 @@ class Trainer:
                 shown = f"loss {loss:.3f}, " if loss is not None else ""
                 bar.set_postfix_str(f"{shown}{speed:.0f} samples/s", refresh=False)
             bar.update(1)
-        self.record_step(progress, pending)
+        if pending is not None:
+            trace.set_position(epoch=span.epoch, step=self.global_step)  # (the last step's read, not a next one's)
+            self.record_step(progress, pending)
         bar.close()
         return (allreduce_sums(self.comm, progress.sums), progress.losses,
                 digest.hexdigest() if digest is not None else None, int(progress.sums[2]))
