@@ -547,9 +547,10 @@ def job_summary(log: RunLog, variant: str, batch: int) -> dict[str, Any]:
     rate = short_rate(log) if variant in SHORT else steady_rate(log, batch)
     train = sum(e["train_time"] for e in log.epochs)
     val = sum(e["epoch_time"] - e["train_time"] for e in log.epochs)
-    startup = float((log.end or {}).get("startup_s", 0.0))
+    end = log.end or {}
+    startup = float(end.get("startup_s", 0.0))
     return {"img_s": rate, "train_s": train, "wall_s": log.wall, "startup_s": startup, "val_s": val,
-            "other_s": log.wall - train - val - startup, "startup_parts_s": (log.end or {}).get("startup_parts_s", {}),
+            "other_s": log.wall - train - val - startup, "startup_parts_s": end.get("startup_parts_s", {}),
             "first_step_s": first_step(log)}
 
 
@@ -561,16 +562,16 @@ def first_step(log: RunLog) -> float:
 
 
 def largest_parts(parts: dict[str, float], n: int = 3) -> str:
-    """The `n` largest parts of a start-up, as "(data sets 1.5 s, ...)"; "" without parts."""
-    top = sorted(parts.items(), key=lambda kv: -kv[1])[:n]
-    return f" ({', '.join(f'{k} {v:.1f} s' for k, v in top)})" if top else ""
+    """The `n` largest parts of a start-up, as "data sets 1.5 s, ..."; "" without parts."""
+    return ", ".join(f"{k} {v:.1f} s" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:n])
 
 
 def job_line(log: RunLog, variant: str, batch: int, probed: dict[str, float]) -> str:
     j = job_summary(log, variant, batch)
     what = "short epochs" if variant in SHORT else "steady"
+    parts = largest_parts(j["startup_parts_s"])
     return (f"{j['img_s']:.0f} img/s {what} ({j['img_s'] * probed['step_s'] / batch:.2f} of GPU-bound); job "
-            f"{j['wall_s']:.0f} s: start-up {j['startup_s']:.1f} s{largest_parts(j['startup_parts_s'])}, training "
+            f"{j['wall_s']:.0f} s: start-up {j['startup_s']:.1f} s{f' ({parts})' if parts else ''}, training "
             f"{j['train_s']:.1f} s (its first step {j['first_step_s']:.1f} s), validation {j['val_s']:.1f} s, launch "
             f"and teardown {j['other_s']:.1f} s")
 
@@ -629,8 +630,8 @@ def _rows_table(r: dict[str, Any], lay: Layout) -> str:
 
 def _jobs_table(r: dict[str, Any]) -> str:
     rows = [[v, f"{j['img_s']:.0f}", f"{j['img_s'] / r['ceiling_img_s']:.2f}", f"{j['train_s']:.1f}",
-             f"{j.get('first_step_s', 0.0):.1f}", f"{j['startup_s']:.1f}",
-             largest_parts(j.get("startup_parts_s", {})).strip(" ()"), f"{j['wall_s']:.0f}"]
+             f"{j['first_step_s']:.1f}", f"{j['startup_s']:.1f}", largest_parts(j["startup_parts_s"]),
+             f"{j['wall_s']:.0f}"]
             for v, jobs in r["jobs"].items() for j in jobs]
     return table(["variant", "img/s", "GPU busy", "training s", "its first step s", "start-up s",
                   "start-up's largest parts", "job s"], rows)

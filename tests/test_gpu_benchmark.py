@@ -130,5 +130,5 @@ def test_variants_picks_a_part_of_the_table_and_names_the_choices():
     assert gpu.job_summary(log, "da", 256) == {"img_s": 256.0, "train_s": 4.0, "wall_s": 12.0, "startup_s": 6.0,
                                                "val_s": 0.5, "other_s": 1.5, "startup_parts_s": parts,
                                                "first_step_s": 2.0}  # (the first step waits for the first batch)
-    assert gpu.largest_parts(parts) == " (data sets 3.0 s, interpreter and imports 2.5 s, model on its device 0.4 s)"
+    assert gpu.largest_parts(parts) == "data sets 3.0 s, interpreter and imports 2.5 s, model on its device 0.4 s"
     assert gpu.largest_parts({}) == ""  # (results of a run before 2026-11-27's ninth session)

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 import numpy as np
-import psutil
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -230,8 +229,7 @@ class Trainer:
             self.sync.broadcast_parameters_(self.model)
         self.reports = build_reports(self.cfg, self.is_leader, "clone" if self.label else "")
         self.finish = self.device_finish()
-        startup_s = time.time() - psutil.Process().create_time()  # (before the first batch: the loader opens lazily)
-        CLOCK.mark("allreduce, trainer, parameters broadcast")
+        CLOCK.mark("allreduce, trainer, parameters broadcast")  # (before the first batch: the loader opens lazily)
         records: list[dict[str, Any]] = []
         for span in epoch_spans(self.feed.steps(), self.cfg.epochs, self.start, self.cfg.stop_at_step):
             self.run_epoch(span)
@@ -242,10 +240,10 @@ class Trainer:
         records += self.complete_all(self.validation.finish())
         self.reports.close()
         self.hooks.finish()
+        startup = CLOCK.parts()  # (where this process's start to its training went: what a short job pays)
         final = {"event": "end", "weights_sha256": state_digest(self.model), "global_step": self.global_step,
                  "allreduce": self.sync.name, "host_ranks": len(self.topo.host_ranks), "replicas": self.size,
-                 "startup_s": round(startup_s, 3),  # (this process's start to its training: what a short job pays)
-                 "startup_parts_s": CLOCK.parts()}  # (where it went: `common.runtime.startup.StartupClock`)
+                 "startup_s": round(sum(startup.values()), 3), "startup_parts_s": startup}
         if self.is_leader:  # (a rank that led for a while under --recovery keeps its log open)
             self.metrics_log.write(final)
         if self.is_leader and self.cfg.save_weights:
