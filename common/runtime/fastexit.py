@@ -10,6 +10,14 @@ stdout/stderr are flushed. Files must be closed by their owners (every writer he
 or closes explicitly); buffered data of a file left open would be lost. `DPUOFFLOAD_FAST_EXIT=0`
 restores the ordinary exit (e.g. for a user factory that leaves a file open).
 
+Under MPICH (and the MPIs built on it) the rank leaves through the C library's `exit()` instead
+of `os._exit`: MPICH defers its goodbye to the process manager (PMI finalize) from MPI_Finalize to a
+C exit hook ("so that an abnormal exit does not show up as a normal one", src/util/mpir_pmi.c), and
+Hydra's proxy takes a PMI socket closed without that goodbye for a crash: it SIGKILLs every rank of
+the job still running. A rank leaving by `os._exit` thus killed the ranks still finishing (silently,
+or reported as "EXIT CODE: 9", as in a CI run of tests/test_mpich.py). `exit()` runs the C hooks and
+C++ static destructors but still not Python's teardown: ~0.1 s over `os._exit` here, not ~1 s.
+
 Under MPI fault tolerance (`--dpu-failure fallback`, `--recovery`) every rank leaves this way, and
 without MPI_Finalize: once a rank of the job has died, Open MPI 5.0.11's finalize waits on it now
 and then for ever (1 run in 6 of a 3-rank test here hung in `ompi_mpi_finalize`, a suite job too),
@@ -51,11 +59,6 @@ def _code_of(code: object) -> int:
 
 
 def _exit_now() -> None:
-    if "torch" not in sys.modules and not _fault_tolerant():
-        # Nothing heavy to tear down (an idle DPU rank): the ordinary exit costs little here, and
-        # under MPICH an idle rank leaving by os._exit right after MPI_Finalize got a host rank of
-        # the same job killed (SIGKILL, reported by Hydra) in 4 of 16 runs; 0 of 28 the ordinary way.
-        return
     exit_now(_exit_code[0])
 
 
@@ -70,7 +73,29 @@ def exit_now(code: int) -> None:
             stream.flush()
         except (OSError, ValueError, AttributeError):  # closed or replaced streams
             pass
+    if mpi is not None and mpi.Is_initialized() and _pmi_goodbye_at_exit(mpi):
+        _c_exit(code)
     os._exit(code)
+
+
+def _pmi_goodbye_at_exit(mpi: object) -> bool:
+    """Whether this MPI says goodbye to its process manager from a C exit hook, which `os._exit`
+    skips (see the module docstring): every MPI but Open MPI's (MPICH, and Intel MPI, MVAPICH and
+    Cray MPICH, built on it). Open MPI finalizes its PMIx client inside MPI_Finalize."""
+    return not mpi.Get_library_version().startswith("Open MPI")  # type: ignore[attr-defined]
+
+
+def _c_exit(code: int) -> None:
+    """The C library's `exit(code)`: its exit hooks run, Python's teardown does not. Returns only
+    where there is no C library to call (then `os._exit` follows, as before)."""
+    import ctypes
+
+    try:
+        libc_exit = ctypes.CDLL(None).exit
+    except (OSError, AttributeError):
+        return
+    libc_exit.argtypes = [ctypes.c_int]
+    libc_exit(code)
 
 
 def _fault_tolerant() -> bool:
