@@ -6,11 +6,11 @@ trains to the bit as `none` does, and as the same run does under Open MPI."""
 from __future__ import annotations
 
 import subprocess
-import textwrap
 
 import pytest
 
 from tests.mpijobs import REPO, job_env, read_jsonl
+from tests.test_fastexit import leave_fast_beside_a_slower_rank
 
 pytestmark = pytest.mark.mpi
 VENV = REPO / ".venv-mpich"
@@ -70,31 +70,12 @@ def test_da_under_mpich_equals_the_same_job_under_open_mpi(mpich_runs, bundled_d
     assert _weights(ompi) == _weights(mpich)
 
 
-LEAVER = textwrap.dedent("""
-    import sys, time
-    from pathlib import Path
-    from dpuoffload.common.runtime.fastexit import run_and_exit_fast
-
-    def program():
-        from mpi4py import MPI
-        if MPI.COMM_WORLD.Get_rank() == 1:  # a rank still finishing when rank 0 has left
-            MPI.Finalize()
-            time.sleep(1.0)
-            Path(sys.argv[1]).write_text("finished")
-        else:
-            import torch  # noqa: F401 (as a host rank has: it leaves without Python's teardown)
-        sys.exit(0)
-
-    run_and_exit_fast(program)
-""")
-
 
 def test_a_rank_leaving_fast_does_not_kill_the_ranks_still_finishing(mpich_dpurun, tmp_path):
     """MPICH says goodbye to Hydra from a C exit hook (`common.runtime.fastexit`): a rank leaving by
     os._exit skipped it, and Hydra SIGKILLed every rank still running (rank 1 never wrote its file)."""
-    mark = tmp_path / "rank1"
-    env = {**job_env(), "DPUOFFLOAD_FAST_EXIT": "1", "PATH": f"{VENV / 'bin'}:{job_env()['PATH']}"}
-    res = subprocess.run([str(VENV / "bin" / "mpiexec"), "-n", "2", str(VENV / "bin" / "python"), "-c", LEAVER,
-                          str(mark)], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    env = {**job_env(), "PATH": f"{VENV / 'bin'}:{job_env()['PATH']}"}
+    res, finished = leave_fast_beside_a_slower_rank([str(VENV / "bin" / "mpiexec"), "-n", "2"],
+                                                    str(VENV / "bin" / "python"), env, tmp_path)
     assert res.returncode == 0 and "BAD TERMINATION" not in res.stdout, res.stdout + res.stderr
-    assert mark.exists() and mark.read_text() == "finished", res.stdout + res.stderr
+    assert finished, res.stdout + res.stderr
