@@ -70,7 +70,6 @@ def test_da_under_mpich_equals_the_same_job_under_open_mpi(mpich_runs, bundled_d
     assert _weights(ompi) == _weights(mpich)
 
 
-
 def test_a_rank_leaving_fast_does_not_kill_the_ranks_still_finishing(mpich_dpurun, tmp_path):
     """MPICH says goodbye to Hydra from a C exit hook (`common.runtime.fastexit`): a rank leaving by
     os._exit skipped it, and Hydra SIGKILLed every rank still running (rank 1 never wrote its file)."""

@@ -3,12 +3,13 @@
 With torch and torchvision loaded (torchvision pulls in torch._dynamo and sympy), Python's
 shutdown spends 1.3-1.9 s per process freeing module objects on this box, after all work is
 done and every file is written; the job ends when its slowest rank does, so every run paid it.
-The ranks leave with `os._exit` instead, at the very end: after the program returned, after
-Python joined the non-daemon threads and ran every other `atexit` hook (logging, user hooks),
-after MPI_Finalize (which mpi4py would otherwise run later, from a C-level exit hook) and after
-stdout/stderr are flushed. Files must be closed by their owners (every writer here uses `with`
-or closes explicitly); buffered data of a file left open would be lost. `DPUOFFLOAD_FAST_EXIT=0`
-restores the ordinary exit (e.g. for a user factory that leaves a file open).
+The ranks leave with `os._exit` (under MPICH the C library's `exit()`, below) instead, at the
+very end: after the program returned, after Python joined the non-daemon threads and ran every
+other `atexit` hook (logging, user hooks), after MPI_Finalize (which mpi4py would otherwise run
+later, from a C-level exit hook) and after stdout/stderr are flushed. Files must be closed by
+their owners (every writer here uses `with` or closes explicitly); buffered data of a file left
+open would be lost. `DPUOFFLOAD_FAST_EXIT=0` restores the ordinary exit (e.g. for a user factory
+that leaves a file open).
 
 Under MPICH (and the MPIs built on it) the rank leaves through the C library's `exit()` instead
 of `os._exit`: MPICH defers its goodbye to the process manager (PMI finalize) from MPI_Finalize to a
@@ -86,12 +87,14 @@ def _pmi_goodbye_at_exit(mpi: object) -> bool:
 
 
 def _c_exit(code: int) -> None:
-    """The C library's `exit(code)`: its exit hooks run, Python's teardown does not. Returns only
-    where there is no C library to call (then `os._exit` follows, as before)."""
+    """The C library's `exit(code)`: its exit hooks run, Python's teardown does not. Called holding
+    the GIL (`PyDLL`, where `CDLL` would release it), so no daemon thread runs Python while the C++
+    libraries' static objects are destroyed. Returns only where there is no C library to call (then
+    `os._exit` follows, as before)."""
     import ctypes
 
     try:
-        libc_exit = ctypes.CDLL(None).exit
+        libc_exit = ctypes.PyDLL(None).exit
     except (OSError, AttributeError):
         return
     libc_exit.argtypes = [ctypes.c_int]
