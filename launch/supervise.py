@@ -323,7 +323,8 @@ def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None
         forwarder.attach(proc)
         with _open_raw(raw_log) as raw:
             rc, ended = _pump_until_done(proc, scanners, raw, grace)
-    code = 128 - rc if rc < 0 else rc
+    mpirun_code = 128 - rc if rc < 0 else rc
+    code = stopped_code(mpirun_code, forwarder.received)
     if scanners[1].mid_line:
         print(file=sys.stderr)
     reported = scanners[1].reported or scanners[0].reported
@@ -331,13 +332,27 @@ def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None
     failures = ([reported] if reported else []) + scanners[1].failures + scanners[0].failures
     failures = name_lost_peer(failures, scanners[1].peer_hosts + scanners[0].peer_hosts, machines or {})
     known_cause = scanners[1].known_cause or scanners[0].known_cause
-    _report(failures, host_ranks, dpu_ranks, code, bool(forwarder.received), summary, standby, known_cause)
+    _report(failures, host_ranks, dpu_ranks, mpirun_code, bool(forwarder.received), summary, standby, known_cause)
     if code != 0 and ckpt_dir and not summary:
         print(last_checkpoint_line(ckpt_dir), file=sys.stderr, flush=True)
     events = {**scanners[0].events}
     for name, event in scanners[1].events.items():
         events[name] = (max if name in _LATEST else min)(event, events.get(name, event))
     return JobOutcome(code, tuple(failures), bool(forwarder.received), events, ended)
+
+
+def stopped_code(mpirun_code: int, received: Sequence[int]) -> int:
+    """dpurun's exit code: mpirun's, except that a job stopped by a signal never reads as finished.
+
+    Why: Open MPI's mpirun, signalled together with its ranks (Slurm's `scancel` signals every
+    process of the job's steps; so does a terminal's Ctrl-C to its process group), can exit 0 once
+    its ranks are gone. A batch script, `dpurun --restarts` or a user's shell would then take a
+    job stopped mid-training for a finished one. dpurun exits 128 + N as a shell does for signal N,
+    and names the checkpoint to continue from.
+    """
+    if mpirun_code == 0 and received:
+        return 128 + received[0]
+    return mpirun_code
 
 
 SESSION_PREFIX = "dpurun-mpi-"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from dpuoffload.common.state.ckptdirs import COMMITTED
 from dpuoffload.launch import supervise, throttle
 from dpuoffload.launch.command import LaunchSpec, build_command
 from dpuoffload.launch.placement import Node
@@ -216,6 +217,26 @@ def test_ctrl_c_is_forwarded_to_mpirun(tmp_path):
     assert time.monotonic() - start < 5
     assert proc.returncode == 128 + signal.SIGINT
     assert "interrupted; stopping the job" in err and "job stopped after an interrupt" in err
+
+
+
+def test_a_job_stopped_by_sigterm_never_reads_as_finished_even_if_mpirun_exits_0(tmp_path):
+    """Under Slurm's scancel mpirun is signalled beside dpurun and can exit 0 once its ranks are gone
+    (seen in CI): dpurun still exits 128 + SIGTERM and names the checkpoint to continue from."""
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "step-000000002").mkdir(parents=True)
+    (ckpt / "step-000000002" / COMMITTED).write_text("")
+    cmd = fake_mpirun(tmp_path, "trap 'exit 0' TERM; echo started; while :; do sleep 0.1; done\n")
+    code = (f"from dpuoffload.launch import supervise; "
+            f"raise SystemExit(supervise.run({cmd!r}, 1, ckpt_dir={str(ckpt)!r}))")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "started\n"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "dpurun: job stopped after an interrupt (mpirun exit code 0)" in err
+    assert f"dpurun: the last committed checkpoint is {ckpt / 'step-000000002'}; continue with" in err, err
 
 
 # ------------------------------------------------------------------------- real MPMD jobs
