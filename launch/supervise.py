@@ -345,10 +345,10 @@ def stopped_code(mpirun_code: int, received: Sequence[int]) -> int:
     """dpurun's exit code: mpirun's, except that a job stopped by a signal never reads as finished.
 
     Why: Open MPI's mpirun, signalled together with its ranks (Slurm's `scancel` signals every
-    process of the job's steps; so does a terminal's Ctrl-C to its process group), can exit 0 once
-    its ranks are gone. A batch script, `dpurun --restarts` or a user's shell would then take a
-    job stopped mid-training for a finished one. dpurun exits 128 + N as a shell does for signal N,
-    and names the checkpoint to continue from.
+    process of the job's steps, mpirun's own session included), can exit 0 once its ranks are gone
+    (seen in CI, under load). A batch script, `dpurun --restarts` or a user's shell would then take
+    a job stopped mid-training for a finished one. dpurun exits 128 + N as a shell does for signal
+    N, and names the checkpoint to continue from. Other exit codes of mpirun pass through.
     """
     if mpirun_code == 0 and received:
         return 128 + received[0]

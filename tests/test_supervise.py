@@ -219,7 +219,6 @@ def test_ctrl_c_is_forwarded_to_mpirun(tmp_path):
     assert "interrupted; stopping the job" in err and "job stopped after an interrupt" in err
 
 
-
 def test_a_job_stopped_by_sigterm_never_reads_as_finished_even_if_mpirun_exits_0(tmp_path):
     """Under Slurm's scancel mpirun is signalled beside dpurun and can exit 0 once its ranks are gone
     (seen in CI): dpurun still exits 128 + SIGTERM and names the checkpoint to continue from."""
