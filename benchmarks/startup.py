@@ -45,9 +45,10 @@ from benchmarks.harness import (  # noqa: E402
 
 # (label, mark that ends the part): consecutive marks of host rank 0; "end" is dpurun's exit.
 PARTS = [("dpurun + mpirun start", "exec"), ("interpreter + torch import", "import_torch"),
-         ("program imports", "import_program"), ("MPI init + topology", "mpi_init_topology"),
+         ("program imports", "import_program"), ("torchvision imported ahead", "import_ahead"),
+         ("MPI init + topology", "mpi_init_topology"),
          ("flags + threads + determinism", "configure"), ("handshake", "handshake"),
-         ("datasets + model", "prepare_data_model"), ("profile", "profile_started"),
+         ("datasets + model", "prepare_data_model"), ("waiting for every rank, profiles", "profile_started"),
          ("allreduce init", "allreduce_init"), ("training + validation", "trained"),
          ("DPU shutdown + allreduce shutdown + trace", "trace_finish"), ("exit hooks", "exit"),
          ("MPI finalize, process exit, mpirun exit", "end")]
@@ -55,7 +56,8 @@ PARTS = [("dpurun + mpirun start", "exec"), ("interpreter + torch import", "impo
 
 TARGET_S = 2.0  # issue 16: a tiny job may cost at most this much more than the plain script
 UNCUT_BTL = "self,sm,tcp,ofi,uct"  # Open MPI's default: every transport pip's build has (ofi: ~1 s MPI_Init)
-UNCUT_ENV = {"DPUOFFLOAD_FAST_EXIT": "0"}  # common/runtime/fastexit.py's opt-out
+LATE_ENV = {"DPUOFFLOAD_IMPORT_AHEAD": "0"}  # common/runtime/startup.py's import_torch_ahead, off
+UNCUT_ENV = {"DPUOFFLOAD_FAST_EXIT": "0", **LATE_ENV}  # and common/runtime/fastexit.py's opt-out
 
 
 def job_flags(data: Path, subset: int) -> list[str]:
@@ -81,12 +83,15 @@ def timed(cmd: list[str], extra_env: dict[str, str] | None = None) -> float:
     return wall
 
 
-def dpurun_cmd(data: Path, subset: int, python: str | None = None, uncut: bool = False) -> list[str]:
+def dpurun_cmd(data: Path, subset: int, python: str | None = None, uncut: bool = False,
+               mode: str = "none") -> list[str]:
     """The tiny job; `uncut`: without this benchmark's start-up cuts (Open MPI's default transports,
-    libfabric included; the interpreter's full teardown at exit, see `UNCUT_ENV`)."""
+    libfabric included; the interpreter's full teardown at exit, see `UNCUT_ENV`). `mode`: in `none`
+    the DPU rank idles (never imports torch); in `da` it builds the batches (imports torch, torchvision)."""
     py = ["--python", python] if python else []
     mpi = [f"--mpirun-arg=--mca btl {UNCUT_BTL}"] if uncut else []
-    return [str(BIN / "dpurun"), *launcher_flags(), *mpi, *py, "--", *job_flags(data, subset), "--no-progress"]
+    return [str(BIN / "dpurun"), *launcher_flags(), *mpi, *py, "--", *job_flags(data, subset), "--mode", mode,
+            "--no-progress"]
 
 
 def plain_cmd(data: Path, subset: int) -> list[str]:
@@ -94,14 +99,16 @@ def plain_cmd(data: Path, subset: int) -> list[str]:
             "--train-subset", str(subset), "--val-subset", str(subset)]
 
 
-def breakdown(data: Path, subset: int, uncut: bool = False) -> dict[str, Any]:
+def breakdown(data: Path, subset: int, uncut: bool = False, mode: str = "none",
+              extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """One probed dpurun run: seconds per part on host rank 0, and each rank's marks."""
     with tempfile.TemporaryDirectory(prefix="dpustartup-") as tmp:
         wrapper = Path(tmp) / "python"
         wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {ROOT / "benchmarks" / "startup_probe.py"} "$@"\n')
         wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-        probe_env = {"STARTUP_T0": repr(time.time()), "STARTUP_PROBE_DIR": tmp, **(UNCUT_ENV if uncut else {})}
-        wall = timed(dpurun_cmd(data, subset, str(wrapper), uncut), probe_env)
+        probe_env = {"STARTUP_T0": repr(time.time()), "STARTUP_PROBE_DIR": tmp, **(UNCUT_ENV if uncut else {}),
+                     **(extra_env or {})}
+        wall = timed(dpurun_cmd(data, subset, str(wrapper), uncut, mode), probe_env)
         ranks = {p.stem: json.loads(p.read_text()) for p in sorted(Path(tmp).glob("rank*.json"))}
     host = dict(next(r for r in ranks.values() if r["module"].endswith("host"))["marks"])
     host["end"] = wall
@@ -117,6 +124,8 @@ def run(args: argparse.Namespace) -> Section:
     data = make_data(["cifar10"]) / "cifar10"
     variants = {"dpurun": lambda: timed(dpurun_cmd(data, subset)), "plain": lambda: timed(plain_cmd(data, subset))}
     if not args.quick:
+        variants["dpurun da"] = lambda: timed(dpurun_cmd(data, subset, mode="da"))
+        variants["dpurun da, imports late"] = lambda: timed(dpurun_cmd(data, subset, mode="da"), LATE_ENV)
         variants["dpurun, uncut"] = lambda: timed(dpurun_cmd(data, subset, uncut=True), UNCUT_ENV)
     walls: dict[str, list[float]] = {v: [] for v in variants}
     for rep in range(reps):  # interleaved: machine noise hits every variant alike
@@ -127,9 +136,9 @@ def run(args: argparse.Namespace) -> Section:
     parts = {"dpurun": breakdown(data, subset)}
     if not args.quick:
         parts["dpurun, uncut"] = breakdown(data, subset, uncut=True)
-    stats = {k: spread(v) for k, v in walls.items()}
-    summary = {k: {"difference_s": spread([a - b for a, b in zip(walls[k], walls["plain"])]),
-                   "ratio": stats[k]["median"] / stats["plain"]["median"]} for k in walls if k != "plain"}
+        parts["dpurun da"] = breakdown(data, subset, mode="da")
+        parts["dpurun da, imports late"] = breakdown(data, subset, mode="da", extra_env=LATE_ENV)
+    stats, summary = summarize(walls)
     payload = {"machine": machine(), "settings": settings(args), "reps": reps, "subset": subset,
                "launcher": launcher_flags(), "walls_s": walls, "stats": stats, "summary": summary,
                "target_difference_s": TARGET_S, "breakdown": parts}
@@ -138,8 +147,23 @@ def run(args: argparse.Namespace) -> Section:
     return Section("startup", payload, markdown(stats, summary, parts), plots)
 
 
+def summarize(walls: dict[str, list[float]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each variant's spread, and each one against the plain script, pair by pair; with the `--mode da`
+    pair, the imports before MPI init against imports at first use ("imports ahead")."""
+    stats = {k: spread(v) for k, v in walls.items()}
+    summary = {k: {"difference_s": spread([a - b for a, b in zip(walls[k], walls["plain"])]),
+                   "ratio": stats[k]["median"] / stats["plain"]["median"]} for k in walls if k != "plain"}
+    if "dpurun da" in walls:  # (the imports before MPI init, on and off, in the mode where the DPU computes)
+        summary["imports ahead"] = {"difference_s": spread([a - b for a, b in zip(walls["dpurun da"],
+                                                                                  walls["dpurun da, imports late"])]),
+                                    "ratio": stats["dpurun da"]["median"] / stats["dpurun da, imports late"]["median"]}
+    return stats, summary
+
+
 def markdown(stats: dict[str, Any], summary: dict[str, Any], parts: dict[str, Any]) -> str:
-    names = {"dpurun": "dpurun, 1 host + 1 DPU rank", "dpurun, uncut": "dpurun without the start-up cuts",
+    names = {"dpurun": "dpurun, 1 host + 1 DPU rank (--mode none)", "dpurun da": "dpurun --mode da",
+             "dpurun da, imports late": "dpurun --mode da, imports at first use (DPUOFFLOAD_IMPORT_AHEAD=0)",
+             "dpurun, uncut": "dpurun --mode none without the start-up cuts",
              "plain": "plain torchvision + DataLoader script"}
     rows = []
     for k, s in stats.items():
@@ -149,8 +173,12 @@ def markdown(stats: dict[str, Any], summary: dict[str, Any], parts: dict[str, An
     md = table(["job (same model, data, steps)", "wall s, median (min–max)", "− plain, s per pair", "ratio", "runs"],
                rows)
     d = summary["dpurun"]["difference_s"]["median"]
-    md += (f"\n\nTarget dpurun − plain ≤ {TARGET_S:.0f} s: {'met' if d <= TARGET_S else 'missed'} "
-           f"({d:.2f} s).\n\nWhere one job's time goes (host rank 0, marks from `startup_probe.py`; one run each):\n\n")
+    md += f"\n\nTarget dpurun − plain ≤ {TARGET_S:.0f} s: {'met' if d <= TARGET_S else 'missed'} ({d:.2f} s)."
+    if "imports ahead" in summary:
+        a = summary["imports ahead"]
+        md += (f" `--mode da` with torch and torchvision imported before MPI init − at first use: "
+               f"{fmt_spread(a['difference_s'])} s per pair (ratio {a['ratio']:.2f}).")
+    md += ("\n\nWhere one job's time goes (host rank 0, marks from `startup_probe.py`; one run each):\n\n")
     labels = list(parts["dpurun"]["parts_s"])
     cols = list(parts)
     md += table(["part", *(f"{c}, s" for c in cols)],

@@ -55,20 +55,23 @@ def dump() -> None:
 
 
 def instrument(package: str) -> None:
-    import torch  # noqa: F401 - timed on its own: the largest import
+    if package.endswith("host"):  # (the host program imports torch with its modules; the DPU program where it computes)
+        import torch  # noqa: F401 - timed on its own: the largest import
 
     mark("import_torch")
     main = importlib.import_module(f"{package}.main")
     mark("import_program")
     from dpuoffload.common.runtime import startup, trace
-    from dpuoffload.common.train import allreduce
-    from dpuoffload.host import library
 
-    for owner, attr, name in ((startup, "build_topology", "mpi_init_topology"), (startup, "configure", "configure"),
+    for owner, attr, name in ((main, "import_torch_ahead", "import_ahead"),
+                              (startup, "build_topology", "mpi_init_topology"), (startup, "configure", "configure"),
                               (startup, "check_peers", "handshake"), (main, "prepare", "prepare_data_model"),
                               (main, "start_program", "profile_started"), (trace, "finish", "trace_finish")):
         timed(owner, attr, name)
     if package.endswith("host"):
+        from dpuoffload.common.train import allreduce  # (torch: not on a DPU rank, which imports it where it computes)
+        from dpuoffload.host import library
+
         for owner, attr, name in ((main, "build_sync", "allreduce_init"), (main.Trainer, "fit", "trained"),
                                   (library, "shutdown_dpus", "shutdown_sent"),
                                   (allreduce.HorovodSync, "shutdown", "allreduce_shutdown"),

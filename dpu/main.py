@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import platform
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from dpuoffload.common.config import RunConfig
+from dpuoffload.common.config import RunConfig, parse_run_config
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.faults import inject
 from dpuoffload.common.faults.abort import run_program
+from dpuoffload.common.modes import Mode
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.plan.offload import DA, IDLE, MV, plan_offload
 from dpuoffload.common.runtime import trace
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
-from dpuoffload.common.runtime.startup import Run, init_torch, start_program
+from dpuoffload.common.runtime.startup import Run, import_torch_ahead, init_torch, start_program
 from dpuoffload.dpu.idle import idle_until_shutdown
 
 if TYPE_CHECKING:
@@ -101,7 +104,26 @@ def profile(cfg: RunConfig, topo: Topology, job: DpuJob) -> dict[str, Any]:
     return works.profile(cfg, topo, job.runner)
 
 
+def computes(argv: Optional[Sequence[str]]) -> bool:
+    """Whether these flags give DPU ranks work that needs torch, read before MPI init (torch-free)
+    so such a rank imports it beside the host ranks' own imports (`import_torch_ahead`).
+
+    Work: a mode that offloads or `auto` (which profiles), or a checkpoint keeper (`build_keeper`).
+    A rank the plan then leaves idle (more DPU ranks than the mode uses) has imported torch for
+    nothing, which costs DPU memory (`DPUOFFLOAD_IMPORT_AHEAD=0`: only once the plan gives the rank
+    work). Flags that do not parse: False, their error (silenced here) is `configure`'s.
+    """
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            cfg = parse_run_config(argv)
+    except (Exception, SystemExit):  # noqa: BLE001
+        return False
+    return cfg.mode is not Mode.NONE or cfg.checkpointing or cfg.clone_at is not None or cfg.resume is not None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    if computes(argv):
+        import_torch_ahead()
     started = start_program(Role.DPU, argv, prepare, profile)
     cfg, topo, job, profiles, faults = started.cfg, started.topo, started.state, started.profiles, started.run.faults
     if not topo.host_ranks:

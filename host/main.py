@@ -24,7 +24,7 @@ from dpuoffload.common.runtime import trace
 from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
-from dpuoffload.common.runtime.startup import CLOCK, Run, start_program
+from dpuoffload.common.runtime.startup import CLOCK, Run, import_torch_ahead, start_program
 from dpuoffload.common.state.resume import find_resume, start_position
 from dpuoffload.common.state.trainstate import describe_position, epoch_spans
 from dpuoffload.common.train.allreduce import build_sync, resolve_backend
@@ -115,6 +115,7 @@ def report_auto(auto: dict[str, Any], records: list[dict[str, Any]], cfg: RunCon
 def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensions] = None) -> int:
     """The host program (and the clone group's); `extensions`: the parts a variant replaces."""
     ext = HostExtensions() if extensions is None else extensions
+    import_torch_ahead()  # (torchvision's import, before MPI init: beside the DPU ranks' own)
     started = start_program(Role.HOST, argv, functools.partial(prepare, extensions=ext),
                             lambda cfg, topo, job: measure_profile(cfg, topo, job.model, job.train))
     cfg, topo, job, profiles, faults = started.cfg, started.topo, started.state, started.profiles, started.run.faults

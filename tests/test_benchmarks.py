@@ -257,6 +257,22 @@ def test_clone_benchmark_quick(tmp_path):
     assert "| ours-zero |" in res.stdout and "identical across methods" in res.stdout
 
 
+def test_startup_compares_imports_ahead_with_imports_at_first_use_pair_by_pair():
+    from benchmarks import startup
+
+    walls = {"dpurun": [5.0, 6.0], "plain": [5.0, 5.0], "dpurun da": [5.0, 5.5], "dpurun da, imports late": [7.0, 8.5]}
+    stats, summary = startup.summarize(walls)
+    assert summary["dpurun"]["difference_s"]["median"] == 0.5 and summary["dpurun"]["ratio"] == 1.1
+    ahead = summary["imports ahead"]
+    assert (ahead["difference_s"]["min"], ahead["difference_s"]["max"]) == (-3.0, -2.0)
+    assert ahead["ratio"] == pytest.approx(5.25 / 7.75)
+    parts = {"dpurun": {"parts_s": {"MPI init + topology": 0.1}, "wall_s": 5.0}}
+    text = startup.markdown(stats, summary, parts)
+    assert "imported before MPI init − at first use: -2.50 (-3.00–-2.00) s per pair (ratio 0.68)" in text
+    assert "| dpurun --mode da, imports at first use (DPUOFFLOAD_IMPORT_AHEAD=0) | 7.75 (7.00–8.50) |" in text
+    assert "imports ahead" not in startup.summarize({k: walls[k] for k in ("dpurun", "plain")})[1]
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(900)
 def test_startup_benchmark_quick(quick_suite):

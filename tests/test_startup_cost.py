@@ -35,3 +35,36 @@ def test_the_startup_clock_gives_each_stage_its_seconds_from_the_process_start(m
         clock.mark(stage)
     assert clock.parts() == {"interpreter and imports": 2.0, "data sets": 1.75, "model on its device": 2.5}
     assert sum(clock.parts().values()) == 106.25 - 100.0
+
+
+AHEAD = """
+import sys
+from dpuoffload.common.runtime.startup import import_torch_ahead
+import_torch_ahead()
+print("torch" in sys.modules, "torchvision" in sys.modules)
+"""
+
+
+def test_torch_and_torchvision_are_imported_ahead_unless_turned_off():
+    """Before MPI init (the programs call it first), so one side's imports do not wait for the other's."""
+    import os
+
+    for value, expected in ((None, ["True", "True"]), ("0", ["False", "False"])):
+        environ = {k: v for k, v in os.environ.items() if k != "DPUOFFLOAD_IMPORT_AHEAD"}
+        if value is not None:
+            environ["DPUOFFLOAD_IMPORT_AHEAD"] = value
+        res = subprocess.run([sys.executable, "-c", AHEAD], capture_output=True, text=True, timeout=120, env=environ)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.split() == expected, value
+
+
+def test_a_dpu_rank_imports_torch_ahead_only_when_its_flags_give_it_work(capsys):
+    """An idle DPU rank (--mode none, no keeper) never imports torch; flags that do not parse are
+    `configure`'s to report, on every rank: nothing is printed here."""
+    from dpuoffload.dpu.main import computes
+
+    assert not computes(["--mode", "none"])
+    assert all(computes(["--mode", m]) for m in ("da", "mv", "hybrid", "naive", "auto"))
+    assert computes(["--mode", "none", "--ckpt-dir", "/tmp/c", "--ckpt-every", "4"])  # (a checkpoint keeper)
+    assert not computes(["--mode", "none", "--no-such-flag"]) and not computes(["--epochs", "zero"])
+    assert capsys.readouterr() == ("", "")

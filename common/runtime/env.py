@@ -20,6 +20,7 @@ CGROUP = "DPUOFFLOAD_CGROUP"            # informational: cgroup the DPU ranks we
 PROGRESS_TTY = "DPUOFFLOAD_PROGRESS_TTY"  # "1": the user watches a terminal; draw progress bars
 SCRIPT_ARGS = "DPUOFFLOAD_ARGS"         # a user's script on the host ranks: dpurun's flags for `dpuoffload.init()`
 STANDBY = "DPUOFFLOAD_STANDBY"          # "spare": app context 2 holds spare host ranks (--spare-ranks), not clones
+IMPORT_AHEAD = "DPUOFFLOAD_IMPORT_AHEAD"  # "0": a DPU rank imports torch only once its plan gives it work
 
 
 def format_node_map(dpu_to_node: Mapping[str, str]) -> str:

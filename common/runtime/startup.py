@@ -156,6 +156,30 @@ class Started(Generic[T]):
     run: Run                            # the failure record and restart point, handed to `prepare` too
 
 
+def import_torch_ahead() -> None:
+    """Import torch and torchvision now, before MPI init, in a program that will use both.
+
+    Why: MPI init returns once every rank of the job has reached it. A DPU rank imported torch and
+    torchvision after it (once its plan gave it work), a host rank torchvision (with its data
+    sets), so one side's imports ran while the other side waited, instead of side by side on
+    their own cores (`benchmarks/startup.py`: the start-up's seconds with and without; a DPU's
+    slower Arm cores make the DPU's imports the longer ones). Importing in a thread during MPI init
+    would not overlap: mpi4py holds the interpreter's lock while MPI_Init waits.
+
+    A failed import is left to the program's own later import, inside the start-up steps whose
+    errors every rank reports (`collective_call`): here it would end this rank alone, before MPI.
+    `DPUOFFLOAD_IMPORT_AHEAD=0` turns this off: each import waits for its first use (a DPU rank's
+    for the plan to give it work, so a rank left idle never imports torch).
+    """
+    if os.environ.get(env.IMPORT_AHEAD) == "0":
+        return
+    try:
+        init_torch()
+        import torchvision  # noqa: F401
+    except Exception:  # noqa: BLE001 (see above: imported again, and reported, where it is needed)
+        pass
+
+
 def start_program(role: Role, argv: Optional[Sequence[str]], prepare: Callable[[RunConfig, Topology, Run], T],
                   profile: Callable[[RunConfig, Topology, T], dict[str, Any]]) -> Started[T]:
     """Run the shared start-up sequence on this rank.
