@@ -7,6 +7,7 @@ import io
 import platform
 import sys
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dpuoffload.common.config import RunConfig, parse_run_config
@@ -104,26 +105,38 @@ def profile(cfg: RunConfig, topo: Topology, job: DpuJob) -> dict[str, Any]:
     return works.profile(cfg, topo, job.runner)
 
 
-def computes(argv: Optional[Sequence[str]]) -> bool:
-    """Whether these flags give DPU ranks work that needs torch, read before MPI init (torch-free)
-    so such a rank imports it beside the host ranks' own imports (`import_torch_ahead`).
+class Needs(Enum):
+    """What a DPU rank with given flags will import: nothing (idle), torch (a checkpoint keeper's
+    shards), or torch and torchvision (augmentation, validation, training, `auto`'s profile)."""
 
-    Work: a mode that offloads or `auto` (which profiles), or a checkpoint keeper (`build_keeper`).
-    A rank the plan then leaves idle (more DPU ranks than the mode uses) has imported torch for
+    NOTHING = 0
+    TORCH = 1
+    TORCH_AND_TORCHVISION = 2
+
+
+def needs(argv: Optional[Sequence[str]]) -> Needs:
+    """What these flags give DPU ranks to import, read before MPI init (torch-free), so such a rank
+    imports it beside the host ranks' own imports (`import_torch_ahead`).
+
+    A rank the plan then leaves idle (more DPU ranks than the mode uses) has imported them for
     nothing, which costs DPU memory (`DPUOFFLOAD_IMPORT_AHEAD=0`: only once the plan gives the rank
-    work). Flags that do not parse: False, their error (silenced here) is `configure`'s.
+    work). Flags that do not parse: nothing, their error (silenced here) is `configure`'s.
     """
     try:
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             cfg = parse_run_config(argv)
     except (Exception, SystemExit):  # noqa: BLE001
-        return False
-    return cfg.mode is not Mode.NONE or cfg.checkpointing or cfg.clone_at is not None or cfg.resume is not None
+        return Needs.NOTHING
+    if cfg.mode is not Mode.NONE:
+        return Needs.TORCH_AND_TORCHVISION
+    keeps = cfg.checkpointing or cfg.clone_at is not None or cfg.resume is not None  # (`build_keeper`)
+    return Needs.TORCH if keeps else Needs.NOTHING
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    if computes(argv):
-        import_torch_ahead()
+    wanted = needs(argv)
+    if wanted is not Needs.NOTHING:
+        import_torch_ahead(torchvision=wanted is Needs.TORCH_AND_TORCHVISION)
     started = start_program(Role.DPU, argv, prepare, profile)
     cfg, topo, job, profiles, faults = started.cfg, started.topo, started.state, started.profiles, started.run.faults
     if not topo.host_ranks:

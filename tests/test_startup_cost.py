@@ -40,7 +40,7 @@ def test_the_startup_clock_gives_each_stage_its_seconds_from_the_process_start(m
 AHEAD = """
 import sys
 from dpuoffload.common.runtime.startup import import_torch_ahead
-import_torch_ahead()
+import_torch_ahead(torchvision=sys.argv[1] == "yes")
 print("torch" in sys.modules, "torchvision" in sys.modules)
 """
 
@@ -49,22 +49,24 @@ def test_torch_and_torchvision_are_imported_ahead_unless_turned_off():
     """Before MPI init (the programs call it first), so one side's imports do not wait for the other's."""
     import os
 
-    for value, expected in ((None, ["True", "True"]), ("0", ["False", "False"])):
+    cases = [(None, "yes", ["True", "True"]), (None, "no", ["True", "False"]), ("0", "yes", ["False", "False"])]
+    for value, torchvision, expected in cases:
         environ = {k: v for k, v in os.environ.items() if k != "DPUOFFLOAD_IMPORT_AHEAD"}
         if value is not None:
             environ["DPUOFFLOAD_IMPORT_AHEAD"] = value
-        res = subprocess.run([sys.executable, "-c", AHEAD], capture_output=True, text=True, timeout=120, env=environ)
+        res = subprocess.run([sys.executable, "-c", AHEAD, torchvision], capture_output=True, text=True, timeout=120,
+                             env=environ)
         assert res.returncode == 0, res.stderr
-        assert res.stdout.split() == expected, value
+        assert res.stdout.split() == expected, (value, torchvision)
 
 
-def test_a_dpu_rank_imports_torch_ahead_only_when_its_flags_give_it_work(capsys):
-    """An idle DPU rank (--mode none, no keeper) never imports torch; flags that do not parse are
-    `configure`'s to report, on every rank: nothing is printed here."""
-    from dpuoffload.dpu.main import computes
+def test_a_dpu_rank_imports_ahead_only_what_its_flags_give_it_work_for(capsys):
+    """An idle DPU rank (--mode none, no keeper) never imports torch, a keeper of --mode none only
+    torch; flags that do not parse are `configure`'s to report, on every rank: nothing is printed here."""
+    from dpuoffload.dpu.main import Needs, needs
 
-    assert not computes(["--mode", "none"])
-    assert all(computes(["--mode", m]) for m in ("da", "mv", "hybrid", "naive", "auto"))
-    assert computes(["--mode", "none", "--ckpt-dir", "/tmp/c", "--ckpt-every", "4"])  # (a checkpoint keeper)
-    assert not computes(["--mode", "none", "--no-such-flag"]) and not computes(["--epochs", "zero"])
+    assert needs(["--mode", "none"]) is Needs.NOTHING
+    assert all(needs(["--mode", m]) is Needs.TORCH_AND_TORCHVISION for m in ("da", "mv", "hybrid", "naive", "auto"))
+    assert needs(["--mode", "none", "--ckpt-dir", "/tmp/c", "--ckpt-every", "4"]) is Needs.TORCH
+    assert needs(["--mode", "none", "--no-such-flag"]) is needs(["--epochs", "zero"]) is Needs.NOTHING
     assert capsys.readouterr() == ("", "")

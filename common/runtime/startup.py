@@ -24,6 +24,7 @@ explicitly.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import sys
 import time
@@ -156,8 +157,8 @@ class Started(Generic[T]):
     run: Run                            # the failure record and restart point, handed to `prepare` too
 
 
-def import_torch_ahead() -> None:
-    """Import torch and torchvision now, before MPI init, in a program that will use both.
+def import_torch_ahead(torchvision: bool = True) -> None:
+    """Import torch (and torchvision) now, before MPI init, in a program that will use them.
 
     Why: MPI init returns once every rank of the job has reached it. A DPU rank imported torch and
     torchvision after it (once its plan gave it work), a host rank torchvision (with its data
@@ -175,7 +176,8 @@ def import_torch_ahead() -> None:
         return
     try:
         init_torch()
-        import torchvision  # noqa: F401
+        if torchvision:
+            importlib.import_module("torchvision")
     except Exception:  # noqa: BLE001 (see above: imported again, and reported, where it is needed)
         pass
 
