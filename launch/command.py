@@ -79,6 +79,7 @@ class LaunchSpec:
     fault_tolerant: bool = False  # --dpu-failure fallback, --recovery: MPI reports dead ranks instead of ending the job
     session_base: Optional[str] = None  # Open MPI: a fresh directory for mpirun's session files (see _session_args)
     yield_when_idle: bool = True  # Open MPI: host program ranks waiting on MPI yield their core (see _yield_env)
+    rank_env: tuple[tuple[str, str], ...] = ()  # the user's opt-outs (env.rank_opt_outs), set on every rank
 
     def __post_init__(self) -> None:
         try:
@@ -277,6 +278,7 @@ def _env_prefix(spec: LaunchSpec, threads: int, extra: Optional[dict[str, str]] 
     values = {"OMP_NUM_THREADS": str(threads), env.THREADS: str(threads)}
     if spec.node_map:
         values[env.NODE_MAP] = env.format_node_map(dict(spec.node_map))
+    values.update(spec.rank_env)  # (mpirun forwards no environment to other nodes: set in each app context)
     values.update(extra or {})
     return ["env", *(f"{k}={v}" for k, v in values.items())]
 

@@ -361,3 +361,20 @@ def test_clone_cores_errors_name_the_fix():
     args = cli.parse_launcher_args(["--clone-ranks", "1", "--clone-cores", "1", "--hosts", "n0:2"])
     with pytest.raises(ConfigError, match="drop --clone-cores"):
         cli.resolve_spec(args, TRAIN)
+
+
+def test_the_users_opt_outs_reach_every_rank_on_every_node(monkeypatch):
+    """mpirun forwards no environment to other nodes: dpurun sets the opt-outs the user set (and
+    only those) in every app context's `env` prefix."""
+    monkeypatch.setenv("DPUOFFLOAD_FAST_EXIT", "0")
+    monkeypatch.setenv("DPUOFFLOAD_IMPORT_AHEAD", "0")
+    monkeypatch.delenv("DPUOFFLOAD_MALLOC", raising=False)
+    monkeypatch.delenv("DPUOFFLOAD_GC_FREEZE", raising=False)
+    args = cli.parse_launcher_args(["--hosts", "n1:2", "--dpus", "n1-bf:1", "--host-ranks", "2", "--dpu-ranks", "1",
+                                    "--clone-ranks", "1", "--mpi-flavor", "openmpi"])
+    spec, _ = cli.resolve_spec(args, TRAIN)
+    contexts = " ".join(build_command(spec)).split(" : ")
+    assert len(contexts) == 3
+    for context in contexts:
+        assert "DPUOFFLOAD_FAST_EXIT=0 DPUOFFLOAD_IMPORT_AHEAD=0 " in context, context
+        assert "DPUOFFLOAD_MALLOC" not in context and "DPUOFFLOAD_GC_FREEZE" not in context

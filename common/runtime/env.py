@@ -20,7 +20,15 @@ CGROUP = "DPUOFFLOAD_CGROUP"            # informational: cgroup the DPU ranks we
 PROGRESS_TTY = "DPUOFFLOAD_PROGRESS_TTY"  # "1": the user watches a terminal; draw progress bars
 SCRIPT_ARGS = "DPUOFFLOAD_ARGS"         # a user's script on the host ranks: dpurun's flags for `dpuoffload.init()`
 STANDBY = "DPUOFFLOAD_STANDBY"          # "spare": app context 2 holds spare host ranks (--spare-ranks), not clones
-IMPORT_AHEAD = "DPUOFFLOAD_IMPORT_AHEAD"  # "0": a DPU rank imports torch only once its plan gives it work
+
+# The ranks' opt-outs of start-up and exit cuts, each "0" to turn its cut off. The ranks read them;
+# dpurun passes those set in its own environment on to every rank (`rank_opt_outs`), because mpirun
+# does not forward the environment to ranks on other nodes.
+FAST_EXIT = "DPUOFFLOAD_FAST_EXIT"        # exit the ordinary way, teardown included (common/runtime/fastexit.py)
+MALLOC = "DPUOFFLOAD_MALLOC"              # leave the allocator alone (common/runtime/malloc.py)
+GC_FREEZE = "DPUOFFLOAD_GC_FREEZE"        # leave Python's garbage collector alone (common/runtime/malloc.py)
+IMPORT_AHEAD = "DPUOFFLOAD_IMPORT_AHEAD"  # import torch at first use, not before MPI init (runtime/startup.py)
+RANK_OPT_OUTS = (FAST_EXIT, MALLOC, GC_FREEZE, IMPORT_AHEAD)
 
 
 def format_node_map(dpu_to_node: Mapping[str, str]) -> str:
@@ -67,3 +75,8 @@ def progress_wanted(environ: Mapping[str, str] = os.environ) -> bool:
 def horovod_available() -> bool:
     """Horovod's torch binding is installed (found, not imported: importing it loads torch)."""
     return importlib.util.find_spec("horovod") is not None and importlib.util.find_spec("horovod.torch") is not None
+
+
+def rank_opt_outs(environ: Mapping[str, str] = os.environ) -> tuple[tuple[str, str], ...]:
+    """The ranks' opt-outs set in `environ` (dpurun's), to set on every rank of the job."""
+    return tuple((name, environ[name]) for name in RANK_OPT_OUTS if name in environ)

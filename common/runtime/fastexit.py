@@ -32,7 +32,9 @@ import os
 import sys
 from typing import Callable
 
-OPT_OUT = "DPUOFFLOAD_FAST_EXIT"  # "0": exit the ordinary way (teardown included)
+from dpuoffload.common.runtime import env
+
+OPT_OUT = env.FAST_EXIT  # "0": exit the ordinary way (teardown included)
 _exit_code: list[int] = [0]
 
 

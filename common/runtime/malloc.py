@@ -23,11 +23,13 @@ import os
 import sys
 from typing import Mapping
 
+from dpuoffload.common.runtime import env
+
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20   # glibc's largest allowed value on 64-bit (blocks above it still use mmap)
 TRIM_THRESHOLD = 256 << 20  # keep up to this much freed memory before trimming the heap
-OPT_OUT = "DPUOFFLOAD_MALLOC"  # "0": leave the allocator alone
+OPT_OUT = env.MALLOC  # "0": leave the allocator alone
 
 
 def tune_malloc(environ: Mapping[str, str] = os.environ) -> bool:
@@ -54,7 +56,7 @@ def user_tunes_malloc(environ: Mapping[str, str]) -> bool:
             or any(lib in environ.get("LD_PRELOAD", "") for lib in ("jemalloc", "tcmalloc", "mimalloc")))
 
 
-GC_OPT_OUT = "DPUOFFLOAD_GC_FREEZE"  # "0": leave Python's garbage collector alone
+GC_OPT_OUT = env.GC_FREEZE  # "0": leave Python's garbage collector alone
 
 
 def freeze_startup_objects(environ: Mapping[str, str] = os.environ) -> bool:
