@@ -163,8 +163,8 @@ def import_torch_ahead(torchvision: bool = True) -> None:
     Why: MPI init returns once every rank of the job has reached it. A DPU rank imported torch and
     torchvision after it (once its plan gave it work), a host rank torchvision (with its data
     sets), so one side's imports ran while the other side waited, instead of side by side on
-    their own cores (`benchmarks/startup.py`: the start-up's seconds with and without; a DPU's
-    slower Arm cores make the DPU's imports the longer ones). Importing in a thread during MPI init
+    their own cores (`benchmarks/startup.py`: the start-up's seconds with and without; it saves
+    at most the faster side's imports). Importing in a thread during MPI init
     would not overlap: mpi4py holds the interpreter's lock while MPI_Init waits.
 
     A failed import is left to the program's own later import, inside the start-up steps whose
