@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from dpuoffload.common.config import build_parser
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.runtime import env
+from dpuoffload.common.runtime.env import rank_opt_outs
 from dpuoffload.common.runtime.roles import Role
 from dpuoffload.launch import checks, placement, restart, slurm, supervise, throttle
 from dpuoffload.launch.command import YIELD_ENV, LaunchSpec, MpiFlavor, build_command
@@ -295,7 +295,7 @@ def resolve_spec(args: argparse.Namespace, training_args: Sequence[str],
                 dpu_python=args.dpu_python or python, training_args=tuple(training_args),
                 oversubscribe=args.oversubscribe, run_as_root=os.geteuid() == 0,
                 progress_tty=sys.stdout.isatty(), fault_tolerant=fault_tolerant,
-                yield_when_idle=YIELD_ENV not in os.environ, rank_env=env.rank_opt_outs(os.environ),
+                yield_when_idle=YIELD_ENV not in os.environ, rank_env=rank_opt_outs(os.environ),
                 extra_args=tuple(a for value in args.mpirun_arg for a in shlex.split(value)))
     if _cluster_mode(args):
         return _cluster_spec(args, base), None
