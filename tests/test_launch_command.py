@@ -370,6 +370,7 @@ def test_the_users_opt_outs_reach_every_rank_on_every_node(monkeypatch):
     monkeypatch.setenv("DPUOFFLOAD_IMPORT_AHEAD", "0")
     monkeypatch.delenv("DPUOFFLOAD_MALLOC", raising=False)
     monkeypatch.delenv("DPUOFFLOAD_GC_FREEZE", raising=False)
+    monkeypatch.setattr(cli, "resolve_mpirun", lambda path: MPIRUN)  # (the command is only built: no MPI needed)
     args = cli.parse_launcher_args(["--hosts", "n1:2", "--dpus", "n1-bf:1", "--host-ranks", "2", "--dpu-ranks", "1",
                                     "--clone-ranks", "1", "--mpi-flavor", "openmpi"])
     spec, _ = cli.resolve_spec(args, TRAIN)
