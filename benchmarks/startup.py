@@ -58,6 +58,7 @@ TARGET_S = 2.0  # issue 16: a tiny job may cost at most this much more than the 
 UNCUT_BTL = "self,sm,tcp,ofi,uct"  # Open MPI's default: every transport pip's build has (ofi: ~1 s MPI_Init)
 LATE_ENV = {"DPUOFFLOAD_IMPORT_AHEAD": "0"}  # common/runtime/startup.py's import_torch_ahead, off
 UNCUT_ENV = {"DPUOFFLOAD_FAST_EXIT": "0", **LATE_ENV}  # and common/runtime/fastexit.py's opt-out
+DA, DA_LATE = "dpurun da", "dpurun da, imports late"  # the --mode da pair: imports ahead, at first use
 
 
 def job_flags(data: Path, subset: int) -> list[str]:
@@ -124,8 +125,8 @@ def run(args: argparse.Namespace) -> Section:
     data = make_data(["cifar10"]) / "cifar10"
     variants = {"dpurun": lambda: timed(dpurun_cmd(data, subset)), "plain": lambda: timed(plain_cmd(data, subset))}
     if not args.quick:
-        variants["dpurun da"] = lambda: timed(dpurun_cmd(data, subset, mode="da"))
-        variants["dpurun da, imports late"] = lambda: timed(dpurun_cmd(data, subset, mode="da"), LATE_ENV)
+        variants[DA] = lambda: timed(dpurun_cmd(data, subset, mode="da"))
+        variants[DA_LATE] = lambda: timed(dpurun_cmd(data, subset, mode="da"), LATE_ENV)
         variants["dpurun, uncut"] = lambda: timed(dpurun_cmd(data, subset, uncut=True), UNCUT_ENV)
     walls: dict[str, list[float]] = {v: [] for v in variants}
     for rep in range(reps):  # interleaved: machine noise hits every variant alike
@@ -136,8 +137,8 @@ def run(args: argparse.Namespace) -> Section:
     parts = {"dpurun": breakdown(data, subset)}
     if not args.quick:
         parts["dpurun, uncut"] = breakdown(data, subset, uncut=True)
-        parts["dpurun da"] = breakdown(data, subset, mode="da")
-        parts["dpurun da, imports late"] = breakdown(data, subset, mode="da", extra_env=LATE_ENV)
+        parts[DA] = breakdown(data, subset, mode="da")
+        parts[DA_LATE] = breakdown(data, subset, mode="da", extra_env=LATE_ENV)
     stats, summary = summarize(walls)
     payload = {"machine": machine(), "settings": settings(args), "reps": reps, "subset": subset,
                "launcher": launcher_flags(), "walls_s": walls, "stats": stats, "summary": summary,
@@ -153,16 +154,15 @@ def summarize(walls: dict[str, list[float]]) -> tuple[dict[str, Any], dict[str, 
     stats = {k: spread(v) for k, v in walls.items()}
     summary = {k: {"difference_s": spread([a - b for a, b in zip(walls[k], walls["plain"])]),
                    "ratio": stats[k]["median"] / stats["plain"]["median"]} for k in walls if k != "plain"}
-    if "dpurun da" in walls:  # (the imports before MPI init, on and off, in the mode where the DPU computes)
-        summary["imports ahead"] = {"difference_s": spread([a - b for a, b in zip(walls["dpurun da"],
-                                                                                  walls["dpurun da, imports late"])]),
-                                    "ratio": stats["dpurun da"]["median"] / stats["dpurun da, imports late"]["median"]}
+    if DA in walls:  # (the imports before MPI init, on and off, in the mode where the DPU computes)
+        summary["imports ahead"] = {"difference_s": spread([a - b for a, b in zip(walls[DA], walls[DA_LATE])]),
+                                    "ratio": stats[DA]["median"] / stats[DA_LATE]["median"]}
     return stats, summary
 
 
 def markdown(stats: dict[str, Any], summary: dict[str, Any], parts: dict[str, Any]) -> str:
-    names = {"dpurun": "dpurun, 1 host + 1 DPU rank (--mode none)", "dpurun da": "dpurun --mode da",
-             "dpurun da, imports late": "dpurun --mode da, imports at first use (DPUOFFLOAD_IMPORT_AHEAD=0)",
+    names = {"dpurun": "dpurun, 1 host + 1 DPU rank (--mode none)", DA: "dpurun --mode da",
+             DA_LATE: "dpurun --mode da, imports at first use (DPUOFFLOAD_IMPORT_AHEAD=0)",
              "dpurun, uncut": "dpurun --mode none without the start-up cuts",
              "plain": "plain torchvision + DataLoader script"}
     rows = []
@@ -178,7 +178,7 @@ def markdown(stats: dict[str, Any], summary: dict[str, Any], parts: dict[str, An
         a = summary["imports ahead"]
         md += (f" `--mode da` with torch and torchvision imported before MPI init − at first use: "
                f"{fmt_spread(a['difference_s'])} s per pair (ratio {a['ratio']:.2f}).")
-    md += ("\n\nWhere one job's time goes (host rank 0, marks from `startup_probe.py`; one run each):\n\n")
+    md += "\n\nWhere one job's time goes (host rank 0, marks from `startup_probe.py`; one run each):\n\n"
     labels = list(parts["dpurun"]["parts_s"])
     cols = list(parts)
     md += table(["part", *(f"{c}, s" for c in cols)],
