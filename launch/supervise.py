@@ -342,15 +342,17 @@ def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None
 
 
 def stopped_code(mpirun_code: int, received: Sequence[int]) -> int:
-    """dpurun's exit code: mpirun's, except that a job stopped by a signal never reads as finished.
+    """dpurun's exit code: mpirun's, or 128 + N once dpurun has forwarded signal N to the job.
 
-    Why: Open MPI's mpirun, signalled together with its ranks (Slurm's `scancel` signals every
-    process of the job's steps, mpirun's own session included), can exit 0 once its ranks are gone
-    (seen in CI, under load). A batch script, `dpurun --restarts` or a user's shell would then take
-    a job stopped mid-training for a finished one. dpurun exits 128 + N as a shell does for signal
-    N, and names the checkpoint to continue from. Other exit codes of mpirun pass through.
+    Why: after a forwarded signal mpirun's own code says nothing about it. Open MPI's mpirun exits 1
+    after a Ctrl-C, and, signalled together with its ranks (Slurm's `scancel` signals every process
+    of the job's steps, mpirun's own session included), can exit 0 once its ranks are gone (seen in
+    CI, under load): a batch script or a user's shell would take a job stopped mid-training for a
+    failed one, or for a finished one. 128 + N is what a shell reports for a program ended by signal
+    N (130 for Ctrl-C, 143 for SIGTERM); dpurun also names the checkpoint to continue from. Without
+    a forwarded signal mpirun's code passes through.
     """
-    if mpirun_code == 0 and received:
+    if received:
         return 128 + received[0]
     return mpirun_code
 

@@ -219,6 +219,27 @@ def test_ctrl_c_is_forwarded_to_mpirun(tmp_path):
     assert "interrupted; stopping the job" in err and "job stopped after an interrupt" in err
 
 
+def test_an_interrupted_job_exits_as_a_shell_reports_the_signal_whatever_mpirun_exits():
+    """128 + N once signal N was forwarded (Open MPI's mpirun exits 1 after a Ctrl-C, 0 in the case
+    below); without one, mpirun's code."""
+    assert supervise.stopped_code(1, [signal.SIGINT]) == 130
+    assert supervise.stopped_code(0, [signal.SIGTERM]) == 143
+    assert supervise.stopped_code(137, [signal.SIGTERM, signal.SIGINT]) == 143  # (the first one stopped the job)
+    assert supervise.stopped_code(3, []) == 3 and supervise.stopped_code(0, []) == 0
+
+
+def test_ctrl_c_exits_130_when_mpirun_exits_1_as_open_mpis_does(tmp_path):
+    cmd = fake_mpirun(tmp_path, "trap 'exit 1' INT; echo started; while :; do sleep 0.1; done\n")
+    code = f"from dpuoffload.launch import supervise; raise SystemExit(supervise.run({cmd!r}, 1))"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "started\n"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 130, err
+    assert "dpurun: job stopped after an interrupt (mpirun exit code 1)" in err
+
+
 def test_a_job_stopped_by_sigterm_never_reads_as_finished_even_if_mpirun_exits_0(tmp_path):
     """Under Slurm's scancel mpirun is signalled beside dpurun and can exit 0 once its ranks are gone
     (seen in CI): dpurun still exits 128 + SIGTERM and names the checkpoint to continue from."""
