@@ -205,17 +205,23 @@ def test_stuck_mpirun_is_stopped_after_grace(tmp_path, capfd):
                                  "killed by signal 9 (SIGKILL)")
 
 
-def test_ctrl_c_is_forwarded_to_mpirun(tmp_path):
-    cmd = fake_mpirun(tmp_path, "echo started; exec sleep 30\n")
-    code = f"from dpuoffload.launch import supervise; raise SystemExit(supervise.run({cmd!r}, 1))"
+def signalled(cmd: list[str], sig: signal.Signals, run_args: str = "") -> tuple[int, str, float]:
+    """`supervise.run(cmd, 1{run_args})` in a child Python, sent `sig` once the stand-in mpirun has
+    printed "started": the child's exit code, its stderr, and the seconds from the signal to its end."""
+    code = f"from dpuoffload.launch import supervise; raise SystemExit(supervise.run({cmd!r}, 1{run_args}))"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "started\n"
     start = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=10)
-    assert time.monotonic() - start < 5
-    assert proc.returncode == 128 + signal.SIGINT
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=10)
+    return proc.returncode, err, time.monotonic() - start
+
+
+def test_ctrl_c_is_forwarded_to_mpirun(tmp_path):
+    code, err, took = signalled(fake_mpirun(tmp_path, "echo started; exec sleep 30\n"), signal.SIGINT)
+    assert took < 5
+    assert code == 128 + signal.SIGINT
     assert "interrupted; stopping the job" in err and "job stopped after an interrupt" in err
 
 
@@ -230,13 +236,8 @@ def test_an_interrupted_job_exits_as_a_shell_reports_the_signal_whatever_mpirun_
 
 def test_ctrl_c_exits_130_when_mpirun_exits_1_as_open_mpis_does(tmp_path):
     cmd = fake_mpirun(tmp_path, "trap 'exit 1' INT; echo started; while :; do sleep 0.1; done\n")
-    code = f"from dpuoffload.launch import supervise; raise SystemExit(supervise.run({cmd!r}, 1))"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline() == "started\n"
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=10)
-    assert proc.returncode == 130, err
+    code, err, _ = signalled(cmd, signal.SIGINT)
+    assert code == 130, err
     assert "dpurun: job stopped after an interrupt (mpirun exit code 1)" in err
 
 
@@ -247,14 +248,8 @@ def test_a_job_stopped_by_sigterm_never_reads_as_finished_even_if_mpirun_exits_0
     (ckpt / "step-000000002").mkdir(parents=True)
     (ckpt / "step-000000002" / COMMITTED).write_text("")
     cmd = fake_mpirun(tmp_path, "trap 'exit 0' TERM; echo started; while :; do sleep 0.1; done\n")
-    code = (f"from dpuoffload.launch import supervise; "
-            f"raise SystemExit(supervise.run({cmd!r}, 1, ckpt_dir={str(ckpt)!r}))")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline() == "started\n"
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=10)
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    code, err, _ = signalled(cmd, signal.SIGTERM, f", ckpt_dir={str(ckpt)!r}")
+    assert code == 128 + signal.SIGTERM, err
     assert "dpurun: job stopped after an interrupt (mpirun exit code 0)" in err
     assert f"dpurun: the last committed checkpoint is {ckpt / 'step-000000002'}; continue with" in err, err
 
