@@ -384,6 +384,12 @@ class RunConfig:
         return self.ckpt_dir is not None and (self.script is not None or self.ckpt_every is not None
                                                or self.ckpt_every_epoch or self.stop_at_step is not None)
 
+    @property
+    def hands_state_off(self) -> bool:
+        """Whether host ranks hand their state to DPU keepers at all in this run: for checkpoints, or
+        for a clone at --clone-at (which also needs clone ranks, known only from the topology)."""
+        return self.checkpointing or self.clone_at is not None
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

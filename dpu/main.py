@@ -129,7 +129,7 @@ def needs(argv: Optional[Sequence[str]]) -> Needs:
         return Needs.NOTHING
     if cfg.mode is not Mode.NONE:
         return Needs.TORCH_AND_TORCHVISION
-    keeps = cfg.checkpointing or cfg.clone_at is not None or cfg.resume is not None  # (`build_keeper`)
+    keeps = cfg.hands_state_off or cfg.resume is not None  # (`build_keeper`: a resume may restore from DPU memory)
     return Needs.TORCH if keeps else Needs.NOTHING
 
 

@@ -105,7 +105,7 @@ def build_hooks(cfg: RunConfig, topo: Topology, trainer: Trainer,
                 handoff: type[StateHandoff] = StateHandoff) -> Optional[StateHooks]:
     """Hand the state to the DPU keepers when checkpoints or a clone are asked for; else no hooks.
     `handoff`: the class that does it (the clone benchmark's baselines subclass `StateHandoff`)."""
-    if not (cfg.checkpointing or cfg.clone_at is not None):
+    if not cfg.hands_state_off:
         return None
     return handoff.for_trainer(cfg, topo, trainer)
 

@@ -79,7 +79,7 @@ def check_state_flags(cfg: RunConfig, topo: Topology, job: TrainJob, run: Run) -
     start = start_position(job.resume)
     spans = epoch_spans(steps, cfg.epochs, start, cfg.stop_at_step)
     check_clone_flags(cfg, topo, start.global_step + sum(s.stop - s.start for s in spans))
-    if cfg.checkpointing or cfg.clone_at is not None:
+    if cfg.hands_state_off:
         StateAssignment.of(topo).keeper_of(topo.world_rank)
 
 

@@ -159,7 +159,7 @@ def check_ranks(cfg: RunConfig, facts: LaunchFacts) -> None:
         raise ConfigError(f"--mode {cfg.mode} offloads work to DPU ranks, but --dpu-ranks is 0; "
                           "use --dpu-ranks 1 or more (or --mode none)")
     split_counts(cfg, facts.host_ranks, facts.dpu_ranks)  # hybrid: enough DPU ranks for both kinds of work?
-    if (cfg.checkpointing or cfg.clone_at is not None) and facts.dpu_ranks == 0:
+    if cfg.hands_state_off and facts.dpu_ranks == 0:
         raise ConfigError("checkpoints and clones are handed to DPU ranks, but --dpu-ranks is 0; use "
                           "--dpu-ranks 1 or more")
     if cfg.clone_at is not None and facts.clone_ranks == 0:

@@ -101,7 +101,7 @@ def verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadPlan",
         return Verdict(False, f"DPU ranks train in --mode {cfg.mode}: a replica is lost")
     assign = StateAssignment.of(topo)
     kept = assign.hosts_kept_by(dead)
-    if kept and (cfg.checkpointing or cfg.clone_at is not None):
+    if kept and cfg.hands_state_off:
         whose = "it kept the checkpoint state of " + ", ".join(topo.describe(h) for h in kept)
         if not policy.survives_keeper_loss:
             return Verdict(False, whose + " (a lost keeper is survived only with checkpoints, without clones)")
