@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -205,10 +206,11 @@ def test_stuck_mpirun_is_stopped_after_grace(tmp_path, capfd):
                                  "killed by signal 9 (SIGKILL)")
 
 
-def signalled(cmd: list[str], sig: signal.Signals, run_args: str = "") -> tuple[int, str, float]:
-    """`supervise.run(cmd, 1{run_args})` in a child Python, sent `sig` once the stand-in mpirun has
-    printed "started": the child's exit code, its stderr, and the seconds from the signal to its end."""
-    code = f"from dpuoffload.launch import supervise; raise SystemExit(supervise.run({cmd!r}, 1{run_args}))"
+def signalled(cmd: list[str], sig: signal.Signals, ckpt_dir: Optional[Path] = None) -> tuple[int, str, float]:
+    """`supervise.run(cmd, 1, ckpt_dir=ckpt_dir)` in a child Python, sent `sig` once the stand-in mpirun
+    has printed "started": the child's exit code, its stderr, and the seconds from the signal to its end."""
+    ckpt = None if ckpt_dir is None else str(ckpt_dir)
+    code = f"from dpuoffload.launch import supervise; raise SystemExit(supervise.run({cmd!r}, 1, ckpt_dir={ckpt!r}))"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "started\n"
@@ -248,7 +250,7 @@ def test_a_job_stopped_by_sigterm_never_reads_as_finished_even_if_mpirun_exits_0
     (ckpt / "step-000000002").mkdir(parents=True)
     (ckpt / "step-000000002" / COMMITTED).write_text("")
     cmd = fake_mpirun(tmp_path, "trap 'exit 0' TERM; echo started; while :; do sleep 0.1; done\n")
-    code, err, _ = signalled(cmd, signal.SIGTERM, f", ckpt_dir={str(ckpt)!r}")
+    code, err, _ = signalled(cmd, signal.SIGTERM, ckpt)
     assert code == 128 + signal.SIGTERM, err
     assert "dpurun: job stopped after an interrupt (mpirun exit code 0)" in err
     assert f"dpurun: the last committed checkpoint is {ckpt / 'step-000000002'}; continue with" in err, err
