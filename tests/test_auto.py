@@ -25,6 +25,9 @@ def test_auto_predicts_every_runnable_mode_runs_the_choice_and_reports(tmp_path,
     assert "--auto-allow naive" in res.stdout
     beside = record["profile"]["host_beside"]  # (the host's step timed again beside DPU ranks building batches)
     assert beside >= 1.0 and f"the host's forward/backward took {beside:.2f}x as long while the DPU" in res.stdout
+    spread = record["profile"]["host_step_spread"]  # (the profile's host steps: upper over lower quartile)
+    assert spread >= 1.0 and ("[dpuoffload] note: the host's profile steps were unsteady" in res.stdout) == (
+        spread >= 1.25)
     assert f"[dpuoffload] mode {record['chosen']}:" in res.stdout
     assert f"--mode auto chose {record['chosen']}: predicted" in res.stdout
     assert record["measured_epoch_s"] > 0 and "prediction_error" in record

@@ -92,3 +92,24 @@ def test_modes_predicted_within_the_margin_are_a_tie_for_the_mode_that_changes_l
     preds[Mode.HYBRID] = replace(preds[Mode.HYBRID], epoch_s=11.0)
     assert tied_modes(preds) == [Mode.DA]  # a clear winner is still chosen, however it ranks in a tie
     assert explain_choice(preds, Mode.DA).startswith("--mode auto chose da: the shortest predicted epoch (")
+
+
+def test_a_profile_whose_steps_moved_is_said_to_be_unsteady():
+    """The upper over the lower quartile of the profile's host steps: a few slow steps leave it (the
+    model's medians too), a machine whose speed moved under the profile does not."""
+    from dataclasses import replace
+
+    from dpuoffload.common.train.autoselect import UNSTEADY_SPREAD, quartile_spread, unsteady_note
+
+    assert quartile_spread([0.2] * 8 + [0.9]) == 1.0  # one slow step (a collection, a page fault)
+    assert quartile_spread([0.2, 0.2, 0.2]) == 1.0  # too few steps to say
+    moved = [0.2, 0.21, 0.2, 0.22, 0.3, 0.31, 0.33, 0.3]  # the last half on a slower machine
+    assert quartile_spread(moved) == pytest.approx(0.3075 / 0.2025, rel=1e-6)
+    steady = naive_wins()
+    assert steady.host_step_spread == 1.0 and unsteady_note(steady) is None
+    assert unsteady_note(replace(steady, host_step_spread=UNSTEADY_SPREAD - 0.01)) is None
+    note = unsteady_note(replace(steady, host_step_spread=1.52))
+    assert note.startswith("the host's profile steps were unsteady, their upper quartile 1.52x their lower")
+    assert "give --mode to skip the profile" in note
+    with pytest.raises(ValueError, match="host_step_spread must be >= 1"):
+        replace(steady, host_step_spread=0.9)

@@ -96,6 +96,8 @@ class Profile:
                                           # (uint8 wire); None: dpu_aug, the whole (float wire; naive's own)
     host_beside: float = 1.0    # host_train beside DPU ranks building batches, over host_train (measured:
                                 # `common.train.interference`; 1.0 where they do not share the host's machine)
+    host_step_spread: float = 1.0  # the profile's host steps, upper over lower quartile: how far their time moved
+                                   # while measured (not a cost: the predictions' uncertainty; 1.0 unmeasured)
 
     def __post_init__(self) -> None:
         for name in ("n_train", "host_ranks", "batch"):
@@ -106,6 +108,8 @@ class Profile:
                 raise ValueError(f"profile: {name} must be >= 0")
         if self.host_beside < 1:
             raise ValueError("profile: host_beside must be >= 1 (work elsewhere does not speed the host)")
+        if self.host_step_spread < 1:
+            raise ValueError("profile: host_step_spread must be >= 1 (an upper quartile over a lower one)")
 
     @property
     def on_gpu(self) -> bool:

@@ -239,7 +239,19 @@ def loop_costs(cfg: RunConfig, topo: Topology, model: Any, train: PerSampleSeede
     warm = step()  # (the first step pays one-off costs: not counted)
     mine = min(max(min_steps, math.ceil(seconds / max(warm["step"], 1e-6))), max_steps)
     timed = [step() for _ in range(topo.side_comm.allreduce(mine, op=MPI.MAX))]
-    return {part: statistics.median(t[part] for t in timed) for part in ("aug", "train", "allreduce", "opt")}
+    costs = {part: statistics.median(t[part] for t in timed) for part in ("aug", "train", "allreduce", "opt")}
+    return {**costs, "spread": quartile_spread([t["step"] for t in timed])}
+
+
+def quartile_spread(seconds: list[float]) -> float:
+    """The upper quartile of `seconds` over the lower: how far the profile's step times moved (1.0
+    under 4 steps). The model takes medians, which a few slow steps do not move; a spread this wide
+    says the steps' time moved as a whole while they were measured (a shared machine's speed, or
+    steps that differ in work), and the predictions carry that uncertainty."""
+    if len(seconds) < 4:
+        return 1.0
+    low, _, high = statistics.quantiles(seconds, n=4)
+    return max(high / low, 1.0) if low > 0 else 1.0
 
 
 def endless_batches(loader: RankLoader) -> Any:
@@ -449,6 +461,7 @@ def gather_profile(cfg: RunConfig, topo: Topology, label: str) -> Profile:
                    dpu_train=dpu.get("train", 0.0), dpu_eval=dpu.get("eval", 0.0), allreduce=host["allreduce"],
                    allreduce_all=timing[0], optimizer=host.get("opt", 0.0), transfer=timing[1],
                    grad_bytes=4 * host["grad_elems"], host_beside=timing[2] or 1.0,
+                   host_step_spread=host.get("spread", 1.0),
                    dpu_batch=cfg.dpu_batch_size if isinstance(cfg.dpu_batch_size, int) else None,
                    mv_fraction=cfg.mv_dpu_fraction if isinstance(cfg.mv_dpu_fraction, float) else None,
                    **feeding_flags(cfg), **gpu_fields(host))
@@ -506,9 +519,28 @@ def resolve_auto(cfg: RunConfig, topo: Topology, label: str) -> tuple[RunConfig,
             print(f"[dpuoffload] --mode auto profile: the host's forward/backward took {profile.host_beside:.2f}x "
                   "as long while the DPU ranks built batches (in da's and hybrid's predictions)", flush=True)
         print(f"[dpuoffload] {explain_choice(preds, chosen, allow)}", flush=True)
+        if (note := unsteady_note(profile)) is not None:
+            print(f"[dpuoffload] note: {note}", flush=True)
     record = {"event": "auto", "chosen": chosen, "profile": profile.to_dict(), "allowed": list(allow),
               "predicted": {m: p.epoch_s for m, p in preds.items()}, "table": format_table(preds, chosen)}
     return cfg.replace(mode=chosen, auto_allow=None, **mode_settings(cfg, chosen, preds[chosen])), record
+
+
+# Steps whose middle half lies this far apart (upper over lower quartile) make `--mode auto` say so.
+# Steady steps of one model on fixed-size batches lie within a few percent of each other; on the
+# 2-core VM the machine's speed moved 1.2-1.6x within seconds (RESULTS.md), and predictions from
+# such a profile missed by as much.
+UNSTEADY_SPREAD = 1.25
+
+
+def unsteady_note(profile: Profile) -> Optional[str]:
+    """What to tell the user when the profile's host steps moved (`quartile_spread`); None if steady."""
+    if profile.host_step_spread < UNSTEADY_SPREAD:
+        return None
+    return (f"the host's profile steps were unsteady, their upper quartile {profile.host_step_spread:.2f}x their "
+            "lower (the machine's speed moved while they were timed, or the steps differ in work): the predicted "
+            "epochs may be off by as much, and a mode predicted close to the chosen one may run faster. The "
+            "measured epoch is printed beside the prediction at the end; give --mode to skip the profile")
 
 
 def mode_settings(cfg: RunConfig, chosen: Mode, pred: Prediction) -> dict[str, Any]:
