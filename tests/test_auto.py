@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from dpuoffload.common.train.autoselect import UNSTEADY_SPREAD
 from tests.mpijobs import DPURUN, dpurun, read_jsonl, run
 
 pytestmark = pytest.mark.mpi
@@ -27,7 +28,7 @@ def test_auto_predicts_every_runnable_mode_runs_the_choice_and_reports(tmp_path,
     assert beside >= 1.0 and f"the host's forward/backward took {beside:.2f}x as long while the DPU" in res.stdout
     spread = record["profile"]["host_step_spread"]  # (the profile's host steps: upper over lower quartile)
     assert spread >= 1.0 and ("[dpuoffload] note: the host's profile steps were unsteady" in res.stdout) == (
-        spread >= 1.25)
+        spread >= UNSTEADY_SPREAD)
     assert f"[dpuoffload] mode {record['chosen']}:" in res.stdout
     assert f"--mode auto chose {record['chosen']}: predicted" in res.stdout
     assert record["measured_epoch_s"] > 0 and "prediction_error" in record

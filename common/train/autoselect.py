@@ -527,9 +527,10 @@ def resolve_auto(cfg: RunConfig, topo: Topology, label: str) -> tuple[RunConfig,
 
 
 # Steps whose middle half lies this far apart (upper over lower quartile) make `--mode auto` say so.
-# Steady steps of one model on fixed-size batches lie within a few percent of each other; on the
-# 2-core VM the machine's speed moved 1.2-1.6x within seconds (RESULTS.md), and predictions from
-# such a profile missed by as much.
+# Steady steps of one model on fixed-size batches lie within a few percent of each other (resnet56's,
+# timed one by one in a quiet epoch on the 2-core VM: 1.04); there the machine's speed moved 1.2-1.6x
+# within seconds (RESULTS.md), and the model's misses in issue 35's runs came in threes, every mode
+# of one workload off together: the speed a profile ran at against the speed the epochs ran at.
 UNSTEADY_SPREAD = 1.25
 
 
