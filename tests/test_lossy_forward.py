@@ -177,7 +177,9 @@ def test_dead_host_rank_zero_in_da_with_reassign(bundled_data, tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "16 samples lost; they take its batches over from step 5 of epoch 1" in res.stdout
     assert res.stdout.count("epoch 2/2 |") == 1
-    [rec] = [r for r in read_jsonl(log / "metrics.jsonl") if r["event"] == "recovery"]
+    recs = [r for r in read_jsonl(log / "metrics.jsonl") if r["event"] == "recovery"]
+    assert len(recs) == 1, f"one death, one recovery record: {recs}\n{res.stdout[-3000:]}"  # (seen 2 once, loaded box)
+    rec = recs[0]
     assert rec["lost_ids"] == order(288, 3, 0, 0)[3 * 16: 4 * 16] and rec["survivors"] == [1, 2]
     per_epoch = [[r["samples"] for r in read_jsonl(log / f"phases-rank{w}.jsonl")] for w in (1, 2)]
     assert [sum(s) for s in zip(*per_epoch)] == [288 - 3 * 16 - 16, 288]  # (the dead rank trained 3 steps)
