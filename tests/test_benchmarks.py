@@ -56,6 +56,21 @@ def test_auto_is_compared_with_the_best_mode_overall_and_its_own_choice_on_stead
     assert left["n"] == 4 and left["geomean"] == pytest.approx(1.0) and left["low"] < 1.0 < left["high"]
 
 
+def test_same_job_errors_are_auto_s_own_and_results_without_them_print_a_dash():
+    """The error each auto job printed at its end (its prediction for its choice against its own
+    epochs); a job that logged none (a run of one epoch) is left out, not read as 0."""
+    def auto(record):
+        log = _log([1.0], [{"data": 0.0}])
+        log.auto = record
+        return log
+
+    logs = [auto({"chosen": "mv", "prediction_error": -0.08}), auto({"chosen": "mv"}),
+            auto({"chosen": "da", "prediction_error": 0.02})]
+    assert workloads.same_job_errors(logs) == [-0.08, 0.02]
+    assert workloads.fmt_errors([-0.08, 0.02, 0.05]) == "+2.0% (-8.0% to +5.0%)"
+    assert workloads.fmt_errors(None) == "-" and workloads.fmt_errors([]) == "-"
+
+
 def test_rotation_puts_every_variant_once_in_every_place():
     orders = [workloads.rotation(workloads.VARIANTS, rep) for rep in range(len(workloads.VARIANTS))]
     assert all(sorted(o) == sorted(workloads.VARIANTS) for o in orders)
@@ -153,6 +168,7 @@ def test_suite_quick(quick_suite):
     for mode in ("none", "da", "mv"):
         p = r["prediction"]["modes"][mode]
         assert p["predicted_s"] > 0 and p["measured_s"] > 0 and math.isfinite(p["error"])
+    assert len(r["prediction"]["same_job_error"]) == 1 and math.isfinite(r["prediction"]["same_job_error"][0])
     assert w["machine"]["cpus_logical"] >= 1 and w["machine"]["torch"]
     a = json.loads((tmp_path / "augweight.json").read_text())["report"]
     assert set(a) == {"heavy"} and all(x["vs_none"]["da"]["median"] > 0 for x in a.values())  # (--quick: one weight)
