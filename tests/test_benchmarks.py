@@ -58,7 +58,7 @@ def test_auto_is_compared_with_the_best_mode_overall_and_its_own_choice_on_stead
 
 def test_same_job_errors_are_auto_s_own_and_results_without_them_print_a_dash():
     """The error each auto job printed at its end (its prediction for its choice against its own
-    epochs); a job that logged none (a run of one epoch) is left out, not read as 0."""
+    epochs); a job that logged none (one that trained no epoch) is left out, not read as 0."""
     def auto(record):
         log = _log([1.0], [{"data": 0.0}])
         log.auto = record
