@@ -324,10 +324,10 @@ def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None
         with _open_raw(raw_log) as raw:
             rc, ended = _pump_until_done(proc, scanners, raw, grace)
     mpirun_code = 128 - rc if rc < 0 else rc
-    code = stopped_code(mpirun_code, forwarder.received)
+    reported = scanners[1].reported or scanners[0].reported
+    code = unfinished_code(stopped_code(mpirun_code, forwarder.received), reported)
     if scanners[1].mid_line:
         print(file=sys.stderr)
-    reported = scanners[1].reported or scanners[0].reported
     summary = scanners[1].summary or scanners[0].summary
     failures = ([reported] if reported else []) + scanners[1].failures + scanners[0].failures
     failures = name_lost_peer(failures, scanners[1].peer_hosts + scanners[0].peer_hosts, machines or {})
@@ -355,6 +355,19 @@ def stopped_code(mpirun_code: int, received: Sequence[int]) -> int:
     if received:
         return 128 + received[0]
     return mpirun_code
+
+
+def unfinished_code(code: int, reported: Optional[RankFailure]) -> int:
+    """dpurun's exit code once a rank's own line said it ended the job (`reported`: it failed, or a
+    death the run does not survive): 1 where mpirun's code is 0, else `code`.
+
+    Why: under MPI fault tolerance (`--with-ft ulfm`, which `--dpu-failure fallback` and `--recovery`
+    add) mpirun exited 0 after a host rank was killed and the survivors called MPI_Abort (once in a CI
+    suite run, under load). `dpurun --restarts` then took the job for a finished one and did not
+    relaunch it, and a batch script would have too. A rank writes such a line only on its way to
+    ending the job, so the job did not finish, whatever mpirun says.
+    """
+    return 1 if code == 0 and reported is not None else code
 
 
 SESSION_PREFIX = "dpurun-mpi-"

@@ -193,6 +193,22 @@ def test_output_passes_through_and_exit_code_returns(tmp_path, capfd):
                                 "naming a dead rank; see the messages above"]
 
 
+def test_a_job_a_rank_said_it_ended_fails_even_when_mpirun_exits_0(tmp_path, capfd):
+    """Under `--with-ft ulfm` mpirun once exited 0 after a killed host rank's survivors called MPI_Abort
+    (CI): dpurun exits 1, so `--restarts` relaunches and a batch script sees the failure, and names the
+    checkpoint to continue from."""
+    death = ("[dpuoffload] host rank 0 (world rank 0, node vm) died; it trained (--recovery lossy-forward or "
+             "rollback survive host ranks; dpurun --restarts N relaunches after a lost host rank): ending the job")
+    (tmp_path / "ck").mkdir()
+    cmd = fake_mpirun(tmp_path, f"echo '{death}'\nexit 0\n")
+    outcome = supervise.run_job(cmd, host_ranks=2, dpu_ranks=2, ckpt_dir=str(tmp_path / "ck"))
+    assert outcome.code == 1 and outcome.failures[0].verb == "died"
+    err = capfd.readouterr().err.splitlines()
+    assert err[0].startswith("dpurun: world rank 0 = host rank 0 (host program) died: it trained")
+    assert err[1] == f"dpurun: no committed checkpoint in {tmp_path / 'ck'}: a new run starts from the beginning"
+    assert supervise.unfinished_code(0, None) == 0 and supervise.unfinished_code(3, outcome.failures[0]) == 3
+
+
 def test_stuck_mpirun_is_stopped_after_grace(tmp_path, capfd):
     (tmp_path / "msg").write_text(OMPI5_SIGNAL)
     cmd = fake_mpirun(tmp_path, f"cat {tmp_path / 'msg'} >&2\nexec sleep 60\n")
