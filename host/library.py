@@ -320,7 +320,7 @@ class Job:
             if spares is not None:  # the spares still standing by leave too
                 spares.release()
             if not self.is_clone:  # (the clone group needs the DPU ranks no more once it has the state)
-                shutdown_dpus(self.topo, self.cfg.peer_timeout, self.faults.dead_ranks())
+                shutdown_dpus(self.topo, self.cfg.peer_timeout, self.faults.dead_ranks(), self.faults.seated())
         if handoff is not None:
             self.exit_code = handoff.exit_code()  # host rank 0 prints the line of lost checkpoints
         if self.exit_code and not _at_exit:

@@ -20,6 +20,7 @@ from dpuoffload.common.runtime.roles import Role, role_from_appnum
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.trainstate import Position
 from dpuoffload.common.train.loop import build_optimizer, lr_factor
+from dpuoffload.host.control import shutdown_sender
 from dpuoffload.host.recovery.spares import CALL_IN, Command, pack_state, unpack_state
 from dpuoffload.launch import checks, cli
 from dpuoffload.launch.command import build_command
@@ -116,12 +117,25 @@ def test_which_deaths_rollback_survives():
     assert not judge(rb, layout, 3, gone=[0, 1]).survivable
 
 
+def test_the_lowest_living_rank_in_a_seat_tells_the_dpu_ranks_to_stop():
+    """Without seats (no --recovery rollback): the lowest living host rank; with them, the lowest
+    living seated rank, a spare once every original host rank is dead."""
+    assert shutdown_sender((0, 1), frozenset(), None) == 0
+    assert shutdown_sender((0, 1), frozenset({0}), None) == 1
+    assert shutdown_sender((0, 1), frozenset({0, 1}), None) is None
+    assert shutdown_sender((0, 1), frozenset({1}), frozenset({0, 3})) == 0
+    assert shutdown_sender((0, 1), frozenset({0, 1}), frozenset({4, 3})) == 3
+
+
 @pytest.mark.mpi
 def test_both_original_host_ranks_dead_a_seated_spare_goes_on(bundled_data, tmp_path):
     """Host rank 1 dies, spare 0 takes its seat; then host rank 0 dies and spare 1 takes seat 0
-    with spare 0's state: the run ends normally although no original host rank is left."""
+    with spare 0's state: the run ends normally although no original host rank is left. The seated
+    spares tell the DPU rank to stop (`host.control.shutdown_sender`): it once waited for a message
+    no rank sent, took their normal exit for the last host rank's death and called MPI_Abort."""
     res = rollback_run(bundled_data, tmp_path, "host:1@3,host:0@9", [*LAUNCH, "--spare-ranks", "2"])
     assert res.returncode == 0, res.stdout + res.stderr
+    assert "ending the job" not in res.stdout + res.stderr
     assert "took host rank 0's seat with spare rank 0 (world rank 3, node" in res.stdout
     assert [res.stdout.count(f"epoch {e}/2 |") for e in (1, 2)] == [1, 1]
     recs = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["event"] == "recovery"]
