@@ -363,8 +363,10 @@ def unfinished_code(code: int, reported: Optional[RankFailure]) -> int:
 
     Why: under MPI fault tolerance (`--with-ft ulfm`, which `--dpu-failure fallback` and `--recovery`
     add) mpirun exited 0 after a host rank was killed and the survivors called MPI_Abort (once in a CI
-    suite run, under load). `dpurun --restarts` then took the job for a finished one and did not
-    relaunch it, and a batch script would have too. A rank writes such a line only on its way to
+    suite run, under load), and every time a DPU rank called it at the end of a rollback run whose
+    original host ranks had all died (the bug `host.control.shutdown_sender` mended). `dpurun
+    --restarts` then took the job for a finished one and did not relaunch it, and a batch script
+    would have too. A rank writes such a line only on its way to
     ending the job, so the job did not finish, whatever mpirun says.
     """
     return 1 if code == 0 and reported is not None else code
