@@ -141,6 +141,10 @@ def test_both_original_host_ranks_dead_a_seated_spare_goes_on(bundled_data, tmp_
     recs = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["event"] == "recovery"]
     assert [(r["lost_world_ranks"], r["replaced_by"], r["state_from"]) for r in recs] == \
         [([1], [[3, 1]], 0), ([0], [[4, 0]], 3)]
+    # (host rank 0's death is recorded by spare rank 0 in its seat: the DPU rank, which once did, took a death
+    # in the run's last second for a rank leaving once its shutdown came)
+    deaths = [(r["world_rank"], r["survived"]) for r in read_jsonl(tmp_path / "failures.jsonl")]
+    assert sorted(deaths) == [(0, True), (1, True)], deaths
 
 
 @pytest.fixture(scope="module")

@@ -218,15 +218,25 @@ class FailureWatch:
             self._judge(rank)
 
     def _first_survivor(self) -> bool:
+        """Whether this rank reports deaths (and ends the job on a fatal one): the lowest living host or
+        spare rank, else the lowest living rank. Why the pool first: under --recovery rollback, once
+        every original host rank is dead, the DPU ranks (lower world ranks than the spares) would
+        report, and a DPU rank waits for its shutdown before judging a death (`_over`), so a death in a
+        run's last second was taken for a rank leaving and went unrecorded; the seated spares, who
+        train, do not wait."""
         gone = self.faults.dead_ranks()
-        return self.topo.world_rank == min(r for r in range(self.topo.world.Get_size()) if r not in gone)
+        pool = [r for r in (*self.topo.host_ranks, *self.topo.spare_ranks) if r not in gone]
+        living = pool or [r for r in range(self.topo.world.Get_size()) if r not in gone]
+        return self.topo.world_rank == min(living)
 
     def _over(self) -> bool:
         """Whether the job is ending for this rank, so a rank that leaves is no death. A DPU rank
-        waits `END_GRACE_S` for that: the host rank that sends it the shutdown message leaves
-        right after (without MPI_Finalize, `common.runtime.fastexit`), and MPI may report that
-        before this rank's main loop has read the message."""
-        waits = self.topo.world_rank in self.topo.dpu_ranks + self.topo.spare_ranks  # (told by another rank)
+        (and a spare standing by) waits `END_GRACE_S` for that: the host rank that sends it the
+        shutdown message leaves right after (without MPI_Finalize, `common.runtime.fastexit`), and MPI
+        may report that before this rank's main loop has read the message. A spare in a seat trains,
+        and knows the end as the host ranks do."""
+        me, seated = self.topo.world_rank, self.faults.seated() or frozenset()
+        waits = me in self.topo.dpu_ranks or (me in self.topo.spare_ranks and me not in seated)  # (told by others)
         grace = time.monotonic() + (END_GRACE_S if waits else 0.0)
         while True:
             if self.ending.is_set() or self._stop.is_set():
