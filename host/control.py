@@ -12,8 +12,9 @@ from dpuoffload.common.runtime.waits import wait
 
 def shutdown_dpus(topo: Topology, timeout: float, gone: frozenset[int],
                   seated: Optional[frozenset[int]] = None) -> None:
-    """The lowest living host rank (host rank 0 but under --recovery) tells every living DPU rank
-    that training is over; returns once all sends completed. `gone`: the world ranks known dead
+    """The lowest living host rank (host rank 0 but under --recovery; under rollback the lowest living
+    rank in a seat, `shutdown_sender`) tells every living DPU rank that training is over; returns
+    once all sends completed. `gone`: the world ranks known dead
     (`Faults.dead_ranks`: under --dpu-failure fallback and --recovery some ranks may be gone).
     `seated`: under --recovery rollback, the world ranks in the host ranks' seats (`Faults.seated`),
     which every one of them calls this with: once every original host rank has died, the spares in
