@@ -73,7 +73,7 @@ def instrument(package: str) -> None:
         from dpuoffload.host import library
 
         for owner, attr, name in ((main, "build_sync", "allreduce_init"), (main.Trainer, "fit", "trained"),
-                                  (library, "shutdown_dpus", "shutdown_sent"),
+                                  (library, "end_with_dpus", "shutdown_sent"),
                                   (allreduce.HorovodSync, "shutdown", "allreduce_shutdown"),
                                   (allreduce.TorchSync, "shutdown", "allreduce_shutdown")):
             timed(owner, attr, name)

@@ -21,9 +21,11 @@ from dpuoffload.common.runtime import trace
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import Run, import_torch_ahead, init_torch, start_program
+from dpuoffload.dpu.control import ControlInbox
 from dpuoffload.dpu.idle import idle_until_shutdown
 
 if TYPE_CHECKING:
+    from dpuoffload.common.faults.watch import Faults
     from dpuoffload.dpu.keeper import Keeper
     from dpuoffload.dpu.work import Work
 
@@ -151,13 +153,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if runner is not None:
         for record in runner.run():
             log.write({"world_rank": topo.world_rank, "role": "dpu", "work": job.work, **record})
-        if runner.ends_on_shutdown:
-            faults.ending()  # (told to shut down: host ranks leave from now on)
+        if runner.inbox is not None:
+            told_to_end(cfg, faults, runner.inbox)
         runner.close()
-    # (the loader service and a script's validation end on the shutdown message itself)
-    idle = runner is None or not runner.ends_on_shutdown
-    stats: dict[str, Any] = idle_until_shutdown(topo, cfg.recovery_policy.survives_host_loss) if idle else {}
-    faults.ending()
+    stats: dict[str, Any] = {}
+    inbox = runner.inbox if runner is not None else None
+    if inbox is None:  # (the loader service and a script's validation learnt of the end in run(): not these)
+        inbox = ControlInbox(topo, cfg.recovery_policy.survives_host_loss)
+        stats = idle_until_shutdown(inbox)
+        told_to_end(cfg, faults, inbox)
     if job.keeper is not None:
         stats["handoffs"] = len(job.keeper.join())
     if job.work == DA:  # the pairing, as the ranks found it (node: what --dpus maps it to)
@@ -167,8 +171,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     log.write({"event": "end", "world_rank": topo.world_rank, "role": "dpu", "work": job.work, "mode": cfg.mode,
                "node": topo.ranks[topo.world_rank].node, "machine": platform.machine(),
                "torch_imported": "torch" in sys.modules, **stats})
+    inbox.released(cfg.peer_timeout)  # (every DPU rank knows the job is over: this one may leave)
     trace.finish(topo.world, cfg.trace)
     return 0
+
+
+def told_to_end(cfg: RunConfig, faults: Faults, inbox: ControlInbox) -> None:
+    """SHUTDOWN came: from now on a rank that leaves is leaving, not dying, for this rank's failure
+    watch; then the reply the sender waits for before any host rank leaves (`host.control.end_with_dpus`)."""
+    faults.ending()
+    inbox.reply(cfg.peer_timeout)
 
 
 def run(argv: Optional[Sequence[str]] = None) -> None:

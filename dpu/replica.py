@@ -25,7 +25,7 @@ from dpuoffload.common.train.naive import build_naive_feed, naive_backend
 
 
 class Replica:
-    ends_on_shutdown = False
+    inbox = None  # (it returns after the last epoch; the rank then idles until the end)
 
     def __init__(self, cfg: RunConfig, topo: Topology, data: DatasetPair, train: PerSampleSeeded,
                  model: nn.Module, faults: Faults) -> None:

@@ -38,11 +38,11 @@ from dpuoffload.common.data.workers import WorkerPool, cores_note
 from dpuoffload.common.errors import PeerError, PeerLost
 from dpuoffload.common.faults import inject
 from dpuoffload.common.faults.watch import Faults
-from dpuoffload.common.runtime.messages import CONTROL, ControlKind, Tag
+from dpuoffload.common.runtime.messages import Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import REMOTE_MAX_SLEEP, REMOTE_SPIN, is_failure, lost_peer, probe_any, wait
-from dpuoffload.dpu.idle import control_arrived, post_control
+from dpuoffload.dpu.control import ControlInbox
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -317,11 +317,10 @@ class EpochRecords:
 class LoaderService:
     """This DPU rank's work in `--mode da`: the loaders of the host ranks it feeds."""
 
-    ends_on_shutdown = True
-
     def __init__(self, cfg: RunConfig, topo: Topology, hosts: tuple[int, ...], faults: Faults) -> None:
         """`hosts`: the world ranks of the host ranks it feeds; `faults`: the run's failure record."""
         self.cfg, self.topo, self.hosts = cfg, topo, hosts
+        self.inbox = ControlInbox(topo, cfg.recovery_policy.survives_host_loss)  # (SHUTDOWN ends `run`)
         self.max_idle = IDLE_MAX_SLEEP  # (`_follow_rings`)
         self.streams: dict[tuple[int, int], Stream] = {}
         self.timer = PhaseTimer()
@@ -340,16 +339,11 @@ class LoaderService:
 
     def run(self) -> list[dict[str, Any]]:
         """Serve until SHUTDOWN; a record per epoch all streams produced (phases, batches sent)."""
-        shutdown = CONTROL.empty()
-        any_host = self.cfg.recovery_policy.survives_host_loss
-        ctl = post_control(self.topo, shutdown, any_host)
         sleep, moved_at = 0.0, time.perf_counter()
         while True:
             moved = self.poll_messages()
-            if control_arrived(self.topo, ctl):
-                if CONTROL.unpack(shutdown)["kind"] == ControlKind.SHUTDOWN:
-                    break
-                ctl = post_control(self.topo, shutdown, any_host)
+            if self.inbox.shut_down():
+                break
             moved = self.produce_round() or moved
             if moved:
                 sleep, moved_at = 0.0, time.perf_counter()

@@ -33,7 +33,7 @@ from dpuoffload.common.faults import inject
 from dpuoffload.common.faults.abort import arrive
 from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.plan.validation_split import dpu_count
-from dpuoffload.common.runtime.messages import CONTROL, STATE_HEADER, STATE_HEADER_BYTES, ControlKind, Tag
+from dpuoffload.common.runtime.messages import STATE_HEADER, STATE_HEADER_BYTES, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import lost_peer, probe_any, wait
@@ -51,6 +51,7 @@ from dpuoffload.common.train.evaluation import (
     evaluate_sums,
     shard_range,
 )
+from dpuoffload.dpu.control import ControlInbox
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -63,7 +64,7 @@ class ValidationLost(PeerLost):
 
 
 class Validator:
-    ends_on_shutdown = False
+    inbox = None  # (it returns after the last epoch; the rank then idles until the end)
 
     def __init__(self, cfg: RunConfig, topo: Topology, faults: Faults, comm: "MPI.Comm", model: nn.Module,
                  val_set: Dataset, hosts: tuple[int, ...], epochs: Sequence[int], steps: Mapping[int, range] = {},
@@ -276,16 +277,13 @@ class ScriptValidation:
     validation set at the script's first `job.validate` (`ValidatorSetup`, from host rank 0), then
     validate whichever epochs the script hands them until `job.finish()` sends SHUTDOWN."""
 
-    ends_on_shutdown = True
-
     def __init__(self, cfg: RunConfig, topo: Topology, faults: Faults, comm: "MPI.Comm",
                  hosts: tuple[int, ...]) -> None:
         self.cfg, self.topo, self.faults, self.comm, self.hosts = cfg, topo, faults, comm, hosts
-        self.shutdown = CONTROL.empty()
-        self.ctl = topo.world.Irecv(self.shutdown, source=topo.host_ranks[0], tag=CONTROL.tag)
+        self.inbox = ControlInbox(topo, any_host=False)  # (a script's run has no --recovery: from host rank 0)
 
     def check_shutdown(self) -> None:
-        if self.ctl.Test() and CONTROL.unpack(self.shutdown)["kind"] == ControlKind.SHUTDOWN:
+        if self.inbox.shut_down():
             raise ShutdownReceived()
 
     def run(self) -> list[dict[str, Any]]:

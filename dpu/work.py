@@ -24,13 +24,15 @@ from dpuoffload.common.runtime.startup import Run
 from dpuoffload.common.state.resume import find_resume, start_position
 from dpuoffload.common.state.trainstate import epoch_spans
 from dpuoffload.common.train.naive import measure_profile
+from dpuoffload.dpu.control import ControlInbox
 from dpuoffload.dpu.replica import Replica
 from dpuoffload.dpu.serve import LoaderService
 from dpuoffload.dpu.validate import ScriptValidation, Validator
 
 
 class Work(Protocol):
-    ends_on_shutdown: bool  # run() returns on host rank 0's SHUTDOWN itself (else: idle until it comes)
+    inbox: Optional[ControlInbox]  # where run() learns of the job's end and returns (None: it returns by itself,
+    # and the rank idles until the end; `dpu.main`)
 
     def run(self) -> list[dict[str, Any]]: ...
 

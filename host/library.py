@@ -42,7 +42,7 @@ from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import start_program
 from dpuoffload.host.checkpoint import StateHandoff
-from dpuoffload.host.control import shutdown_dpus
+from dpuoffload.host.control import end_with_dpus
 from dpuoffload.host.loader import (
     DpuLoader,
     FallbackSource,
@@ -315,12 +315,13 @@ class Job:
         if handoff is not None:  # END to the keeper; host rank 0 gets keeper 0's summary
             handoff.finish()
         if self.topo is not None and self.cfg is not None:
-            (self.topo.side_comm if group is None else group).Barrier()
+            barrier = self.topo.side_comm if group is None else group
+            barrier.Barrier()
             self.faults.ending()  # (every host rank is done: ranks that leave now are not dying)
             if spares is not None:  # the spares still standing by leave too
                 spares.release()
             if not self.is_clone:  # (the clone group needs the DPU ranks no more once it has the state)
-                shutdown_dpus(self.topo, self.cfg.peer_timeout, self.faults.dead_ranks(), self.faults.seated())
+                end_with_dpus(self.topo, self.cfg.peer_timeout, self.faults, barrier)
         if handoff is not None:
             self.exit_code = handoff.exit_code()  # host rank 0 prints the line of lost checkpoints
         if self.exit_code and not _at_exit:

@@ -78,12 +78,14 @@ def dpurun(launcher: Sequence[str], training: Sequence[str], timeout: float = 24
 
 
 def mpmd(n_host: int, host_argv: Sequence[str], n_dpu: int, dpu_argv: Sequence[str],
-         timeout: float = 120) -> subprocess.CompletedProcess:
+         timeout: float = 120, ft: bool = False) -> subprocess.CompletedProcess:
     """A hand-written MPMD mpirun line (what dpurun would build, but with free per-side argv): its
     one-box transports, and waits that yield the core on every rank (dpurun yields on the host
-    program's only, `launch.command._yield_env`; these jobs test roles and faults, not speed)."""
-    return run([MPIRUN, "--oversubscribe", "--bind-to", "none", "--mca", "btl", "^ofi", "--mca", "mpi_yield_when_idle",
-                "1", "-np", str(n_host), *host_argv, ":", "-np", str(n_dpu), *dpu_argv], timeout=timeout)
+    program's only, `launch.command._yield_env`; these jobs test roles and faults, not speed).
+    `ft`: with Open MPI's fault tolerance (`--with-ft ulfm`, as dpurun starts a fault-tolerant run)."""
+    return run([MPIRUN, "--oversubscribe", "--bind-to", "none", *(["--with-ft", "ulfm"] if ft else []), "--mca", "btl",
+                "^ofi", "--mca", "mpi_yield_when_idle", "1", "-np", str(n_host), *host_argv, ":", "-np", str(n_dpu),
+                *dpu_argv], timeout=timeout)
 
 
 def machines_unavailable(switch: Optional[str] = None, needs: str = "ip netns add") -> Optional[str]:

@@ -243,3 +243,33 @@ def test_without_fault_tolerance_the_flag_is_refused(bundled_data):
     assert res.returncode != 0
     assert "--dpu-failure fallback needs MPI fault tolerance: Open MPI 5 started with `mpirun --with-ft ulfm`" \
         in res.stderr
+
+
+# The DPU program taking 6 s to act on its shutdown message once it came: a DPU rank that reads it late
+# (a busy main loop, a starved core), as a real one may.
+LATE_READER = """
+import sys, time
+import dpuoffload.dpu.control as control
+arrived = control.control_arrived
+control.control_arrived = lambda topo, req: arrived(topo, req) and (time.sleep(6.0) or True)
+from dpuoffload.dpu.main import run
+run(sys.argv[1:])
+"""
+
+
+@pytest.mark.mpi
+def test_host_ranks_leave_only_once_every_dpu_rank_knows_the_job_is_over(bundled_data, tmp_path):
+    """The end of a fault-tolerant run is a handshake (`host.control.end_with_dpus`), not a timer: a DPU
+    rank that reads its shutdown seconds late must not take the host ranks' normal exit for deaths.
+    Before it, the DPU rank waited 1 s for the message, then judged host rank 0's exit a death it does
+    not survive and ended a finished job."""
+    log = tmp_path / "log"
+    argv = [*RUN, "--mode", "none", "--data", str(bundled_data / "cifar10"), "--epochs", "1",
+            "--dpu-failure", "fallback", "--log-dir", str(log)]
+    res = mpmd(2, [PY, "-m", "dpuoffload.host", *argv], 1, [PY, "-c", LATE_READER, *argv], timeout=240, ft=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "died" not in res.stdout + res.stderr, res.stdout + res.stderr
+    assert "epoch 1/1 |" in res.stdout
+    assert not (log / "failures.jsonl").exists()  # (written at the first death)
+    ends = [r for r in read_jsonl(log / "phases-rank2.jsonl") if r.get("event") == "end"]
+    assert len(ends) == 1 and ends[0]["idle_wall"] > 0

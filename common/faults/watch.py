@@ -53,7 +53,7 @@ FALLBACK = "--dpu-failure fallback"
 WATCH_POLL_S = 0.02                 # how often the watch thread tests its receive
 WATCH_TAG = 1                       # on the watch's own communicator: nothing is ever sent on it
 ABORT_BACKUP_S = 5.0                # a rank other than the first survivor aborts this much later
-END_GRACE_S = 1.0                   # a DPU rank's wait for the shutdown message before judging a death
+END_GRACE_S = 1.0                   # a spare standing by waits this for its release before judging a death
 
 
 def ft_active() -> bool:
@@ -221,22 +221,21 @@ class FailureWatch:
         """Whether this rank reports deaths (and ends the job on a fatal one): the lowest living host or
         spare rank, else the lowest living rank. Why the pool first: under --recovery rollback, once
         every original host rank is dead, the DPU ranks (lower world ranks than the spares) would
-        report, and a DPU rank waits for its shutdown before judging a death (`_over`), so a death in a
-        run's last second was taken for a rank leaving and went unrecorded; the seated spares, who
-        train, do not wait."""
+        report, and a DPU rank learns of the job's end by message, later than the seated spares who
+        train (a death in a run's last second once went unrecorded that way)."""
         gone = self.faults.dead_ranks()
         pool = [r for r in (*self.topo.host_ranks, *self.topo.spare_ranks) if r not in gone]
         living = pool or [r for r in range(self.topo.world.Get_size()) if r not in gone]
         return self.topo.world_rank == min(living)
 
     def _over(self) -> bool:
-        """Whether the job is ending for this rank, so a rank that leaves is no death. A DPU rank
-        (and a spare standing by) waits `END_GRACE_S` for that: the host rank that sends it the
-        shutdown message leaves right after (without MPI_Finalize, `common.runtime.fastexit`), and MPI
-        may report that before this rank's main loop has read the message. A spare in a seat trains,
-        and knows the end as the host ranks do."""
+        """Whether the job is ending for this rank, so a rank that leaves is no death. No host rank
+        leaves before every DPU rank has said it knows (the end's handshake, `host.control.end_with_dpus`),
+        so a DPU rank judges at once, as the host ranks and seated spares do. A spare standing by
+        waits `END_GRACE_S`: the host ranks release it (`SparePool.release`) and leave (without
+        MPI_Finalize, `common.runtime.fastexit`), and MPI may report that before it has read its release."""
         me, seated = self.topo.world_rank, self.faults.seated() or frozenset()
-        waits = me in self.topo.dpu_ranks or (me in self.topo.spare_ranks and me not in seated)  # (told by others)
+        waits = me in self.topo.spare_ranks and me not in seated  # (told by others, and not waited for)
         grace = time.monotonic() + (END_GRACE_S if waits else 0.0)
         while True:
             if self.ending.is_set() or self._stop.is_set():
@@ -257,6 +256,8 @@ class FailureWatch:
             return
         if not self._first_survivor():
             time.sleep(ABORT_BACKUP_S)  # the first survivor ends the job; the others only if it could not
+            if self.ending.is_set():    # (the job ended here meanwhile: the first survivor, past its end, let it be)
+                return
         self._record(rank, v, False)
         abort_job(death_line(self.topo, rank, v), 1)
 

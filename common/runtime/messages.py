@@ -17,7 +17,7 @@ import numpy as np
 class Tag(IntEnum):
     """MPI tags on `COMM_WORLD` for host<->DPU traffic. Never reuse a number for another meaning."""
 
-    CONTROL = 10       # control header (shutdown, epoch boundaries)
+    CONTROL = 10       # control header: the job's end, a handshake (`ControlKind`)
     # 20 was BATCH (protocol 2): batches now go on per-loader stream tags, STREAM_BASE + loader
     STATE = 30         # model state slices, host -> DPU (--mode mv); packing in `common.sharding`
     METRICS = 31       # validation sums of one epoch, DPU validation rank 0 -> host rank 0
@@ -39,7 +39,15 @@ class Tag(IntEnum):
 
 
 class ControlKind(IntEnum):
-    SHUTDOWN = 1       # training ended; the DPU rank returns and finalizes
+    """The job's end, a handshake in three messages (`host.control.end_with_dpus`, `dpu.control.ControlInbox`),
+    so that no rank leaves before every living rank knows the job is over: under fault tolerance a rank
+    that leaves earlier would be taken for a dead one (`common.faults.watch`), however late a DPU rank
+    reads its message. No timer decides it."""
+
+    SHUTDOWN = 1       # the sender (lowest living host rank in a seat) -> each living DPU rank: training ended;
+                       # `value`: the sender's world rank, where the reply goes
+    ENDING = 2         # DPU rank -> the sender: it knows the job is over (its failure watch judges no more)
+    RELEASE = 3        # the sender -> each DPU rank that replied: every one did; it may leave
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from dpuoffload.common.state.trainstate import describe_position
 from dpuoffload.common.train.allreduce import build_sync
 from dpuoffload.common.train.loop import Trainer, TrainJob
 from dpuoffload.host.checkpoint import StateHandoff, report_end
-from dpuoffload.host.control import shutdown_dpus
+from dpuoffload.host.control import end_with_dpus
 from dpuoffload.host.extensions import LoaderFeed, build_hooks
 from dpuoffload.host.library import Job
 from dpuoffload.host.loader import local_loader
@@ -99,6 +99,6 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob, faults: Faults) -> 
     group.Barrier()
     faults.ending()
     pool.release()
-    shutdown_dpus(topo, cfg.peer_timeout, faults.dead_ranks(), faults.seated())  # (once no original host rank lives)
+    end_with_dpus(topo, cfg.peer_timeout, faults, group)  # (it sends once no original host rank lives)
     sync.shutdown()
     return report_end(cfg, topo, trainer)  # (in seat 0 it has the checkpoint summary)
