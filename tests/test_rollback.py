@@ -11,6 +11,8 @@ node); a second death with no spare left ends the job in one line naming the fix
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -331,3 +333,34 @@ def test_no_spare_left_is_a_death_that_dpurun_restarts_from_dpu_memory(bundled_d
     assert f"restarting from DPU memory: the state of step {rep['resumed_step']} " in res.stdout
     assert [r["weights_sha256"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["event"] == "end"] == \
         [r["weights_sha256"] for r in reference if r["event"] == "end"]
+
+
+# A spare standing by that acts on the host ranks' END 6 s after it came (a starved core, a slow node), started
+# through dpurun's --python by a wrapper that leaves every other rank as it is.
+LATE_SPARE = """
+import sys, time
+import dpuoffload.host.recovery.spares as spares
+from dpuoffload.common.runtime.fastexit import run_and_exit_fast
+from dpuoffload.host.main import run
+stand_by = spares.SparePool.stand_by
+spares.SparePool.stand_by = lambda pool: (lambda call: call if call is not None else time.sleep(6.0))(stand_by(pool))
+run_and_exit_fast(lambda: run(sys.argv[1:]))
+"""
+
+
+@pytest.mark.mpi
+def test_a_spare_that_hears_the_end_late_sees_no_death(bundled_data, tmp_path, monkeypatch):
+    """The spares standing by pass a last barrier with the host ranks (`SparePool.release`): a spare once
+    waited 1 s for END, then took the host ranks' normal exit for deaths, the last one fatal."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nif [ "$DPUOFFLOAD_STANDBY" = spare ]; then shift 2; '
+                       f'exec {sys.executable} -c "$LATE_SPARE" "$@"; fi\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("LATE_SPARE", LATE_SPARE)  # (the job's environment: tests.mpijobs.job_env copies this one)
+    training = [*RUN, "--data", str(bundled_data / "cifar10"), "--mode", "none", "--log-dir", str(tmp_path),
+                "--recovery", "rollback"]
+    res = dpurun([*SPARE, "--python", str(wrapper)], training, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "died" not in res.stdout + res.stderr, res.stdout + res.stderr
+    assert [res.stdout.count(f"epoch {e}/2 |") for e in (1, 2)] == [1, 1]
+    assert not (tmp_path / "failures.jsonl").exists()  # (written at the first death)

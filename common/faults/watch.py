@@ -53,7 +53,6 @@ FALLBACK = "--dpu-failure fallback"
 WATCH_POLL_S = 0.02                 # how often the watch thread tests its receive
 WATCH_TAG = 1                       # on the watch's own communicator: nothing is ever sent on it
 ABORT_BACKUP_S = 5.0                # a rank other than the first survivor aborts this much later
-END_GRACE_S = 1.0                   # a spare standing by waits this for its release before judging a death
 
 
 def ft_active() -> bool:
@@ -229,20 +228,10 @@ class FailureWatch:
         return self.topo.world_rank == min(living)
 
     def _over(self) -> bool:
-        """Whether the job is ending for this rank, so a rank that leaves is no death. No host rank
-        leaves before every DPU rank has said it knows (the end's handshake, `host.control.end_with_dpus`),
-        so a DPU rank judges at once, as the host ranks and seated spares do. A spare standing by
-        waits `END_GRACE_S`: the host ranks release it (`SparePool.release`) and leave (without
-        MPI_Finalize, `common.runtime.fastexit`), and MPI may report that before it has read its release."""
-        me, seated = self.topo.world_rank, self.faults.seated() or frozenset()
-        waits = me in self.topo.spare_ranks and me not in seated  # (told by others, and not waited for)
-        grace = time.monotonic() + (END_GRACE_S if waits else 0.0)
-        while True:
-            if self.ending.is_set() or self._stop.is_set():
-                return True
-            if time.monotonic() >= grace:
-                return False
-            time.sleep(WATCH_POLL_S)
+        """Whether the job is ending for this rank, so a rank that leaves is no death. No timer: no
+        host rank leaves before every DPU rank and every spare standing by has said it knows
+        (`host.control.end_with_dpus`, `SparePool.release`)."""
+        return self.ending.is_set() or self._stop.is_set()
 
     def _judge(self, rank: int) -> None:
         if self._over():

@@ -79,6 +79,7 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob, faults: Faults) -> 
     call = pool.stand_by()
     if call is None:   # the run ended without needing this spare
         faults.ending()
+        pool.ended()
         return 0
     feed = job.feed = spare_feed(cfg, topo, faults, job.train, call.seat, job.plan)
     group = SurvivorGroup(topo, faults, cfg.peer_timeout, spares=pool)

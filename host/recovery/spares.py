@@ -297,14 +297,26 @@ class SparePool:
         wait_all(reqs, self.timeout, "the state's transfer to the called spare rank(s)")
 
     def release(self) -> None:
-        """At the end, on every seated rank: tell the spares still standing by to leave."""
+        """At the end, on every seated rank: tell the spares still standing by to leave, and wait
+        until each has heard it (`ended`)."""
         while True:
             try:
                 self._broadcast(Command(END))
-                return
+                break
             except PeerLost:   # a standing-by spare died: without it
                 self.comm.Revoke()
                 self._shrink()
+        self.ended()
+
+    def ended(self) -> None:
+        """The pool's last barrier, on every member whose part is over: a seated rank once it broadcast
+        END, a spare standing by once it heard it (with its `Faults.ending` set). No member leaves before
+        then, so no spare standing by takes a host rank's exit for a death (it once waited 1 s for
+        END and judged after that). A member that died meanwhile costs nothing."""
+        try:
+            wait(self.comm.Ibarrier(), self.timeout, "the spare ranks' last barrier")
+        except PeerLost:
+            pass
 
     # -- the spares' side --------------------------------------------------------------------
     def stand_by(self) -> Optional[CallIn]:
