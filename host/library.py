@@ -295,7 +295,8 @@ class Job:
         on every host rank, at the end. Returns every epoch's validation results (host rank 0).
 
         Collective over the host ranks (a barrier: host rank 0 tells the DPU ranks to stop only
-        after every host closed its loaders). Called at exit if the script does not.
+        after every host closed its loaders, and none returns before every DPU rank has answered,
+        `host.control.end_with_dpus`). Called at exit if the script does not.
         """
         return self.finish_over(None, None)
 
