@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from dpuoffload.common.errors import PeerLost
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind
 from dpuoffload.common.runtime.roles import Topology
-from dpuoffload.common.runtime.waits import wait
+from dpuoffload.common.runtime.waits import wait_unless_lost
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -50,46 +49,33 @@ class ControlInbox:
     source; otherwise it is host rank 0."""
 
     def __init__(self, topo: Topology, any_host: bool) -> None:
-        self.topo, self.any_host = topo, any_host
+        self.topo = topo
         self.buf = CONTROL.empty()
         self.req = post_control(topo, self.buf, any_host)
         self.sender: Optional[int] = None   # the world rank SHUTDOWN came from, once it came
 
     def shut_down(self) -> bool:
-        """Whether SHUTDOWN arrived (a non-blocking test; another kind re-posts the receive)."""
-        if self.sender is not None:
-            return True
-        if not control_arrived(self.topo, self.req):
-            return False
-        message = CONTROL.unpack(self.buf)
-        if message["kind"] != ControlKind.SHUTDOWN:
-            self.req = post_control(self.topo, self.buf, self.any_host)
-            return False
-        self.sender = message["value"]
-        return True
+        """Whether SHUTDOWN arrived (a non-blocking test). It is the only control message a DPU rank
+        gets before it replies (RELEASE comes after, on its own receive)."""
+        if self.sender is None and control_arrived(self.topo, self.req):
+            self.sender = CONTROL.unpack(self.buf)["value"]
+        return self.sender is not None
 
     def reply(self, timeout: float) -> None:
         """ENDING to the sender: call once this rank's `Faults.ending` is set. A sender that died
         meanwhile needs no reply."""
         sender = self._sender()
         req = self.topo.world.Isend(CONTROL.pack(kind=ControlKind.ENDING), dest=sender, tag=CONTROL.tag)
-        self._exchange(req, timeout, f"the reply to {self.topo.describe(sender)}'s shutdown message")
+        wait_unless_lost(req, timeout, f"the reply to {self.topo.describe(sender)}'s shutdown message")
 
     def released(self, timeout: float) -> None:
         """Wait for RELEASE: every living DPU rank has replied, so a rank that leaves from now on
         leaves, for every rank's failure watch. A sender that died releases this rank too."""
         sender, buf = self._sender(), CONTROL.empty()
-        self._exchange(self.topo.world.Irecv(buf, source=sender, tag=CONTROL.tag), timeout,
-                       f"{self.topo.describe(sender)}'s release after the shutdown")
+        wait_unless_lost(self.topo.world.Irecv(buf, source=sender, tag=CONTROL.tag), timeout,
+                         f"{self.topo.describe(sender)}'s release after the shutdown")
 
     def _sender(self) -> int:
         if self.sender is None:
             raise RuntimeError("the job's end before its shutdown message: shut_down() must have returned True")
         return self.sender
-
-    @staticmethod
-    def _exchange(req: "MPI.Request", timeout: float, what: str) -> None:
-        try:
-            wait(req, timeout, what)
-        except PeerLost:
-            pass

@@ -36,7 +36,7 @@ from dpuoffload.common.plan.validation_split import dpu_count
 from dpuoffload.common.runtime.messages import STATE_HEADER, STATE_HEADER_BYTES, Tag
 from dpuoffload.common.runtime.metrics import PhaseTimer
 from dpuoffload.common.runtime.roles import Topology
-from dpuoffload.common.runtime.waits import lost_peer, probe_any, wait
+from dpuoffload.common.runtime.waits import lost_peer, probe_any, wait, wait_unless_lost
 from dpuoffload.common.state.sharding import (
     allgather_bytes,
     byte_buffer,
@@ -258,10 +258,7 @@ class Validator:
         # sender that died since is skipped (the survivors agree on the results among themselves)
         reqs = [(r, self.topo.world.Isend(msg, dest=r, tag=Tag.METRICS)) for r in self.sources]
         for r, req in reqs:
-            try:
-                wait(req, self.cfg.peer_timeout, f"{self.topo.describe(r)} to receive the validation results")
-            except PeerLost:
-                pass
+            wait_unless_lost(req, self.cfg.peer_timeout, f"{self.topo.describe(r)} to receive the validation results")
 
 
 def _head(buf: np.ndarray) -> Mapping[str, int]:

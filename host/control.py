@@ -3,16 +3,16 @@ the DPU side: `dpu.control`)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
-from dpuoffload.common.errors import PeerLost
 from dpuoffload.common.faults.watch import Faults
+from dpuoffload.common.runtime.hostgroup import HostGroup, communicator
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind
 from dpuoffload.common.runtime.roles import Topology
-from dpuoffload.common.runtime.waits import wait
+from dpuoffload.common.runtime.waits import wait_unless_lost
 
 
-def end_with_dpus(topo: Topology, timeout: float, faults: Faults, group: Any) -> None:
+def end_with_dpus(topo: Topology, timeout: float, faults: Faults, group: HostGroup) -> None:
     """End the job with the DPU ranks, on every host rank (and seated spare) once past the barrier
     after which none trains (with `faults.ending()` set). `group`: that barrier's communicator
     (`HostGroup`: a plain one, or a `SurvivorGroup` under --recovery).
@@ -27,10 +27,10 @@ def end_with_dpus(topo: Topology, timeout: float, faults: Faults, group: Any) ->
     sender = topo.world_rank == shutdown_sender(topo.host_ranks, gone, faults.seated())
     replied = shutdown_dpus(topo, timeout, gone) if sender else []
     for d in replied:
-        _exchange(topo.world.Isend(CONTROL.pack(kind=ControlKind.RELEASE), dest=d, tag=CONTROL.tag), timeout,
-                  f"the release to {topo.describe(d)}")
-    comm = getattr(group, "comm", group)  # (a SurvivorGroup's communicator; a plain one is itself)
-    _exchange(comm.Ibarrier(), timeout, "the host ranks' last barrier")
+        wait_unless_lost(topo.world.Isend(CONTROL.pack(kind=ControlKind.RELEASE), dest=d, tag=CONTROL.tag), timeout,
+                         f"the release to {topo.describe(d)}")
+    # (a plain barrier, not the group's: a death now is no one's to recover, the training is over)
+    wait_unless_lost(communicator(group).Ibarrier(), timeout, "the host ranks' last barrier")
 
 
 def shutdown_dpus(topo: Topology, timeout: float, gone: frozenset[int]) -> list[int]:
@@ -44,8 +44,8 @@ def shutdown_dpus(topo: Topology, timeout: float, gone: frozenset[int]) -> list[
     recvs = [topo.world.Irecv(buf, source=d, tag=CONTROL.tag) for d, buf in zip(alive, replies)]
     replied = []
     for d, send, recv in zip(alive, sends, recvs):
-        if _exchange(send, timeout, f"the shutdown message to {topo.describe(d)}") and \
-                _exchange(recv, timeout, f"{topo.describe(d)}'s reply to the shutdown message"):
+        if wait_unless_lost(send, timeout, f"the shutdown message to {topo.describe(d)}") and \
+                wait_unless_lost(recv, timeout, f"{topo.describe(d)}'s reply to the shutdown message"):
             replied.append(d)
     return replied
 
@@ -57,12 +57,3 @@ def shutdown_sender(host_ranks: Sequence[int], gone: frozenset[int], seated: Opt
     the spares in their seats are the host side, and one of them sends."""
     living = [r for r in (host_ranks if seated is None else sorted(seated)) if r not in gone]
     return living[0] if living else None
-
-
-def _exchange(req: Any, timeout: float, what: str) -> bool:
-    """Wait for `req`; False if its peer died (the job's end goes on without it)."""
-    try:
-        wait(req, timeout, what)
-    except PeerLost:
-        return False
-    return True

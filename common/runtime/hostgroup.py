@@ -5,10 +5,11 @@ training replicas: the host ranks' mpi4py communicator (`Topology.side_comm`; CO
 `--mode naive`), or under `--recovery` the host program's `host.recovery.survivors.SurvivorGroup`,
 which redoes each collective on the survivors after a death. `HostGroup` names exactly the calls
 made on it, which both offer (mpi4py's names), so the code over it never asks which one it has.
-What only a changing group has (`generation`) is read through `generation` here; whether the
+What only a changing group has (`generation`) is read through `generation` here, its communicator
+through `communicator`; whether the
 group can change at all is the run's recovery policy (`cfg.recovery_policy.survives_host_loss`).
 
-Torch-free and MPI-free: a type and one helper.
+Torch-free and MPI-free: a type and two helpers.
 """
 
 from __future__ import annotations
@@ -42,3 +43,10 @@ def generation(group: HostGroup) -> int:
     communicator, which never changes. A caller compares it before and after a collective to know
     whether the result is the survivors' (and recomputes what depended on the group's size)."""
     return getattr(group, "generation", 0)
+
+
+def communicator(group: HostGroup) -> Any:
+    """The mpi4py communicator under `group`: a `SurvivorGroup`'s own (as it is now, after any change),
+    a plain communicator itself. For a call made once, outside what `HostGroup` names, whose failure
+    nobody recovers (the job's last barrier, `host.control.end_with_dpus`)."""
+    return getattr(group, "comm", group)

@@ -63,6 +63,16 @@ def wait(req: "MPI.Request", timeout: Optional[float], what: str, max_sleep: flo
     return time.perf_counter() - t0
 
 
+def wait_unless_lost(req: "MPI.Request", timeout: Optional[float], what: str) -> bool:
+    """`wait`, where a peer that died needs nothing any more (a send to a rank that left, the job's
+    end going on without it): False if MPI reported it dead. A deadline passed still raises."""
+    try:
+        wait(req, timeout, what)
+    except PeerLost:
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def lost_peer(what: str) -> Iterator[None]:
     """MPI's report of a dead peer (ULFM's error classes) as `PeerLost`; other errors unchanged."""

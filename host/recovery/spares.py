@@ -44,7 +44,7 @@ from dpuoffload.common.errors import ConfigError, DeathNotSurvived, PeerLost
 from dpuoffload.common.faults.abort import PREFIX
 from dpuoffload.common.faults.policy import Recovery
 from dpuoffload.common.faults.watch import Faults, Verdict, death_line
-from dpuoffload.common.runtime.waits import wait, wait_all
+from dpuoffload.common.runtime.waits import wait, wait_all, wait_unless_lost
 from dpuoffload.common.state.meta import CheckpointMeta, Slicing
 from dpuoffload.common.state.trainstate import (
     EpochProgress,
@@ -313,10 +313,7 @@ class SparePool:
         END, a spare standing by once it heard it (with its `Faults.ending` set). No member leaves before
         then, so no spare standing by takes a host rank's exit for a death (it once waited 1 s for
         END and judged after that). A member that died meanwhile costs nothing."""
-        try:
-            wait(self.comm.Ibarrier(), self.timeout, "the spare ranks' last barrier")
-        except PeerLost:
-            pass
+        wait_unless_lost(self.comm.Ibarrier(), self.timeout, "the spare ranks' last barrier")
 
     # -- the spares' side --------------------------------------------------------------------
     def stand_by(self) -> Optional[CallIn]:
