@@ -224,7 +224,6 @@ def diagnostics(r: dict[str, Any]) -> dict[str, Any]:
             "mv_handoff_share": ph["mv"]["validation"] / r["epoch_s"]["mv"]["median"],
             "forward_backward_vs_none": {v: fwd[v] / fwd["none"] for v in fwd},
             "host_beside_profiled": r["prediction"].get("host_beside"),
-            "host_fed_profiled": r["prediction"].get("host_fed"),
             "profile_step_spread": r["prediction"].get("host_step_spread"),
             "model_parts_none": {k: {"predicted_s": p, "measured_s": m} for k, (p, m) in parts.items()}}
 
@@ -283,7 +282,6 @@ def prediction_error(by_variant: dict[str, list[RunLog]], measured: dict[str, di
             modes[m]["error_at_job_speed"] = (adjusted - measured[m]["median"]) / measured[m]["median"]
     return {"chosen": [log.auto["chosen"] for log in auto], "modes": modes,
             "host_beside": median(log.auto["profile"].get("host_beside", 1.0) for log in auto),
-            "host_fed": median(log.auto["profile"].get("host_fed", 1.0) for log in auto),
             "host_step_spread": [log.auto["profile"].get("host_step_spread", 1.0) for log in auto],
             "same_job_error": same_job_errors(auto),
             "profile": auto[-1].auto["profile"], "parts_none": model_parts([log.auto["profile"] for log in auto])}
@@ -405,8 +403,7 @@ def markdown(report: dict[str, Any], settings: dict[str, Any], speed: Optional[d
                    f"{left['geomean']:.3f} ({interval}); 1.000 is no cost of auto's own after its profile.")
     out.append("\n**Where the time goes** (within-run shares, free of run-to-run noise; forward/backward of each run "
                "relative to none's, which would be 1.00 on a quiet machine, and --mode auto's profile of it beside "
-               "DPU ranks building batches, da's, and on a batch not loaded in process just before, da's and the "
-               "peer's; the spread of its host steps, upper over lower quartile, over the "
+               "DPU ranks building batches, da's; the spread of its host steps, upper over lower quartile, over the "
                "repetitions: 1.00 when steady; the model's parts of the none epoch)\n")
     rows = []
     for w, r in report.items():
@@ -414,8 +411,6 @@ def markdown(report: dict[str, Any], settings: dict[str, Any], speed: Optional[d
         fb = ", ".join(f"{v} {x:.2f}" for v, x in d["forward_backward_vs_none"].items() if v != "none")
         if d.get("host_beside_profiled"):  # (results before 2026-11-27's seventh session lack it)
             fb += f"; profiled beside DPU work {d['host_beside_profiled']:.2f}"
-        if d.get("host_fed_profiled"):  # (results before 2026-11-28's nineteenth session lack it)
-            fb += f"; profiled without a load before it {d['host_fed_profiled']:.2f}"
         if d.get("profile_step_spread"):  # (results before 2026-11-28's fifteenth session lack it)
             fb += f"; profile steps' spread {min(d['profile_step_spread']):.2f}-{max(d['profile_step_spread']):.2f}"
         parts = ", ".join(f"{k} {p['predicted_s']:.3f}/{p['measured_s']:.3f}" for k, p in d["model_parts_none"].items())

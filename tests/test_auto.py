@@ -26,8 +26,6 @@ def test_auto_predicts_every_runnable_mode_runs_the_choice_and_reports(tmp_path,
     assert "--auto-allow naive" in res.stdout
     beside = record["profile"]["host_beside"]  # (the host's step timed again beside DPU ranks building batches)
     assert beside >= 1.0 and f"the host's forward/backward took {beside:.2f}x as long while the DPU" in res.stdout
-    fed = record["profile"]["host_fed"]  # (its step on a batch not loaded just before, over one right after a load)
-    assert 0 < fed <= 1.0 and f"and {fed:.2f}x as long on a batch not loaded in its own process" in res.stdout
     spread = record["profile"]["host_step_spread"]  # (the profile's host steps: upper over lower quartile)
     assert spread >= 1.0 and ("[dpuoffload] note: the host's profile steps were unsteady" in res.stdout) == (
         spread >= UNSTEADY_SPREAD)

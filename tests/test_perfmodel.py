@@ -258,29 +258,6 @@ def test_the_host_step_beside_working_dpu_ranks_enters_da_and_hybrid_only():
         profile(host_beside=0.9)
 
 
-def test_a_step_on_a_batch_built_elsewhere_enters_da_and_the_peer_only():
-    """`host_fed` (the host's forward/backward on a batch it did not load just before, over one right
-    after a load) scales train_h where the training process loads nothing: da (with both factors,
-    beside and fed) and the DataLoader peer (`none_workers`). none and mv load in process and keep
-    train_h; with --da-host-workers 0 the host loads its share in process, so only the rest is fed."""
-    p, fed = profile(dpu_ranks=2), 0.9
-    quick = replace(p, host_fed=fed)
-    for mode in ("none", "mv", "naive"):
-        assert predict(mode, quick).epoch_s == predict(mode, p).epoch_s
-    for mode in ("da", "hybrid"):
-        assert predict(mode, quick).train_s == pytest.approx(32 * (16 * 0.004 * fed + 0.003))
-        both = replace(quick, host_beside=1.25)
-        assert predict(mode, both).train_s == pytest.approx(32 * (16 * 0.004 * 1.25 * fed + 0.003))
-    peer = replace(quick, none_workers=2)  # the workers build beside training: the step is fed
-    assert predict("none", peer).train_s == pytest.approx(32 * (16 * 0.004 * fed + 0.003))
-    shared = replace(quick, host_workers=0, host_share=0.25)  # a quarter of the batches loaded in process
-    assert predict("da", shared).train_s == pytest.approx(
-        32 * (16 * 0.004 * (1 - 0.75 * (1 - fed)) + 0.003 + 0.25 * 16 * 0.0005))
-    for bad in (0.0, 1.1):
-        with pytest.raises(ValueError, match=r"host_fed must be in \(0, 1\]"):
-            profile(host_fed=bad)
-
-
 def test_the_in_process_host_share_balances_against_the_slowed_step():
     """With --da-host-workers 0 the host's share adds to its step as slowed beside the DPU ranks,
     so the balanced share is (d - step_beside) / (h + d)."""

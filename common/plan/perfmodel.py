@@ -26,11 +26,6 @@ validation (as `--mv-dpu-fraction auto` picks it) and b the naive DPU batch (as
 `--dpu-batch-size auto` picks it). In steady state the DPU work of da overlaps host steps (the
 circular buffers decouple them) and mv's validation of epoch i overlaps epoch i+1, hence the max.
 
-A step whose batch was built outside the training process (da's, the peer's) takes `host_fed` x
-train_h: train_h is timed in none's own loop, right after the process loaded its batch, which leaves
-the next forward/backward's caches cold (3-6 % of shufflenet_v2's step on the 2-core VM, nothing
-measurable on resnet56's).
-
 In da's and hybrid's host term train_h is the host's forward/backward timed while the DPU ranks
 build batches beside it (`host_beside` x train_h): where the DPU ranks share the host's machine (the
 emulated node) their work may slow it; none and mv train beside DPU ranks that wait or validate part
@@ -101,8 +96,6 @@ class Profile:
                                           # (uint8 wire); None: dpu_aug, the whole (float wire; naive's own)
     host_beside: float = 1.0    # host_train beside DPU ranks building batches, over host_train (measured:
                                 # `common.train.interference`; 1.0 where they do not share the host's machine)
-    host_fed: float = 1.0       # host_train on a batch built outside the training process (da, the peer's workers:
-                                # no load of its own just before it), over host_train (1.0 unmeasured)
     host_step_spread: float = 1.0  # the profile's host steps, upper over lower quartile: how far their time moved
                                    # while measured (not a cost: the predictions' uncertainty; 1.0 unmeasured)
 
@@ -115,8 +108,6 @@ class Profile:
                 raise ValueError(f"profile: {name} must be >= 0")
         if self.host_beside < 1:
             raise ValueError("profile: host_beside must be >= 1 (work elsewhere does not speed the host)")
-        if not 0 < self.host_fed <= 1:
-            raise ValueError("profile: host_fed must be in (0, 1] (loading in process does not speed the next step)")
         if self.host_step_spread < 1:
             raise ValueError("profile: host_step_spread must be >= 1 (an upper quartile over a lower one)")
 
@@ -143,25 +134,23 @@ def _steps(p: Profile) -> int:
     return math.ceil(p.n_train / (p.host_ranks * p.batch))
 
 
-def _host_step(p: Profile, with_aug: bool, in_process: float = 0.0, beside_dpu: bool = False,
-               fed: float = 0.0) -> float:
+def _host_step(p: Profile, with_aug: bool, in_process: float = 0.0, beside_dpu: bool = False) -> float:
     """The host's step: training, plus building its batch when `with_aug` (in the training process,
     or in `none_workers` processes beside it), plus `in_process` seconds of other building; its
-    forward/backward as slowed by DPU ranks building batches beside it when `beside_dpu` (da), and
-    as sped up on the share `fed` of its steps whose batch came built from elsewhere (`host_fed`)."""
+    forward/backward as slowed by DPU ranks building batches beside it when `beside_dpu` (da)."""
     if with_aug and p.none_workers > 0:  # the peer's workers build beside the training
-        return max(_host_step(p, False, in_process, fed=1.0), p.batch * p.host_aug / p.none_workers)
+        return max(_host_step(p, False, in_process), p.batch * p.host_aug / p.none_workers)
     if p.on_gpu:  # asynchronous launches: the GPU step, the host's CPU and the side-stream copy overlap
         build = p.batch * p.host_aug if with_aug else 0.0
         return max(p.gpu_step, p.h2d, p.host_cpu + build + in_process) + p.allreduce
-    train = p.host_train * (p.host_beside if beside_dpu else 1.0) * (1.0 - fed * (1.0 - p.host_fed))
+    train = p.host_train * (p.host_beside if beside_dpu else 1.0)
     return p.batch * (train + (p.host_aug if with_aug else 0.0)) + p.allreduce + p.optimizer + in_process
 
 
 def _host_serial(p: Profile) -> float:
     """What the host's in-process building adds to: on CPUs its whole step, on a GPU host only its
     own CPU work (the GPU's step runs beside it)."""
-    return p.host_cpu + p.allreduce if p.on_gpu else _host_step(p, with_aug=False, beside_dpu=True, fed=1.0)
+    return p.host_cpu + p.allreduce if p.on_gpu else _host_step(p, with_aug=False, beside_dpu=True)
 
 
 def _val_host(p: Profile, share: float = 0.0) -> float:
@@ -227,9 +216,8 @@ def feeding_terms(p: Profile, n_da: int, share: float) -> dict[str, float]:
     fan_out = math.ceil(p.host_ranks / n_da)
     host_build = p.batch * p.host_aug
     finish = (1 - share) * p.batch * p.host_finish  # (the float steps of the batches the DPU sent)
-    in_process = p.host_workers == 0  # (then the host loads its share of the batches in its training process)
-    host = _host_step(p, with_aug=False, in_process=finish + (share * host_build if in_process else 0.0),
-                      beside_dpu=True, fed=1.0 - share if in_process else 1.0)
+    host = _host_step(p, with_aug=False, in_process=finish + (share * host_build if p.host_workers == 0 else 0.0),
+                      beside_dpu=True)
     dpu = p.batch * _dpu_send_aug(p) / max(p.dpu_workers, 1) + p.transfer
     terms = {"host compute": host, "DPU augmentation": (1 - share) * fan_out * dpu}
     if p.host_workers > 0 and share > 0:
@@ -312,8 +300,7 @@ TIE_MARGIN = 0.03
 # Who wins a tie: the mode that changes least of the training's own path. `none`; then `mv` (the
 # training batches stay the host's own, only validation moves, and an Arm DPU's float rounding can
 # touch only the validation sums); then `da` (the batches are built elsewhere); `hybrid` (both).
-# In both workload runs of 2026-11-25/26, mv was the fastest mode measured wherever it tied with da; in
-# 2026-11-28's, da was, on shufflenet_v2, by 2-3 %: a tie either way, which this order keeps deterministic.
+# In both workload runs of 2026-11-25/26, mv was the fastest mode measured wherever it tied with da.
 TIE_ORDER = (Mode.NONE, Mode.MV, Mode.DA, Mode.HYBRID, Mode.NAIVE)
 
 

@@ -203,16 +203,10 @@ def loop_costs(cfg: RunConfig, topo: Topology, model: Any, train: PerSampleSeede
     - train (per sample): the gradients zeroed in place, forward, loss, backward, the loss and
       correct count read ("forward_backward");
     - allreduce (per step): the gradients through `sync`, the run's backend ("allreduce");
-    - opt (per step): the SGD step and the learning-rate schedule's ("optimizer");
-    - fed (a ratio, at most 1): a forward/backward on a batch that was not loaded in this process
-      just before it, as in `da` and beside the peer's workers, over one right after a load. Every
-      step above is followed by such a step on the same batch (its allreduce and optimizer step
-      too, so it follows them as a `da` step does), and the ratio is the median over the pairs: a
-      pair lies within a fraction of a second, past the machine's speed episodes. Loading leaves
-      the next step's caches cold (shufflenet_v2's step 3-6 % slower, resnet56's not measurably).
+    - opt (per step): the SGD step and the learning-rate schedule's ("optimizer").
 
-    The median of each over the pairs after one warm-up step: as many pairs as fill `seconds` at
-    the warm-up pair's pace (at least `min_steps`, at most `max_steps`; the slowest host rank's
+    The median of each over the steps after one warm-up step: as many steps as fill `seconds` at
+    the warm-up step's pace (at least `min_steps`, at most `max_steps`; the slowest host rank's
     count, so every rank makes as many allreduce calls). Timed one by one in loops of their own,
     the parts missed 1-2 ms per step of the trainer's (a bare MPI allreduce of the gradient's
     size: 0.05 ms where Horovod's phase measures 1.4 ms for resnet20; the optimizer on warm
@@ -227,13 +221,10 @@ def loop_costs(cfg: RunConfig, topo: Topology, model: Any, train: PerSampleSeede
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg.lr_schedule, s, 1000))
     criterion = nn.CrossEntropyLoss()
     batches = endless_batches(RankLoader(cfg, train, len(topo.host_ranks), topo.side_rank))
-    last: list[Any] = []  # the batch loaded last
 
-    def step(load: bool = True) -> dict[str, float]:
+    def step() -> dict[str, float]:
         t0 = time.perf_counter()
-        if load:
-            last[:] = next(batches)
-        x, y = last
+        x, y = next(batches)
         t1 = time.perf_counter()
         forward_backward(probe, criterion, x, y)
         t2 = time.perf_counter()
@@ -245,13 +236,11 @@ def loop_costs(cfg: RunConfig, topo: Topology, model: Any, train: PerSampleSeede
         return {"aug": (t1 - t0) / len(y), "train": (t2 - t1) / len(y), "allreduce": t3 - t2, "opt": t4 - t3,
                 "step": t4 - t0}
 
-    warm = step()["step"] + step(load=False)["step"]  # (the first pair pays one-off costs: not counted)
-    mine = min(max(min_steps, math.ceil(seconds / max(warm, 1e-6))), max_steps)
-    pairs = [(step(), step(load=False)) for _ in range(topo.side_comm.allreduce(mine, op=MPI.MAX))]
-    timed = [loaded for loaded, _ in pairs]
+    warm = step()  # (the first step pays one-off costs: not counted)
+    mine = min(max(min_steps, math.ceil(seconds / max(warm["step"], 1e-6))), max_steps)
+    timed = [step() for _ in range(topo.side_comm.allreduce(mine, op=MPI.MAX))]
     costs = {part: statistics.median(t[part] for t in timed) for part in ("aug", "train", "allreduce", "opt")}
-    fed = statistics.median(f["train"] / t["train"] for t, f in pairs)
-    return {**costs, "fed": min(fed, 1.0), "spread": quartile_spread([t["step"] for t in timed])}
+    return {**costs, "spread": quartile_spread([t["step"] for t in timed])}
 
 
 def quartile_spread(seconds: list[float]) -> float:
@@ -472,7 +461,7 @@ def gather_profile(cfg: RunConfig, topo: Topology, label: str) -> Profile:
                    dpu_train=dpu.get("train", 0.0), dpu_eval=dpu.get("eval", 0.0), allreduce=host["allreduce"],
                    allreduce_all=timing[0], optimizer=host.get("opt", 0.0), transfer=timing[1],
                    grad_bytes=4 * host["grad_elems"], host_beside=timing[2] or 1.0,
-                   host_fed=host.get("fed", 1.0), host_step_spread=host.get("spread", 1.0),
+                   host_step_spread=host.get("spread", 1.0),
                    dpu_batch=cfg.dpu_batch_size if isinstance(cfg.dpu_batch_size, int) else None,
                    mv_fraction=cfg.mv_dpu_fraction if isinstance(cfg.mv_dpu_fraction, float) else None,
                    **feeding_flags(cfg), **gpu_fields(host))
@@ -528,8 +517,7 @@ def resolve_auto(cfg: RunConfig, topo: Topology, label: str) -> tuple[RunConfig,
     if topo.world_rank == topo.host_ranks[0]:
         if profile.dpu_ranks and not profile.on_gpu:
             print(f"[dpuoffload] --mode auto profile: the host's forward/backward took {profile.host_beside:.2f}x "
-                  f"as long while the DPU ranks built batches, and {profile.host_fed:.2f}x as long on a batch not "
-                  "loaded in its own process just before (both in da's and hybrid's predictions)", flush=True)
+                  "as long while the DPU ranks built batches (in da's and hybrid's predictions)", flush=True)
         print(f"[dpuoffload] {explain_choice(preds, chosen, allow)}", flush=True)
         if (note := unsteady_note(profile)) is not None:
             print(f"[dpuoffload] note: {note}", flush=True)
