@@ -19,8 +19,9 @@ allreduce, optimizer, validation); `da` / peer; `da` / the ideal overlap bound
 max(none's host epoch without its data phase, the DPU rank's seconds to augment + pack the epoch
 in `da`); `mv` / a train-only epoch (none's epoch without its validation phase); and
 predicted / measured epoch time per mode; auto's epoch / the best mode's (the mode with the
-shortest median epoch over all repetitions, compared repetition by repetition) and / the mode it
-chose run by hand; and each auto job's prediction for its choice against its own steady epochs (the
+shortest median epoch over all repetitions, compared repetition by repetition; with the geometric
+mean of those ratios and ±2 standard errors, the resolution five repetitions give on a noisy machine)
+and / the mode it chose run by hand; and each auto job's prediction for its choice against its own steady epochs (the
 error it prints at its end: profile and epochs seconds apart in one job, so the least the machine's
 noise allows). Ratios are of medians over epochs 2.. of all repetitions; min–max are of the
 per-repetition ratios.
@@ -323,6 +324,7 @@ def auto_vs_best(by_variant: dict[str, list[RunLog]]) -> dict[str, Any]:
     by_hand = [epochs[m][i] for i, m in enumerate(chosen)]
     return {"epoch_s": spread([t for log in by_variant["auto"] for t in log.epoch_times()]),
             "best_mode": best, "chosen": chosen, "ratio": ratio_spread(epochs["auto"], epochs[best]),
+            "ratio_each": [a / b for a, b in zip(epochs["auto"], epochs[best])],
             "vs_chosen": ratio_spread(epochs["auto"], by_hand),
             "vs_chosen_each": [a / h for a, h in zip(epochs["auto"], by_hand)]}
 
@@ -332,10 +334,16 @@ def leftover_cost(report: dict[str, Any]) -> Optional[dict[str, float]]:
     geometric mean and its count. One repetition's ratio moves 10-20 % with the machine; what auto
     itself adds after its profile (nothing, if the choice runs as by hand) is a shift of all of
     them, which their mean shows at a spread divided by the square root of their number."""
-    each = [x for r in report.values() for x in r["auto"].get("vs_chosen_each", [])]
-    if not each:
+    return geomean_interval([x for r in report.values() for x in r["auto"].get("vs_chosen_each", [])])
+
+
+def geomean_interval(ratios: list[float]) -> Optional[dict[str, float]]:
+    """The geometric mean of per-repetition ratios and ±2 standard errors of it (None without any):
+    how far a run's repetitions can tell a ratio from 1.03 at all, where one repetition moves by
+    5-10 % with the machine."""
+    if not ratios:
         return None
-    logs = [math.log(x) for x in each]
+    logs = [math.log(x) for x in ratios]
     mean = sum(logs) / len(logs)
     sem = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else float("nan")
     return {"geomean": math.exp(mean), "low": math.exp(mean - 2 * sem), "high": math.exp(mean + 2 * sem),
@@ -395,6 +403,11 @@ def markdown(report: dict[str, Any], settings: dict[str, Any], speed: Optional[d
             for w, r in report.items()]
     out.append(table(["workload", "auto chose", "best mode", "auto s", "auto / best (≤1.03)",
                       "auto / its choice by hand", "its prediction vs its own epochs (same job)"], rows))
+    resolution = {w: geomean_interval(r["auto"].get("ratio_each", [])) for w, r in report.items()}
+    if all(g is not None and g["n"] > 1 for g in resolution.values()):  # (results before 2026-11-28 lack it)
+        each = "; ".join(f"{w} {g['geomean']:.3f} ({g['low']:.3f}–{g['high']:.3f})" for w, g in resolution.items())
+        out.append(f"\nauto / the best mode per repetition, geometric mean (±2 standard errors): {each}. An interval "
+                   "that holds 1.03 is a verdict the repetitions cannot make either way on this machine.")
     left = leftover_cost(report)
     if left:
         interval = (f"±2 standard errors: {left['low']:.3f}–{left['high']:.3f}" if left["n"] > 1

@@ -52,8 +52,12 @@ def test_auto_is_compared_with_the_best_mode_overall_and_its_own_choice_on_stead
     assert r["vs_chosen"]["min"] == pytest.approx(1.04) and r["vs_chosen"]["max"] == pytest.approx(1.1)
     assert r["epoch_s"]["median"] == 2.6
     assert r["vs_chosen_each"] == pytest.approx([1.04, 1.1])
+    assert r["ratio_each"] == pytest.approx([1.04, 1.0])  # (auto over mv, the best mode, in each repetition)
     left = workloads.leftover_cost({"w": {"auto": r}, "v": {"auto": {"vs_chosen_each": [1 / 1.04, 1 / 1.1]}}})
     assert left["n"] == 4 and left["geomean"] == pytest.approx(1.0) and left["low"] < 1.0 < left["high"]
+    steady = workloads.geomean_interval([1.01, 1.01, 1.01])  # (no spread: the interval is the mean itself)
+    assert steady["geomean"] == pytest.approx(1.01) and steady["low"] == pytest.approx(1.01) == steady["high"]
+    assert workloads.geomean_interval([]) is None
 
 
 def test_same_job_errors_are_auto_s_own_and_results_without_them_print_a_dash():
