@@ -201,6 +201,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "recovery_long.restart_over_rollback": lambda: times(over_rollback("recovery-long-step.json"), 1),
     "workloads.speed_moved": lambda: times([load("workloads.json")["machine_speed"]["slow_over_fast"]]),
     "workloads.auto_vs_choice": lambda: auto_vs_choice(),
+    "workloads.auto_vs_best_resolution": lambda: auto_vs_best_resolution(),
     "recovery.rollback_distance": lambda: f"{max(exact_distances()):g}",
     "recovery.lossy_distance": lambda: " / ".join(
         f"{r['weight_distance']:.2g}" for r in recovery_rows("recovery.json", "lossy-forward")),
@@ -212,6 +213,16 @@ def auto_vs_choice() -> str:
     (`workloads.leftover_cost`)."""
     left = load("workloads.json")["auto_vs_choice"]
     return f"{left['geomean']:.3f} ({left['low']:.3f}-{left['high']:.3f}, {left['n']} repetitions)"
+
+
+def auto_vs_best_resolution() -> str:
+    """auto / the best mode per repetition, each workload's geometric mean and its ±2 SE span
+    (`workloads.geomean_interval`), in the benchmark's order of workloads."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.workloads import geomean_interval
+
+    spans = [geomean_interval(r["auto"]["ratio_each"]) for r in load("workloads.json")["report"].values()]
+    return ", ".join(f"{g['geomean']:.3f} ({g['low']:.3f}–{g['high']:.3f})" for g in spans)
 
 
 # ------------------------------------------------------------------------------------ tables
