@@ -26,6 +26,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.workloads import geomean_interval  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 FIGURE = re.compile(r"<!-- fig:([a-z0-9_.]+) -->(.*?)<!-- /fig -->", re.S)
 TABLE = re.compile(r"(<!-- table:([a-z0-9_.]+) -->\n)(.*?)(\n<!-- /table -->)", re.S)
@@ -218,9 +222,6 @@ def auto_vs_choice() -> str:
 def auto_vs_best_resolution() -> str:
     """auto / the best mode per repetition, each workload's geometric mean and its ±2 SE span
     (`workloads.geomean_interval`), in the benchmark's order of workloads."""
-    sys.path.insert(0, str(ROOT))
-    from benchmarks.workloads import geomean_interval
-
     spans = [geomean_interval(r["auto"]["ratio_each"]) for r in load("workloads.json")["report"].values()]
     return ", ".join(f"{g['geomean']:.3f} ({g['low']:.3f}–{g['high']:.3f})" for g in spans)
 

@@ -20,10 +20,10 @@ max(none's host epoch without its data phase, the DPU rank's seconds to augment 
 in `da`); `mv` / a train-only epoch (none's epoch without its validation phase); and
 predicted / measured epoch time per mode; auto's epoch / the best mode's (the mode with the
 shortest median epoch over all repetitions, compared repetition by repetition; with the geometric
-mean of those ratios and ±2 standard errors, the resolution five repetitions give on a noisy machine)
-and / the mode it chose run by hand; and each auto job's prediction for its choice against its own steady epochs (the
-error it prints at its end: profile and epochs seconds apart in one job, so the least the machine's
-noise allows). Ratios are of medians over epochs 2.. of all repetitions; min–max are of the
+mean of those ratios and ±2 standard errors, the resolution five repetitions give on a noisy
+machine) and / the mode it chose run by hand; and each auto job's prediction for its choice against
+its own steady epochs (the error it prints at its end: profile and epochs seconds apart in one job,
+so the least the machine's noise allows). Ratios are of medians over epochs 2.. of all repetitions; min–max are of the
 per-repetition ratios.
 """
 
