@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Sequence
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.workloads import geomean_interval  # noqa: E402
+from benchmarks.workloads import fmt_interval, geomean_interval  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 FIGURE = re.compile(r"<!-- fig:([a-z0-9_.]+) -->(.*?)<!-- /fig -->", re.S)
@@ -223,7 +223,7 @@ def auto_vs_best_resolution() -> str:
     """auto / the best mode per repetition, each workload's geometric mean and its ±2 SE span
     (`workloads.geomean_interval`), in the benchmark's order of workloads."""
     spans = [geomean_interval(r["auto"]["ratio_each"]) for r in load("workloads.json")["report"].values()]
-    return ", ".join(f"{g['geomean']:.3f} ({g['low']:.3f}–{g['high']:.3f})" for g in spans)
+    return ", ".join(fmt_interval(g) for g in spans)
 
 
 # ------------------------------------------------------------------------------------ tables

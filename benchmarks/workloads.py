@@ -23,8 +23,8 @@ shortest median epoch over all repetitions, compared repetition by repetition; w
 mean of those ratios and ±2 standard errors, the resolution five repetitions give on a noisy
 machine) and / the mode it chose run by hand; and each auto job's prediction for its choice against
 its own steady epochs (the error it prints at its end: profile and epochs seconds apart in one job,
-so the least the machine's noise allows). Ratios are of medians over epochs 2.. of all repetitions; min–max are of the
-per-repetition ratios.
+so the least the machine's noise allows). Ratios are of medians over epochs 2.. of all repetitions;
+min–max are of the per-repetition ratios.
 """
 
 from __future__ import annotations
@@ -350,6 +350,11 @@ def geomean_interval(ratios: list[float]) -> Optional[dict[str, float]]:
             "n": len(logs)}
 
 
+def fmt_interval(g: dict[str, float]) -> str:
+    """'1.014 (0.997–1.031)': a `geomean_interval` as the results and the docs print it."""
+    return f"{g['geomean']:.3f} ({g['low']:.3f}–{g['high']:.3f})"
+
+
 # --------------------------------------------------------------------------------------- output
 def verdict(value: float, target: float) -> str:
     return "met" if value <= target else "missed"
@@ -405,7 +410,7 @@ def markdown(report: dict[str, Any], settings: dict[str, Any], speed: Optional[d
                       "auto / its choice by hand", "its prediction vs its own epochs (same job)"], rows))
     resolution = {w: geomean_interval(r["auto"].get("ratio_each", [])) for w, r in report.items()}
     if all(g is not None and g["n"] > 1 for g in resolution.values()):  # (results before 2026-11-28 lack it)
-        each = "; ".join(f"{w} {g['geomean']:.3f} ({g['low']:.3f}–{g['high']:.3f})" for w, g in resolution.items())
+        each = "; ".join(f"{w} {fmt_interval(g)}" for w, g in resolution.items())
         out.append(f"\nauto / the best mode per repetition, geometric mean (±2 standard errors): {each}. An interval "
                    "that holds 1.03 is a verdict the repetitions cannot make either way on this machine.")
     left = leftover_cost(report)
