@@ -120,6 +120,12 @@ class Regroup:
     sender: Optional[int]            # world rank that sent the state (and reports)
     replay: bool                     # the failed step is replayed by the spares
 
+    @property
+    def changed(self) -> bool:
+        """Whether a member died or a spare took a seat (a regroup that found everyone alive and
+        no seat to fill changed nothing but the communicator)."""
+        return bool(self.lost_world or self.called)
+
 
 @dataclass(frozen=True)
 class CallIn:
