@@ -14,8 +14,6 @@ both recoveries.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,8 +25,7 @@ from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.trainstate import Position
 from dpuoffload.common.train.loop import build_optimizer, lr_factor
 from dpuoffload.host.control import shutdown_sender
-from dpuoffload.host.recovery.spares import CALL_IN, Command, Regroup, pack_state, unpack_state
-from dpuoffload.host.recovery.survivors import SurvivorGroup
+from dpuoffload.host.recovery.spares import CALL_IN, Command, pack_state, unpack_state
 from dpuoffload.launch import checks, cli
 from dpuoffload.launch.command import build_command
 from tests.mpijobs import dpurun, read_jsonl
@@ -68,80 +65,6 @@ def test_state_message_restores_the_trainer_to_the_bit():
     for p, q in zip(src.parameters(), dst.parameters()):
         assert torch.equal(opt.state[p]["momentum_buffer"], opt2.state[q]["momentum_buffer"])
     assert sched2.last_epoch == 3 and opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
-
-
-@dataclass
-class Comm:
-    """A communicator of the host ranks `members`, as far as `SurvivorGroup` touches it outside a
-    collective; its `Shrink` keeps `alive` (what ULFM's agreement on the failed ranks found)."""
-
-    members: tuple[int, ...] = (0, 1)
-    alive: tuple[int, ...] = (0, 1)
-
-    def Set_errhandler(self, handler) -> None:  # noqa: N802
-        pass
-
-    def Dup(self) -> "Comm":  # noqa: N802
-        return self
-
-    def Get_group(self) -> "Comm":  # noqa: N802
-        return self
-
-    def Get_size(self) -> int:  # noqa: N802
-        return len(self.members)
-
-    def Translate_ranks(self, ranks, group) -> list[int]:  # noqa: N802
-        return [self.members[r] for r in ranks]
-
-    def Shrink(self) -> "Comm":  # noqa: N802
-        return Comm(self.alive, self.alive)
-
-
-@dataclass
-class Pool:
-    """The `SparePool` calls `SurvivorGroup` makes when a collective failed, answering `found`."""
-
-    found: Regroup
-    active: Comm = field(default_factory=Comm)
-
-    def regroup(self, state) -> Regroup:
-        self.active = Comm()   # (a regroup always re-splits the seated ranks)
-        return self.found
-
-    def positions(self) -> tuple[int, ...]:
-        return (0, 1)
-
-
-def failed_collective(alive=(0, 1), lost_world=None, called=()):
-    """Host ranks 0 and 1 in a group whose collective failed. Without `lost_world` (lossy forward)
-    the shrink keeps `alive`; with it (rollback) the pool's regroup found `lost_world` dead and
-    called `called` in. Returns the group, what its new communicator must be, and the ranks it
-    told `Faults` were dead."""
-    faults = SimpleNamespace(marked=set())
-    faults.mark_dead = faults.marked.update
-    topo = SimpleNamespace(host_ranks=(0, 1), side_comm=Comm(alive=alive))
-    pool = None if lost_world is None else \
-        Pool(Regroup((), tuple(lost_world), tuple(called), 0.001, 0.001, 0.0, 0, None, False))
-    group = SurvivorGroup(topo, faults, spares=pool)
-    group._shrink(0.01)
-    return group, (group.comm if pool is None else pool.active), faults.marked
-
-
-@pytest.mark.parametrize("recovery", ["lossy-forward", "rollback"])
-def test_a_shrink_that_found_everyone_alive_is_redone_not_reported(recovery):
-    """CI once saw ULFM's agreement say "failed" and the shrink after it find no host rank dead: a
-    rollback record with nothing lost and nobody called in came before the real one. Such a shrink
-    changes only the communicator; the real death is found when the redone call fails."""
-    group, comm, dead = failed_collective(lost_world=None if recovery == "lossy-forward" else ())
-    assert group.shrinks == [] and group.regroups == [] and group.generation == 0 and not dead
-    assert group.comm is comm and group.alive == (0, 1)
-    if recovery == "lossy-forward":
-        group, _, dead = failed_collective(alive=(0,))
-        assert [s.lost for s in group.shrinks] == [(1,)] and group.alive == (0,)
-    else:
-        group, comm, dead = failed_collective(lost_world=(1,), called=((3, 1),))
-        assert [(r.lost_world, r.called) for _, r in group.regroups] == [((1,), ((3, 1),))] and group.comm is comm
-    assert group.generation == 1 and dead == {1}
 
 
 def test_spare_ranks_are_app_context_two_told_by_environment():
