@@ -196,8 +196,7 @@ class SurvivorGroup:
         before = self.alive
         regroup = self.spares.regroup(self.state_source)
         if not regroup.changed:   # nobody had died (see the class): redo the call, nothing to report
-            self.comm, self.alive = self.spares.active, self.spares.positions()
-            return
+            return self._adopt(changed=False)
         survivors = tuple(s for s in before if s not in regroup.lost)
         shrink = Shrink(regroup.lost, before, survivors, failed_call_s, regroup.shrink_s, learnt)
         self.shrinks.append(shrink)
@@ -211,10 +210,11 @@ class SurvivorGroup:
         self.regroups.append((Shrink((), self.alive, self.alive, 0.0, 0.0, time.time()), regroup))
         self._adopt()
 
-    def _adopt(self) -> None:
-        """The pool's new seated communicator (its error handler set by the pool) is the group now."""
+    def _adopt(self, changed: bool = True) -> None:
+        """The pool's new seated communicator (its error handler set by the pool) is the group now
+        (`changed` False: the same ranks in the same seats, so no `generation` step)."""
         self.comm, self.alive = self.spares.active, self.spares.positions()
-        self.generation += 1
+        self.generation += int(changed)
 
 
 @functools.lru_cache(maxsize=16)
