@@ -346,9 +346,9 @@ from dpuoffload.common.runtime.fastexit import run_and_exit_fast
 from dpuoffload.host.main import run
 from dpuoffload.host.recovery.survivors import SurvivorGroup
 calls, shrinks, run_group, shrink = [0], [0], SurvivorGroup.run, SurvivorGroup._shrink
-def counted(group, failed_call_s):
+def counted(group, *args):
     shrinks[0] += 1
-    return shrink(group, failed_call_s)
+    return shrink(group, *args)
 def revoking(group, call, what):
     calls[0] += what == "an allreduce"
     if calls[0] != 6 or what != "an allreduce":
@@ -356,7 +356,7 @@ def revoking(group, call, what):
     group.comm.Revoke()
     run_group(group, call, what)
     print(f"false alarm: {shrinks[0]} shrink(s), {len(group.shrinks)} recorded, {len(group.regroups)} regroup(s), "
-          f"generation {group.generation}, size {group.Get_size()}", flush=True)
+          f"generation {group.generation}, size {group.Get_size()}, {group.redone} redone", flush=True)
 SurvivorGroup.run, SurvivorGroup._shrink = revoking, counted
 run_and_exit_fast(lambda: run(sys.argv[1:]))
 """
@@ -367,8 +367,8 @@ run_and_exit_fast(lambda: run(sys.argv[1:]))
 def test_a_failed_collective_with_no_rank_dead_is_redone_to_the_bit(bundled_data, tmp_path, monkeypatch, recovery,
                                                                    reference):
     """A real job whose group shrinks although no rank died (host rank 1 revokes it, `FALSE_ALARM`):
-    the call is redone on the same ranks, nothing is reported, and the weights are the uninterrupted
-    run's. A standing-by spare (rollback) follows the pool's regroup and stays a spare."""
+    the call is redone on the same ranks, said in one line and not as a recovery, and the weights are the
+    uninterrupted run's. A standing-by spare (rollback) follows the pool's regroup and stays a spare."""
     wrapper = tmp_path / "python"
     wrapper.write_text(f'#!/bin/sh\nif [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then shift 2; '
                        f'exec {sys.executable} -c "$FALSE_ALARM" "$@"; fi\nexec {sys.executable} "$@"\n')
@@ -379,7 +379,10 @@ def test_a_failed_collective_with_no_rank_dead_is_redone_to_the_bit(bundled_data
                 "--recovery", recovery]
     res = dpurun([*launch, "--python", str(wrapper)], training, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "false alarm: 1 shrink(s), 0 recorded, 0 regroup(s), generation 0, size 2" in res.stdout, res.stdout
+    assert "false alarm: 1 shrink(s), 0 recorded, 0 regroup(s), generation 0, size 2, 1 redone" in res.stdout, \
+        res.stdout
+    assert res.stdout.count("[dpuoffload] an allreduce of the host ranks failed (MPI's agreement), yet the shrink "
+                            "found all 2 host ranks alive: redone on the same ranks") == 1, res.stdout
     assert "died" not in res.stdout + res.stderr and "global step" not in res.stdout, res.stdout + res.stderr
     got = read_jsonl(tmp_path / "metrics.jsonl")
     assert not [r for r in got if r["event"] == "recovery"]

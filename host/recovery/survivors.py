@@ -96,9 +96,9 @@ class SurvivorGroup:
 
     A shrink that finds every member alive (the agreement said "failed", yet no member's death was
     known to any survivor when they shrank: seen once, in a CI run of the rollback tests) changes
-    nothing: the group takes the new communicator and redoes the call, with no report and no
-    `generation` step; the death, once MPI knows it, fails the redone call and makes the next
-    shrink, which is reported.
+    nothing: the group takes the new communicator and redoes the call, with no recovery record and
+    no `generation` step, only a line that it did (`redone` counts them); the death, once MPI knows
+    it, fails the redone call and makes the next shrink, which is reported.
     """
 
     def __init__(self, topo: "Topology", faults: "Faults", timeout: Optional[float] = None,
@@ -117,6 +117,7 @@ class SurvivorGroup:
         self.shrinks: list[Shrink] = []
         self.regroups: list[tuple[Shrink, "Regroup"]] = []  # rollback: each death's shrink and call-in, and fills
         self.generation = 0   # counts changes of the group (a caller recomputes what depended on it)
+        self.redone = 0       # calls redone after a shrink that found every member alive
         self.state_source: Optional[Callable[[], tuple["Position", bytes]]] = None  # set during a step's allreduce
         # under rollback: the pre-step state a called spare replays the step from
 
@@ -156,7 +157,7 @@ class SurvivorGroup:
                 self.comm.Revoke()  # the survivors still inside the call leave it now
             if self._agree(ok):
                 return
-            self._shrink(time.perf_counter() - t0)
+            self._shrink(time.perf_counter() - t0, what)
 
     def _agree(self, ok: int) -> bool:
         """ULFM's agreement (a fault-tolerant AND) on `ok`. A death not yet acknowledged makes it
@@ -172,12 +173,12 @@ class SurvivorGroup:
                     raise
                 ok = 0
 
-    def _shrink(self, failed_call_s: float) -> None:
+    def _shrink(self, failed_call_s: float, what: str) -> None:
         from mpi4py import MPI
 
         learnt = time.time()
         if self.spares is not None:
-            return self._regroup(failed_call_s, learnt)
+            return self._regroup(failed_call_s, learnt, what)
         t0 = time.perf_counter()
         new = self.comm.Shrink()
         shrink_s = time.perf_counter() - t0
@@ -185,24 +186,33 @@ class SurvivorGroup:
         survivors = tuple(new.Get_group().Translate_ranks(list(range(new.Get_size())), self._start_group))
         lost = tuple(sorted(set(self.alive) - set(survivors)))
         before, self.comm, self.alive = self.alive, new, survivors
-        if not lost:   # nobody had died (see the class): redo the call, nothing to report
-            return
+        if not lost:   # nobody had died (see the class): redo the call, no recovery to report
+            return self._redone(what)
         self.shrinks.append(Shrink(lost, before, survivors, failed_call_s, shrink_s, learnt))
         self.generation += 1
         self.faults.mark_dead(self.topo.host_ranks[h] for h in lost)
 
-    def _regroup(self, failed_call_s: float, learnt: float) -> None:
+    def _regroup(self, failed_call_s: float, learnt: float, what: str) -> None:
         """Rollback: the pool shrinks and, inside a step, spares take the dead ranks' seats now."""
         before = self.alive
         regroup = self.spares.regroup(self.state_source)
-        if not regroup.changed:   # nobody had died (see the class): redo the call, nothing to report
-            return self._adopt(changed=False)
+        if not regroup.changed:   # nobody had died (see the class): redo the call, no recovery to report
+            self._adopt(changed=False)
+            return self._redone(what)
         survivors = tuple(s for s in before if s not in regroup.lost)
         shrink = Shrink(regroup.lost, before, survivors, failed_call_s, regroup.shrink_s, learnt)
         self.shrinks.append(shrink)
         self.regroups.append((shrink, regroup))
         self._adopt()
         self.faults.mark_dead(regroup.lost_world)
+
+    def _redone(self, what: str) -> None:
+        """One line from the group's rank 0 that a call failed with every member alive and is redone:
+        no recovery, yet the run should not hide an event MPI reported (nor its cost, the shrink)."""
+        self.redone += 1
+        if self.comm.Get_rank() == 0:
+            print(f"{PREFIX} {what} of the host ranks failed (MPI's agreement), yet the shrink found all "
+                  f"{self.comm.Get_size()} host ranks alive: redone on the same ranks", flush=True)
 
     def fill(self, state: Callable[[], tuple["Position", bytes]]) -> None:
         """Rollback, at a step boundary: spares into the seats a death outside a step left vacant."""
