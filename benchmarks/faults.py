@@ -29,6 +29,13 @@ samples, 2 epochs = 16 steps) with one `--inject` SIGKILL at a random global ste
   Passes if the job ends 0 with the failure-free run's final weights (to the bit) and a recovery
   record naming world rank 1. Also: the kill to the end of the replayed step (or to the spare's
   call-in, when the death fell in an epoch's end work).
+- `host-rollback-twice`: both original host ranks killed under `--recovery rollback` with `dpurun
+  --spare-ranks 2`: host rank 1 after global step K (K at most 13), host rank 0 one or two steps
+  later, when spare 0 holds host rank 1's seat (the case whose CI run once recorded a recovery with
+  nothing lost). Passes if the job ends 0 with exactly two deaths recorded, world ranks 1 then 0, and
+  every step loss each epoch's record holds equal to the failure-free run's of the same step (the
+  parameters are exact; not the final weights' hash: host rank 0's BatchNorm running statistics of
+  that epoch die with it, docs/failures.md). Also: the kill of host rank 1 to the end of its replay.
 - `host-lossy-mv`, `host-rollback-mv`: the same two in `--mode mv` (each host rank's DPU rank
   validates), host rank 0 or 1 killed (alternately; 0 holds the metrics log and may die while an
   epoch's DPU results are due). Pass if the job ends 0 with one death recorded and each epoch's
@@ -45,8 +52,12 @@ samples, 2 epochs = 16 steps) with one `--inject` SIGKILL at a random global ste
   parameters and momentum to the bit: the spare re-sends the dead rank's part of the step it
   starts from, and an epoch's last step is handed over by the survivor alone.
 
-Prints one table (passed out of tries; median and max times) and writes `results/faults.json`. The
-test suite runs one try of each (tests/test_dpu_failure.py, tests/test_faults.py).
+Every try also counts the host group's calls redone after a shrink that found every host rank alive
+(`SurvivorGroup.redone`'s line: MPI's agreement said a call failed with no death known yet).
+
+Prints one table (passed out of tries; median and max times; redone calls) and writes
+`results/faults.json`. The test suite runs one try of each (tests/test_dpu_failure.py,
+tests/test_faults.py, tests/test_rollback.py).
 """
 
 from __future__ import annotations
@@ -68,7 +79,9 @@ from benchmarks.harness import BIN, RESULTS, ROOT, job_env, machine, machine_lin
 from dpuoffload.common.state import ckptfiles  # noqa: E402
 
 KINDS = ("dpu-fallback", "dpu-validation", "dpu-keeper", "host-fallback", "dpu-stop", "host-stop", "host-lossy",
-         "host-rollback", "host-lossy-mv", "host-rollback-mv", "host-lossy-ckpt", "host-rollback-ckpt")
+         "host-rollback", "host-rollback-twice", "host-lossy-mv", "host-rollback-mv", "host-lossy-ckpt",
+         "host-rollback-ckpt")
+REDONE = "yet the shrink found all"   # (`SurvivorGroup._redone`'s line)
 LAUNCH = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe", "--share-cores"]
 STEPS = 16   # 2 epochs of 256 samples, 2 host ranks, batch 16
 EPOCH_STEPS, BATCH = 8, 16
@@ -92,6 +105,12 @@ def read(path: Path) -> list[dict[str, Any]]:
 
 def final_sha(log: Path) -> str:
     return next(r for r in read(log / "metrics.jsonl") if r["event"] == "end")["weights_sha256"]
+
+
+def step_losses(log: Path) -> list[list[float]]:
+    """Every epoch's step losses as its record holds them (after a death of host rank 0: the steps
+    the rank in its seat trained), in epoch order."""
+    return [r["step_losses"] for r in read(log / "metrics.jsonl") if r["event"] == "epoch"]
 
 
 def val_sums(log: Path) -> list[tuple[float, int, int]]:
@@ -119,14 +138,19 @@ def same_checkpoints(ck: Path, ref: Path) -> bool:
 
 
 def one_try(kind: str, step: int, data: Path, reference: str, ref_val: list[tuple[float, int, int]],
-            ref_ck: Path) -> dict[str, Any]:
+            ref_ck: Path, ref_losses: list[list[float]]) -> dict[str, Any]:
     who = "dpu:1" if kind.startswith("dpu") else "host:1"
     who = f"dpu:{step % 2}" if kind == "dpu-keeper" else f"host:{step % 2}" if kind.endswith("-mv") else who
     who = f"host:{step // 2 % 2}" if kind.endswith("-ckpt") else who
     mode = {"dpu-validation": "mv", "dpu-keeper": "none"}.get(kind, "mv" if kind.endswith("-mv") else "da")
+    inject = f"{who}@{step}"
+    if kind == "host-rollback-twice":
+        step = min(step, STEPS - 3)
+        inject = f"host:1@{step},host:0@{step + 1 + step % 2}"
+    spares = {"host-rollback-twice": 2}.get(kind, 1 if kind.startswith("host-rollback") else 0)
     with tempfile.TemporaryDirectory(prefix="dpufaults-") as tmp:
         log, ck = Path(tmp) / "log", Path(tmp) / "ck"
-        flags = [*training(data, str(log), mode), "--inject", f"{who}@{step}"]
+        flags = [*training(data, str(log), mode), "--inject", inject]
         if kind == "dpu-keeper" or kind.endswith("-ckpt"):
             flags += ["--ckpt-dir", str(ck), "--ckpt-every", "2", "--ckpt-keep", "20"]
         if kind.endswith("fallback") or kind in ("dpu-validation", "dpu-keeper"):
@@ -135,10 +159,11 @@ def one_try(kind: str, step: int, data: Path, reference: str, ref_val: list[tupl
             flags += ["--recovery", "lossy-forward"]
         if kind.startswith("host-rollback"):  # (the reference's Horovod allreduce and rollback's MPI one agree)
             flags += ["--recovery", "rollback"]
-        res, ended = run(flags, ("--spare-ranks", "1") if kind.startswith("host-rollback") else ())
-        record: dict[str, Any] = {"kind": kind, "step": step, "code": res.returncode}
-        injected = next((r["time"] for p in log.glob("failures-rank*.jsonl") for r in read(p)
-                         if r["event"] == "injected"), None)
+        res, ended = run(flags, ("--spare-ranks", str(spares)) if spares else ())
+        record: dict[str, Any] = {"kind": kind, "step": step, "inject": inject, "code": res.returncode,
+                                  "redone": res.stdout.count(REDONE)}
+        injected = min((r["time"] for p in log.glob("failures-rank*.jsonl") for r in read(p)
+                        if r["event"] == "injected"), default=None)  # (the first kill, of two in -twice)
         if kind == "dpu-keeper":
             torn = step + step % 2  # (the first checkpoint at or after the step)
             done = [ckptfiles.load(d).meta["position"]["global_step"] for d in ckptfiles.committed(ck)]
@@ -186,6 +211,13 @@ def one_try(kind: str, step: int, data: Path, reference: str, ref_val: list[tupl
                 and recs[0]["samples_lost"] == left
             if injected and recs:
                 record["recovered_s"] = recs[0]["reported_time"] - injected
+        elif kind == "host-rollback-twice":
+            recs = [r for r in read(log / "metrics.jsonl") if r["event"] == "recovery"]
+            deaths = [r["lost_world_ranks"] for r in recs if r["lost_world_ranks"]]  # (not the call-ins)
+            tails = [ref[len(ref) - len(got):] == got for got, ref in zip(step_losses(log), ref_losses)]
+            record["passed"] = res.returncode == 0 and deaths == [[1], [0]] and tails == [True, True]
+            if injected and recs:
+                record["recovered_s"] = recs[0]["reported_time"] - injected
         elif kind == "host-rollback":
             recs = [r for r in read(log / "metrics.jsonl") if r["event"] == "recovery"]
             record["passed"] = res.returncode == 0 and bool(recs) and recs[0]["lost_world_ranks"] == [1] \
@@ -211,11 +243,12 @@ def summarize(records: list[dict[str, Any]], kinds: tuple[str, ...]) -> list[lis
         what = {"dpu-fallback": "detected after", "dpu-validation": "detected after", "dpu-keeper": "detected after",
                 "host-lossy": "failed step done after", "host-lossy-mv": "failed step done after",
                 "host-lossy-ckpt": "failed step done after",
-                "host-rollback": "replayed step done after",
+                "host-rollback": "replayed step done after", "host-rollback-twice": "replayed step done after",
                 "host-rollback-mv": "replayed step done after",
                 "host-rollback-ckpt": "replayed step done after"}.get(kind, "job ended after")
         timing = f"{what}: median {statistics.median(times):.2f} s, max {max(times):.2f} s" if times else "-"
-        rows.append([kind, f"{passed} / {len(mine)}", sorted(r["step"] for r in mine), timing])
+        rows.append([kind, f"{passed} / {len(mine)}", sorted(r["step"] for r in mine), timing,
+                     sum(r["redone"] for r in mine)])
     return rows
 
 
@@ -234,17 +267,18 @@ def main() -> None:
         res, _ = run([*training(data, ref), "--ckpt-dir", str(ref_ck), "--ckpt-every", "2", "--ckpt-keep", "20"])
         if res.returncode != 0:
             sys.exit(f"the failure-free run failed:\n{res.stderr[-2000:]}")
-        reference, ref_val = final_sha(Path(ref)), val_sums(Path(ref))
+        reference, ref_val, ref_losses = final_sha(Path(ref)), val_sums(Path(ref)), step_losses(Path(ref))
         for i in range(args.tries):
             for kind in args.kinds:
-                records.append(one_try(kind, rng.randint(2, STEPS - 1), data, reference, ref_val, ref_ck))
+                records.append(one_try(kind, rng.randint(2, STEPS - 1), data, reference, ref_val, ref_ck,
+                                       ref_losses))
                 r = records[-1]
                 print(f"try {i + 1}/{args.tries} {kind} at step {r['step']}: "
                       f"{'passed' if r['passed'] else 'FAILED'}", flush=True)
     rows = summarize(records, tuple(args.kinds))
     m = machine()
     print(machine_line(m))
-    print(table(["kind", "passed", "steps killed at", "time"], rows))
+    print(table(["kind", "passed", "steps killed at", "time", "calls redone"], rows))
     write_json(args.out, {"machine": m, "settings": vars(args) | {"out": str(args.out)}, "records": records})
     if any(not r["passed"] for r in records):
         sys.exit("some tries did not pass: see the records' 'tail' in " + str(args.out))
