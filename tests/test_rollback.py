@@ -3,8 +3,8 @@
 Pure parts: the call-in message, the state message, the launch command and flag checks, which
 deaths are survived. Real jobs (host ranks SIGKILLed by `--inject`): a death inside a step is
 replayed by the spare and the run's weights equal an uninterrupted run's to the bit; a death in
-an epoch's end work is filled at the next step, to the bit too; host rank 0's death keeps the
-parameters exact (its BatchNorm running statistics of that epoch are lost); in `--mode da` the
+an epoch's end work is filled at the next step, to the bit too; so is host rank 0's death (its
+BatchNorm buffers and every rank's epoch progress ride in each step's allreduce); in `--mode da` the
 spare's batches come from the dead rank's DPU rank, or from itself when that one died too (a lost
 node); a second death with no spare left ends the job in one line naming the fix. A collective that
 failed with no rank dead (a revoke, as ULFM's false alarm) is redone to the bit and not reported, under
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -22,10 +23,11 @@ from dpuoffload.common.config import parse_run_config
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.runtime.roles import Role, role_from_appnum
 from dpuoffload.common.state import ckptfiles
-from dpuoffload.common.state.trainstate import Position
-from dpuoffload.common.train.loop import build_optimizer, lr_factor
+from dpuoffload.common.state.trainstate import EpochProgress, Position
+from dpuoffload.common.train.loop import StepOutcome, build_optimizer, lr_factor
 from dpuoffload.host.control import shutdown_sender
-from dpuoffload.host.recovery.spares import CALL_IN, Command, pack_state, unpack_state
+from dpuoffload.host.recovery.carried import SeatProgress
+from dpuoffload.host.recovery.spares import CALL_IN, Command, pack_state, seat_progress, unpack_state
 from dpuoffload.launch import checks, cli
 from dpuoffload.launch.command import build_command
 from tests.mpijobs import dpurun, read_jsonl
@@ -65,6 +67,64 @@ def test_state_message_restores_the_trainer_to_the_bit():
     for p, q in zip(src.parameters(), dst.parameters()):
         assert torch.equal(opt.state[p]["momentum_buffer"], opt2.state[q]["momentum_buffer"])
     assert sched2.last_epoch == 3 and opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+    assert seat_progress(blob) is None  # (no seats given: unknown)
+
+
+def test_the_state_message_carries_seat_zero_s_buffers_and_every_seat_s_progress_exactly():
+    """What a rollback spare gets beside the sender's parameters: the buffers it is given instead
+    of the sender's own, and every seat's epoch progress (float64 sums and losses, to the bit)."""
+    src = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    opt = build_optimizer(parse_run_config(["--preset", "debug"]), src)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    seat0 = {name: b + 1 if b.is_floating_point() else b + 5 for name, b in src.named_buffers()}
+    seats = [EpochProgress(np.array([1 / 3, 7.0, 16.0]), [1 / 3, 2.302585092994046]), EpochProgress()]
+    blob = pack_state(src, opt, sched, Position(1, 2, 10), buffers=seat0, seats=seats)
+    dst = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    unpack_state(blob, dst, build_optimizer(parse_run_config(["--preset", "debug"]), dst),
+                 torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0))
+    assert all(torch.equal(b, seat0[name]) for name, b in dst.named_buffers())
+    got = seat_progress(blob)
+    assert [p.sums.tolist() for p in got] == [p.sums.tolist() for p in seats]
+    assert [p.losses for p in got] == [p.losses for p in seats]
+
+
+def test_seat_progress_adds_each_seat_s_step_as_the_seat_itself_does():
+    """Every rank adds each seat's step (loss, correct, count from its slot of the summed message) to
+    that seat's progress with `Trainer.record_step`'s own arithmetic: the same float64 sums."""
+
+    class Two:
+        def __init__(self, rank):
+            self.rank = rank
+
+        def Get_rank(self):  # noqa: N802
+            return self.rank
+
+        def Get_size(self):  # noqa: N802
+            return 2
+
+    ranks = [SeatProgress(Two(r)) for r in range(2)]
+    own = [EpochProgress(), EpochProgress()]
+    rng = np.random.default_rng(0)
+    for step in range(5):
+        outcomes = [StepOutcome(torch.tensor(rng.random() * 3, dtype=torch.float32), torch.tensor(int(rng.integers(9))),
+                                16 if step < 4 else 3) for _ in range(2)]
+        for rank, sp in enumerate(ranks):
+            sp.begin_step(0, step)
+            sp.carry(outcomes[rank])
+        summed = sum(sp.outgoing(torch.float32) for sp in ranks)
+        for sp in ranks:
+            sp.arrived(summed)
+        for p, o in zip(own, outcomes):  # (as `Trainer.record_step` adds a step)
+            loss, correct = o.read()
+            p.losses.append(loss)
+            p.sums += (loss * o.count, correct, o.count)
+    for sp in ranks:
+        for seat in range(2):
+            assert sp.of(seat).losses == own[seat].losses and sp.of(seat).sums.tolist() == own[seat].sums.tolist()
+    ranks[0].begin_step(1, 0)
+    assert ranks[0].of(1).losses == []  # (a new epoch starts every seat empty)
+    ranks[0].begin_step(2, 3)
+    assert ranks[0].of(1) is None       # (begun mid-way, as after a resume: unknown)
 
 
 def test_spare_ranks_are_app_context_two_told_by_environment():
@@ -132,7 +192,7 @@ def test_the_lowest_living_rank_in_a_seat_tells_the_dpu_ranks_to_stop():
 
 
 @pytest.mark.mpi
-def test_both_original_host_ranks_dead_a_seated_spare_goes_on(bundled_data, tmp_path):
+def test_both_original_host_ranks_dead_a_seated_spare_goes_on(bundled_data, tmp_path, reference):
     """Host rank 1 dies, spare 0 takes its seat; then host rank 0 dies and spare 1 takes seat 0
     with spare 0's state: the run ends normally although no original host rank is left. The seated
     spares tell the DPU rank to stop (`host.control.shutdown_sender`): it once waited for a message
@@ -149,6 +209,7 @@ def test_both_original_host_ranks_dead_a_seated_spare_goes_on(bundled_data, tmp_
     # in the run's last second for a rank leaving once its shutdown came)
     deaths = [(r["world_rank"], r["survived"]) for r in read_jsonl(tmp_path / "failures.jsonl")]
     assert sorted(deaths) == [(0, True), (1, True)], deaths
+    assert_records_exact(tmp_path, reference)  # (spare 1 in seat 0 has host rank 0's buffers and progress)
 
 
 @pytest.fixture(scope="module")
@@ -208,19 +269,34 @@ def test_death_in_epoch_end_work_is_filled_at_the_next_step(bundled_data, tmp_pa
     assert [mine[e]["weights_sha256"] for e in (0, 1)] == [want[e]["weights_sha256"] for e in (0, 1)]
 
 
+EXACT = ("weights_sha256", "val_loss_sum", "val_correct", "step_losses", "train_loss", "train_acc")
+
+
+def assert_records_exact(log, reference):
+    """Every epoch's record and the end's weights equal the uninterrupted run's, to the bit."""
+    got = read_jsonl(log / "metrics.jsonl")
+    mine, want = epochs(got), epochs(reference)
+    for epoch in (0, 1):
+        for key in EXACT:
+            assert mine[epoch][key] == want[epoch][key], (epoch, key)
+    assert [r["weights_sha256"] for r in got if r["event"] == "end"] == \
+        [r["weights_sha256"] for r in reference if r["event"] == "end"]
+
+
 @pytest.mark.mpi
-def test_host_rank_zero_in_da_keeps_the_parameters_exact(bundled_data, tmp_path, reference):
-    """Host rank 0 (world rank 0) dies in --mode da: the spare takes seat 0 and the metrics log;
-    epoch 2 trains on exactly the reference parameters (its step losses are equal), while host
-    rank 0's BatchNorm running statistics of epoch 1 are lost with it."""
+def test_host_rank_zero_in_da_is_replayed_to_the_bit(bundled_data, tmp_path, reference):
+    """Host rank 0 (world rank 0) dies in --mode da: the spare takes seat 0 and the metrics log,
+    with host rank 0's BatchNorm buffers and epoch progress, which rode in every step's allreduce
+    (`host.recovery.carried`): every record is the uninterrupted run's (on ab0a360 the spare took
+    host rank 1's buffers and an empty progress: epoch 1's weights, validation and training loss
+    differed)."""
     res = rollback_run(bundled_data, tmp_path, "host:0@3", ["--host-ranks", "2", "--dpu-ranks", "2",
                                                               "--oversubscribe", "--spare-ranks", "1"], "da")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "took host rank 0's seat with host rank 1 (world rank 1" in res.stdout
     assert "its batches from DPU rank 0 (world rank 2" in res.stdout  # (the dead rank's own DPU rank)
     assert res.stdout.count("epoch 2/2 |") == 1
-    got = epochs(read_jsonl(tmp_path / "metrics.jsonl"))
-    assert got[1]["step_losses"] == epochs(reference)[1]["step_losses"]
+    assert_records_exact(tmp_path, reference)
 
 
 @pytest.mark.mpi
@@ -262,6 +338,8 @@ def test_spare_in_seat_zero_gets_the_validation_still_due(bundled_data, tmp_path
     for key in ("weights_sha256", "val_loss_sum", "val_correct", "train_loss"):
         assert got[0][key] == want[0][key], key  # (step_losses: host rank 1's, who packed the spare's state)
     assert got[1]["val_count"] == 256 and got[1]["val_dpu_share"] == 1.0
+    for key in EXACT:  # (epoch 2, trained by the spare in seat 0)
+        assert got[1][key] == want[1][key], key
 
 
 def assert_same_checkpoints(ck, ref, steps, slicing):
@@ -312,6 +390,9 @@ def test_host_rank_zero_lost_at_an_epoch_end_checkpoints_go_on(bundled_data, tmp
     assert_same_checkpoints(ck, reference_log / "ck", [4, 8, 12, 16], {8: 1})
     got = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["event"] for r in got].count("end") == 1
+    # the epoch's end took host rank 0's buffers from its last step's allreduce, not from the survivor
+    assert [r["weights_sha256"] for r in got if r["event"] in ("epoch", "end")] == \
+        [r["weights_sha256"] for r in read_jsonl(reference_log / "metrics.jsonl") if r["event"] in ("epoch", "end")]
 
 
 @pytest.mark.mpi

@@ -116,9 +116,12 @@ class LocalState:
     progress: EpochProgress
 
 
-def capture_local(model: nn.Module, progress: EpochProgress) -> bytes:
-    """This rank's local state as one safetensors blob (sent as-is, written as-is by the DPU)."""
-    tensors = {f"model.{name}": b.detach().contiguous() for name, b in model.named_buffers()}
+def capture_local(model: nn.Module, progress: EpochProgress,
+                  buffers: Optional[Mapping[str, torch.Tensor]] = None) -> bytes:
+    """This rank's local state as one safetensors blob (sent as-is, written as-is by the DPU);
+    `buffers`: the model's buffers to write instead of its own (a rollback spare's pre-step ones)."""
+    own = dict(model.named_buffers()) if buffers is None else buffers
+    tensors = {f"model.{name}": b.detach().contiguous() for name, b in own.items()}
     _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     py_version, py_state, py_gauss = random.getstate()
     tensors["rng.torch"] = torch.get_rng_state()

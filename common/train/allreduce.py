@@ -12,7 +12,7 @@ they talk to hosts over mpi4py point-to-point on COMM_WORLD.
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -49,6 +49,21 @@ class GradientSync(Protocol):
         renormalise over the survivors of a step that lost a replica."""
 
     def shutdown(self) -> None: ...
+
+
+class Passenger(Protocol):
+    """What rides in `MpiSync`'s gradient allreduce besides the gradients, and how the epoch's end
+    uses it (`host.recovery.carried.SeatZeroBuffers`: host rank 0's BatchNorm buffers, under
+    `--recovery rollback`). Its part is summed with the gradients' and not divided."""
+
+    def outgoing(self, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's part of the next message, flat, in the gradients' `dtype` (empty: nothing)."""
+
+    def arrived(self, summed: torch.Tensor) -> None:
+        """The summed part, once every rank agreed the allreduce succeeded."""
+
+    def set_buffers(self, model: nn.Module) -> bool:
+        """At the epoch's end: set the model's buffers from what arrived, or False to broadcast."""
 
 
 def resolve_backend(requested: str) -> str:
@@ -185,11 +200,14 @@ class MpiSync:
     def __init__(self, group: HostGroup) -> None:
         """`group`: the replicas (an `MPI.Comm`, or a `SurvivorGroup` under --recovery)."""
         self.group = group
+        self.passenger: Optional[Passenger] = None   # (set by `--recovery rollback`)
 
     def broadcast_parameters_(self, model: nn.Module) -> None:
         self._broadcast(list(model.state_dict().values()))
 
     def broadcast_buffers_(self, model: nn.Module) -> None:
+        if self.passenger is not None and self.passenger.set_buffers(model):
+            return  # (every rank holds host rank 0's buffers from the last step's allreduce)
         self._broadcast(list(model.buffers()))
 
     def _broadcast(self, tensors: list[torch.Tensor]) -> None:
@@ -202,17 +220,22 @@ class MpiSync:
     def allreduce_gradients_(self, grads: Sequence[torch.Tensor], average: bool = True, weight: float = 1.0) -> None:
         if not grads:
             return
+        dtype = grads[0].dtype
+        riding = self.passenger.outgoing(dtype) if self.passenger is not None else torch.empty(0, dtype=dtype)
         flat = torch.cat([g.detach().reshape(-1).cpu() for g in grads]
-                         + [torch.tensor([1.0 if average else weight], dtype=grads[0].dtype)])
+                         + [torch.tensor([1.0 if average else weight], dtype=dtype), riding])
         out = np.empty_like(flat.numpy())
         before = generation(self.group)
         self.group.Allreduce(flat.numpy(), out)
         summed = torch.from_numpy(out)
+        n = len(flat) - len(riding)   # the gradients and the weight; then the passenger's part
+        if self.passenger is not None:
+            self.passenger.arrived(summed[n:])
         if generation(self.group) != before:  # the group changed in the call (replicas lost:
             # the survivors' weighted mean; a spare replayed a dead one's step: the weights sum to the size again)
-            summed[:-1].div_(summed[-1])
+            summed[:n - 1].div_(summed[n - 1])
         elif average:
-            summed[:-1].div_(self.group.Get_size())
+            summed[:n - 1].div_(self.group.Get_size())
         offset = 0
         for g in grads:
             g.copy_(summed[offset: offset + g.numel()].view_as(g))

@@ -79,7 +79,7 @@ class Recovery(Protocol):
 
     def batch(self, epoch: int, step: int, batch: Batch, total: Optional[int]) -> tuple[Batch, Optional[int]]: ...
 
-    def replayable(self) -> contextlib.AbstractContextManager[None]: ...
+    def replayable(self, outcome: "StepOutcome") -> contextlib.AbstractContextManager[None]: ...
 
     def check(self, epoch: int, step: int, global_step: int) -> Sequence[Any]: ...
 
@@ -442,7 +442,7 @@ class Trainer:
             grads = self.gradients()
             if failure is not None:
                 self.announce(failure, lose_gradients(grads, failure, self.comm.Get_rank(), self.size), len(grads))
-            with self.recovery.replayable() if self.recovery is not None else contextlib.nullcontext():
+            with self.recovery.replayable(outcome) if self.recovery is not None else contextlib.nullcontext():
                 self.sync.allreduce_gradients_(grads, average=total is None, weight=len(y) / total if total else 1.0)
         with self.timer.phase("optimizer"):
             self.hooks.before_optimizer_step()

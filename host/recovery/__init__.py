@@ -5,5 +5,7 @@
   (`SurvivorGroup`), optionally taking the dead rank's samples over (`--reassign`);
 - `spares`: `--recovery rollback`, a pool of spare ranks, one of which takes the dead rank's seat
   and replays the step (`SparePool`);
-- `spare_rank`: what a spare rank runs: stand by, then train in a seat.
+- `spare_rank`: what a spare rank runs: stand by, then train in a seat;
+- `carried`: under rollback, what rides in each step's allreduce so a spare starts from its seat's
+  own state (host rank 0's BatchNorm buffers, every seat's epoch progress).
 """

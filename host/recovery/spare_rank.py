@@ -12,6 +12,7 @@ itself (per-sample seeds make them the same batches).
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Optional
 
@@ -33,7 +34,7 @@ from dpuoffload.host.control import end_with_dpus
 from dpuoffload.host.extensions import LoaderFeed, build_hooks
 from dpuoffload.host.library import Job
 from dpuoffload.host.loader import local_loader
-from dpuoffload.host.recovery.spares import Rollback, SparePool, unpack_state
+from dpuoffload.host.recovery.spares import Rollback, SparePool, seat_progress, unpack_state
 from dpuoffload.host.recovery.survivors import SurvivorGroup
 from dpuoffload.host.validation import build_validation
 
@@ -88,10 +89,12 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob, faults: Faults) -> 
     trainer = Trainer(cfg, topo, job, sync, validation, share, group=group, joining=True, faults=faults,
                       hooks=lambda t: build_hooks(cfg, topo, t))
     position, trainer.partial = unpack_state(call.state, trainer.model, trainer.optimizer, trainer.scheduler)
-    trainer.resume_at(position, None)
+    seats = seat_progress(call.state)   # (every seat's progress in the epoch: the seat's own resumes its record)
+    trainer.resume_at(position, copy.deepcopy(seats[call.seat]) if seats else None)
     if isinstance(trainer.hooks, StateHandoff):  # checkpoints: the seat's keeper hears from this rank now
         trainer.hooks.join(position, resend=call.replay)
     trainer.recovery = Rollback(group, trainer, cfg.epochs)
+    trainer.recovery.carried.progress.adopt(position.epoch, seats)
     what = "replays the failed step from" if call.replay else "starts at"
     print(f"[dpuoffload] {topo.describe()} takes host rank {call.seat}'s seat: it {what} "
           f"{describe_position(position)}, its batches from {feed.loader.where}", flush=True)

@@ -10,16 +10,18 @@ The recovery study's immediate mini-batch rollback (IR), with real lost processe
   (`SurvivorGroup.run`), revoke the pool (which wakes the spares), shrink it, and broadcast a
   *call-in*: which spare takes which vacant seat, at which position. The pool splits again (the
   spare at its seat's rank, so the ranks keep their order), and the lowest surviving seated rank
-  sends the called spare the pre-step state (parameters, optimizer and scheduler state, BatchNorm
-  buffers: the same on every survivor, data parallelism's own redundancy). The spare takes the
-  dead rank's batch of that step (from that rank's DPU rank in `da`, else built itself: per-sample
-  seeds make it the same batch; `host.recovery.spare_rank`), runs forward and backward and joins the survivors,
-  who redo the allreduce with their own unchanged gradients: the step's result is the failure-free
-  run's, to the bit.
+  sends the called spare the pre-step state: parameters, optimizer and scheduler state (the same on
+  every survivor, data parallelism's own redundancy), and what only a seat held, host rank 0's
+  BatchNorm buffers and the seat's epoch progress, which ride in every step's allreduce
+  (`host.recovery.carried`). The spare takes the dead rank's batch of that step (from that rank's
+  DPU rank in `da`, else built itself: per-sample seeds make it the same batch;
+  `host.recovery.spare_rank`), runs forward and backward and joins the survivors, who redo the
+  allreduce with their own unchanged gradients: the step's result is the failure-free run's, to the bit.
 - A death outside a step (in the epoch's end work) shrinks the seated ranks for that work, and
   the vacant seat is filled once the epoch is done, with the state there (nothing to replay).
 - The state comes from a survivor, not from the DPU ranks' memory: only a checkpoint every step
-  would put the pre-step state there, and every survivor holds it anyway.
+  would put the pre-step state there, and every survivor holds it anyway (with what rides in the
+  allreduce).
 
 The call-in's message layout is `Command` (one definition, both sides).
 """
@@ -56,12 +58,14 @@ from dpuoffload.common.state.trainstate import (
     safetensors_metadata,
     shared_tensors,
 )
+from dpuoffload.host.recovery.carried import Carried, decode_seats, encode_seats
 from dpuoffload.host.state import Live, Reader, StateSource, load_state
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
     from dpuoffload.common.runtime.roles import Topology
+    from dpuoffload.common.train.loop import StepOutcome
     from dpuoffload.host.recovery.survivors import Shrink, SurvivorGroup
 
 END, CALL_IN, REGROUP = 1, 2, 3      # Command.kind
@@ -143,15 +147,25 @@ SAME = Slicing(1, 1)  # a called spare joins the group that packed the state: th
 
 
 def pack_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, position: Position,
-               records: Optional[Mapping[int, Mapping[str, Any]]] = None) -> bytes:
+               records: Optional[Mapping[int, Mapping[str, Any]]] = None,
+               buffers: Optional[Mapping[str, torch.Tensor]] = None,
+               seats: Optional[list[EpochProgress]] = None) -> bytes:
     """The trainer's state at `position` as one message: [8-byte size][shared safetensors][local].
     `records`: the epoch records still waiting for their DPU validation results (the spare may
-    become host rank 0, which logs them when the results come)."""
+    become host rank 0, which logs them when the results come). `buffers`: the model's buffers to
+    send instead of its own (`SeatZeroBuffers.pre_step`); `seats`: every seat's progress in the
+    epoch (`SeatProgress`), in the metadata (`seat_progress` reads it)."""
     tensors = {k: v.contiguous() for k, v in shared_tensors(model, optimizer).items()}
     pending = {str(e): r for e, r in (records or {}).items()}
     meta = meta_of(position, catalog_of(tensors), optimizer, scheduler, model, pending_records=pending)
-    shared = st_save(tensors, metadata={"meta": meta.encode().decode()})
-    return struct.pack("<Q", len(shared)) + shared + capture_local(model, EpochProgress())
+    shared = st_save(tensors, metadata={"meta": meta.encode().decode(), "seats": encode_seats(seats)})
+    return struct.pack("<Q", len(shared)) + shared + capture_local(model, EpochProgress(), buffers)
+
+
+def seat_progress(blob: bytes) -> Optional[list[EpochProgress]]:
+    """`pack_state`'s every-seat progress (None: unknown to the sender)."""
+    (n,) = struct.unpack("<Q", blob[:8])
+    return decode_seats(safetensors_metadata(blob[8: 8 + n]).get("seats"))
 
 
 def packed_source(blob: bytes) -> StateSource:
@@ -373,17 +387,27 @@ class Rollback:
     def __init__(self, group: "SurvivorGroup", trainer: Any, epochs: int) -> None:
         self.group, self.trainer, self.epochs = group, trainer, epochs
         self.seen = 0
+        self.carried = Carried(trainer.model, group)   # (host rank 0's buffers and every seat's progress, in
+        trainer.sync.passenger = self.carried          # every step's allreduce: `host.recovery.carried`)
 
     def batch(self, epoch: int, step: int, batch: Batch, total: Optional[int]) -> tuple[Batch, Optional[int]]:
-        return batch, total   # (a spare trains the dead rank's own batches: nothing to take over)
+        """Before the step's forward (a spare trains the dead rank's own batches: nothing to take over)."""
+        self.carried.begin_step(epoch, step)
+        return batch, total
 
     def _state(self, position: Position) -> Callable[[], tuple[Position, bytes]]:
-        t = self.trainer
-        return lambda: (position, pack_state(t.model, t.optimizer, t.scheduler, position, t.partial))
+        """The pre-step state a spare starts from: this rank's parameters and optimizer state (the
+        step's allreduce has not changed them), seat 0's buffers (this rank's are past its forward)
+        and every seat's progress in the epoch."""
+        t, c = self.trainer, self.carried
+        return lambda: (position, pack_state(t.model, t.optimizer, t.scheduler, position, t.partial,
+                                             buffers=c.buffers.pre_step(), seats=c.progress.seats))
 
     @contextlib.contextmanager
-    def replayable(self) -> Iterator[None]:
-        """Around a step's gradient allreduce: a death in it calls a spare in to replay the step."""
+    def replayable(self, outcome: "StepOutcome") -> Iterator[None]:
+        """Around a step's gradient allreduce (`outcome`: the step's loss and counts, which ride in
+        it): a death in it calls a spare in to replay the step."""
+        self.carried.progress.carry(outcome)
         self.group.state_source = self._state(self.trainer.at)
         try:
             yield

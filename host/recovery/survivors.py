@@ -301,7 +301,7 @@ class LossyForward:
         begun = [t for start, t in self.takeovers if start <= (epoch, step)]
         return begun[-1] if begun else None
 
-    def replayable(self) -> contextlib.AbstractContextManager[None]:
+    def replayable(self, outcome: Any) -> contextlib.AbstractContextManager[None]:
         """(Rollback's hook around a step's allreduce; lossy forward replays nothing.)"""
         return contextlib.nullcontext()
 
