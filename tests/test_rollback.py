@@ -121,10 +121,14 @@ def test_seat_progress_adds_each_seat_s_step_as_the_seat_itself_does():
     for sp in ranks:
         for seat in range(2):
             assert sp.of(seat).losses == own[seat].losses and sp.of(seat).sums.tolist() == own[seat].sums.tolist()
+    assert ranks[0].at(0) is ranks[0].seats and ranks[0].at(1) is None  # (what a spare called at (epoch, _) gets)
     ranks[0].begin_step(1, 0)
     assert ranks[0].of(1).losses == []  # (a new epoch starts every seat empty)
     ranks[0].begin_step(2, 3)
     assert ranks[0].of(1) is None       # (begun mid-way, as after a resume: unknown)
+    ranks[1].adopt(3, None)             # a spare called in at an epoch's start (no seats sent)...
+    ranks[1].begin_step(3, 0)
+    assert ranks[1].of(0).losses == []  # ...starts the epoch's progress, known and empty
 
 
 def test_spare_ranks_are_app_context_two_told_by_environment():
@@ -210,6 +214,24 @@ def test_both_original_host_ranks_dead_a_seated_spare_goes_on(bundled_data, tmp_
     deaths = [(r["world_rank"], r["survived"]) for r in read_jsonl(tmp_path / "failures.jsonl")]
     assert sorted(deaths) == [(0, True), (1, True)], deaths
     assert_records_exact(tmp_path, reference)  # (spare 1 in seat 0 has host rank 0's buffers and progress)
+
+
+@pytest.mark.mpi
+def test_a_spare_filled_in_at_an_epoch_s_start_sends_seat_zero_that_epoch_s_progress(bundled_data, tmp_path,
+                                                                                    reference):
+    """Host rank 1 dies in epoch 1's end work (spare 0 takes its seat before epoch 2), then host rank 0
+    in epoch 2's first step: spare 0 sends spare 1 seat 0's progress of epoch 2 alone (on 74aff0d it
+    sent epoch 1's too: epoch 2's record held 16 step losses). Epoch 2's record is the uninterrupted
+    run's to the bit; epoch 1's but its training loss, which lacks host rank 1's steps (the survivor
+    summed its own in the end work)."""
+    res = rollback_run(bundled_data, tmp_path, "host:1@8,host:0@9", [*LAUNCH, "--spare-ranks", "2"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "took host rank 1's seat before global step 9" in res.stdout
+    assert "took host rank 0's seat with spare rank 0 (world rank 3, node" in res.stdout
+    mine, want = epochs(read_jsonl(tmp_path / "metrics.jsonl")), epochs(reference)
+    assert [mine[0][k] == want[0][k] for k in EXACT] == [k not in ("train_loss", "train_acc") for k in EXACT]
+    for key in EXACT:
+        assert mine[1][key] == want[1][key], key
 
 
 @pytest.fixture(scope="module")

@@ -124,8 +124,14 @@ class SeatProgress:
             self.seats = [EpochProgress() for _ in range(self.group.Get_size())] if step == 0 else None
 
     def adopt(self, epoch: int, seats: Optional[list[EpochProgress]]) -> None:
-        """A spare: every seat's progress as the rank that sent it the state had it."""
-        self.epoch, self.seats = epoch, seats
+        """A spare: every seat's progress in `epoch` as the rank that sent it the state had it (None:
+        unknown, or the spare starts at the epoch's first step, which `begin_step` starts empty)."""
+        self.epoch, self.seats = (epoch, seats) if seats is not None else (None, None)
+
+    def at(self, epoch: int) -> Optional[list[EpochProgress]]:
+        """Every seat's progress in `epoch` (None: not the epoch in flight here, or unknown): what
+        a spare called in at a position of `epoch` gets (at an epoch's start the last one's is done)."""
+        return self.seats if epoch == self.epoch else None
 
     def carry(self, outcome: "StepOutcome") -> None:
         self.outcome = outcome

@@ -401,7 +401,7 @@ class Rollback:
         and every seat's progress in the epoch."""
         t, c = self.trainer, self.carried
         return lambda: (position, pack_state(t.model, t.optimizer, t.scheduler, position, t.partial,
-                                             buffers=c.buffers.pre_step(), seats=c.progress.seats))
+                                             buffers=c.buffers.pre_step(), seats=c.progress.at(position.epoch)))
 
     @contextlib.contextmanager
     def replayable(self, outcome: "StepOutcome") -> Iterator[None]:
