@@ -80,8 +80,8 @@ def test_the_state_message_carries_seat_zero_s_buffers_and_every_seat_s_progress
     seats = [EpochProgress(np.array([1 / 3, 7.0, 16.0]), [1 / 3, 2.302585092994046]), EpochProgress()]
     blob = pack_state(src, opt, sched, Position(1, 2, 10), buffers=seat0, seats=seats)
     dst = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
-    unpack_state(blob, dst, build_optimizer(parse_run_config(["--preset", "debug"]), dst),
-                 torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0))
+    opt2 = build_optimizer(parse_run_config(["--preset", "debug"]), dst)
+    unpack_state(blob, dst, opt2, torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1.0))
     assert all(torch.equal(b, seat0[name]) for name, b in dst.named_buffers())
     got = seat_progress(blob)
     assert [p.sums.tolist() for p in got] == [p.sums.tolist() for p in seats]
