@@ -53,8 +53,9 @@ class GradientSync(Protocol):
 
 class Passenger(Protocol):
     """What rides in `MpiSync`'s gradient allreduce besides the gradients, and how the epoch's end
-    uses it (`host.recovery.carried.SeatZeroBuffers`: host rank 0's BatchNorm buffers, under
-    `--recovery rollback`). Its part is summed with the gradients' and not divided."""
+    uses it (`host.recovery.carried.Carried`, under `--recovery rollback`: host rank 0's BatchNorm
+    buffers and every rank's step loss and counts). Its part is summed with the gradients' and not
+    divided."""
 
     def outgoing(self, dtype: torch.dtype) -> torch.Tensor:
         """This rank's part of the next message, flat, in the gradients' `dtype` (empty: nothing)."""
