@@ -81,6 +81,8 @@ class Recovery(Protocol):
 
     def replayable(self, outcome: "StepOutcome") -> contextlib.AbstractContextManager[None]: ...
 
+    def epoch_totals(self, epoch: int, sums: np.ndarray, losses: list[float]) -> tuple[np.ndarray, list[float]]: ...
+
     def check(self, epoch: int, step: int, global_step: int) -> Sequence[Any]: ...
 
     def between_epochs(self, epoch: int, global_step: int) -> bool: ...
@@ -351,8 +353,10 @@ class Trainer:
             trace.set_position(epoch=span.epoch, step=self.global_step)  # (the last step's read, not a next one's)
             self.record_step(progress, pending)
         bar.close()
-        return (allreduce_sums(self.comm, progress.sums), progress.losses,
-                digest.hexdigest() if digest is not None else None, int(progress.sums[2]))
+        sums, losses = allreduce_sums(self.comm, progress.sums), progress.losses
+        if self.recovery is not None:  # (rollback: from every seat's progress, a dead one's too)
+            sums, losses = self.recovery.epoch_totals(span.epoch, sums, losses)
+        return sums, losses, digest.hexdigest() if digest is not None else None, int(progress.sums[2])
 
     def record_step(self, progress: EpochProgress, outcome: Optional[StepOutcome]) -> Optional[float]:
         """Add a step's loss and correct count to the epoch's progress, in step order; its loss (None

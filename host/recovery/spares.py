@@ -414,6 +414,20 @@ class Rollback:
         finally:
             self.group.state_source = None
 
+    def epoch_totals(self, epoch: int, sums: np.ndarray, losses: list[float]) -> tuple[np.ndarray, list[float]]:
+        """The epoch's [loss sum, correct, count] over every seat, added in seat order, and host rank
+        0's step losses (the run's record), from every seat's progress (`SeatProgress`): a rank that
+        died in the epoch's end work, even host rank 0, still counts, and every rank's record (one
+        may wait for DPU validation in a spare's state) is the failure-free run's. The allreduce's
+        `sums` and this rank's `losses` when the epoch's progress is unknown here (begun mid-way)."""
+        seats = self.carried.progress.at(epoch)
+        if seats is None:
+            return sums, losses
+        total = seats[0].sums.copy()
+        for seat in seats[1:]:
+            total += seat.sums
+        return total, list(seats[0].losses)
+
     def check(self, epoch: int, step: int, global_step: int) -> list[Replaced]:
         """After a step (or the epoch's end work, `step` -1): the regroups since the last check."""
         out = [Replaced(sh, rg, epoch, step, global_step) for sh, rg in self.group.regroups[self.seen:]]

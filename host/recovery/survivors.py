@@ -305,6 +305,10 @@ class LossyForward:
         """(Rollback's hook around a step's allreduce; lossy forward replays nothing.)"""
         return contextlib.nullcontext()
 
+    def epoch_totals(self, epoch: int, sums: np.ndarray, losses: list[float]) -> tuple[np.ndarray, list[float]]:
+        """(The survivors' own: the dead ranks' samples are lost.)"""
+        return sums, losses
+
     def reports(self, failure: "Failure", leader: bool) -> bool:
         """The new host rank 0 reports."""
         return leader
