@@ -103,11 +103,11 @@ class SeatProgress:
     record empty: the epoch's training loss lacked the dead rank's steps before the failure, and
     after host rank 0's death (whose records are the run's) so did the logged step losses; a rank
     lost in the epoch's end work was missing from the totals (`Rollback.epoch_totals` now adds them
-    up from here). Each seat
-    adds its step's loss, correct count and sample count to the step's allreduce (three numbers in
-    its own slot, zeros in the others'), and every rank adds them to each seat's progress with the
-    same arithmetic as the seat itself: the same float64 sums, to the bit. A loss of the gradients'
-    dtype (float32 for a float32 model) travels exactly; counts do below 2**24.
+    up from here). Each seat adds its step's loss, correct count and sample count to the step's
+    allreduce (three numbers in its own slot, zeros in the others'), and every rank adds them to each
+    seat's progress with the same arithmetic as the seat itself: the same float64 sums, to the bit.
+    A loss of the gradients' dtype (float32 for a float32 model) travels exactly; counts do below
+    2**24.
 
     Unknown (None) in an epoch this process began mid-way (a resume, which does not send the
     other ranks' progress): a spare called then starts its epoch record empty, and the epoch's
