@@ -121,15 +121,15 @@ def test_seat_progress_adds_each_seat_s_step_as_the_seat_itself_does():
             p.sums += (loss * o.count, correct, o.count)
     for sp in ranks:
         for seat in range(2):
-            assert sp.of(seat).losses == own[seat].losses and sp.of(seat).sums.tolist() == own[seat].sums.tolist()
+            assert sp.seats[seat].losses == own[seat].losses and sp.seats[seat].sums.tolist() == own[seat].sums.tolist()
     assert ranks[0].at(0) is ranks[0].seats and ranks[0].at(1) is None  # (what a spare called at (epoch, _) gets)
     ranks[0].begin_step(1, 0)
-    assert ranks[0].of(1).losses == []  # (a new epoch starts every seat empty)
+    assert ranks[0].seats[1].losses == []  # (a new epoch starts every seat empty)
     ranks[0].begin_step(2, 3)
-    assert ranks[0].of(1) is None       # (begun mid-way, as after a resume: unknown)
+    assert ranks[0].seats is None       # (begun mid-way, as after a resume: unknown)
     ranks[1].adopt(3, None)             # a spare called in at an epoch's start (no seats sent)...
     ranks[1].begin_step(3, 0)
-    assert ranks[1].of(0).losses == []  # ...starts the epoch's progress, known and empty
+    assert ranks[1].seats[0].losses == []  # ...starts the epoch's progress, known and empty
 
 
 def test_spare_ranks_are_app_context_two_told_by_environment():

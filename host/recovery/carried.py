@@ -23,7 +23,6 @@ broadcasts as without recovery, and only seat 0's death is inexact, as before.
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import TYPE_CHECKING, Optional
 
@@ -67,7 +66,7 @@ class SeatZeroBuffers:
     def arrived(self, summed: torch.Tensor) -> None:
         """The step's summed part (empty when the model carries nothing): seat 0's buffers now."""
         if summed.numel():
-            self.latest = summed.clone()
+            self.latest = summed.clone()   # (a view would keep the step's whole summed message alive)
 
     def pre_step(self) -> Optional[dict[str, torch.Tensor]]:
         """Seat 0's buffers before the step in flight (what a spare in any seat starts from), by
@@ -154,10 +153,6 @@ class SeatProgress:
         for seat, (loss, correct, count) in zip(self.seats, summed.view(-1, SLOT).tolist()):
             seat.losses.append(loss)
             seat.sums += (loss * int(count), int(correct), int(count))
-
-    def of(self, seat: int) -> Optional[EpochProgress]:
-        """Seat `seat`'s progress, a copy (None when unknown)."""
-        return copy.deepcopy(self.seats[seat]) if self.seats is not None else None
 
 
 class Carried:
