@@ -72,7 +72,7 @@ def resume_trainer(trainer: Any, point: ResumePoint, topo: Topology) -> None:
         point.verified.clear()  # (the bytes are in tensors now)
     reader = Reader(topo.side_rank, Slicing(topo.side_comm.Get_size(), trainer.cfg.batch_size), trainer.feed.steps())
     loaded = load_state(source, Live.of(trainer), reader)
-    trainer.resume_at(loaded.start, loaded.progress)
+    trainer.resume_at(loaded.start, loaded.progress, loaded.seats)
     if topo.side_rank == 0:
         report_resume(point, loaded, time.perf_counter() - t0, source.nbytes)
     if point.memory is not None:

@@ -24,6 +24,7 @@ scheduler, restores the RNG states last, and says where the loop continues:
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -98,12 +99,16 @@ class Loaded:
         progress: the interrupted epoch's record so far, when exact (else None: it starts afresh).
         exact: both runs slice alike, so the continuation is bit-exact.
         meta: the source's meta (a script's `extra=`, a spare's pending records ...).
+        seats: every host rank's record of the interrupted epoch, in host rank order, when exact and
+            the source carries them all (a checkpoint, DPU memory); else None. `--recovery rollback`
+            needs them: a spare it calls into any seat in that epoch resumes the seat's record.
     """
 
     start: Position
     progress: Optional[EpochProgress]
     exact: bool
     meta: CheckpointMeta
+    seats: Optional[tuple[EpochProgress, ...]] = None
 
 
 def load_state(source: StateSource, into: Live, reader: Reader) -> Loaded:
@@ -119,4 +124,6 @@ def load_state(source: StateSource, into: Live, reader: Reader) -> Loaded:
     local = source.local_for(reader.rank, exact)
     restore(into.model, into.optimizer, into.scheduler, source.meta, source.shared, local)
     set_rng(local.rng)
-    return Loaded(start, local.progress if exact else None, exact, source.meta)
+    every = exact and len(source.locals) == reader.slicing.host_ranks
+    return Loaded(start, local.progress if exact else None, exact, source.meta,
+                  tuple(copy.deepcopy(s.progress) for s in source.locals) if every else None)

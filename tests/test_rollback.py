@@ -5,7 +5,8 @@ deaths are survived. Real jobs (host ranks SIGKILLed by `--inject`): a death ins
 replayed by the spare and the run's weights equal an uninterrupted run's to the bit; a death in
 an epoch's end work is filled at the next step, to the bit too; so is host rank 0's death (its
 BatchNorm buffers and every rank's epoch progress ride in each step's allreduce, and the epoch's
-totals are added up from every seat's progress); in `--mode da` the
+totals are added up from every seat's progress), also in an epoch resumed mid-way from a
+checkpoint (every rank's record of it comes from the checkpoint); in `--mode da` the
 spare's batches come from the dead rank's DPU rank, or from itself when that one died too (a lost
 node); a second death with no spare left ends the job in one line naming the fix. A collective that
 failed with no rank dead (a revoke, as ULFM's false alarm) is redone to the bit and not reported, under
@@ -434,6 +435,22 @@ def test_no_spare_left_is_a_death_that_dpurun_restarts_from_dpu_memory(bundled_d
     assert f"restarting from DPU memory: the state of step {rep['resumed_step']} " in res.stdout
     assert [r["weights_sha256"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["event"] == "end"] == \
         [r["weights_sha256"] for r in reference if r["event"] == "end"]
+
+
+@pytest.mark.mpi
+def test_a_resumed_epoch_s_records_survive_deaths_to_the_bit(bundled_data, tmp_path, reference_log, reference):
+    """Resumed from the uninterrupted run's checkpoint of step 3 (mid-epoch 1), host rank 1 dies in
+    step 6 (spare 0 replays it with seat 1's record of the epoch) and host rank 0 after step 8, in
+    the epoch's end work (spare 1 takes seat 0 before epoch 2): every record is the uninterrupted
+    run's. Every rank's record of the interrupted epoch comes from the checkpoint (`Loaded.seats`);
+    before, a resume shared none, and epoch 1's training loss and accuracy lacked the dead ranks'
+    steps."""
+    res = rollback_run(bundled_data, tmp_path, "host:1@5,host:0@8", [*LAUNCH, "--spare-ranks", "2"],
+                       extra=["--resume", str(reference_log / "ck" / "step-000000003")])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "died at global step 6 (epoch 1, step 6): rollback, spare rank 0 (world rank 3" in res.stdout
+    assert "took host rank 0's seat before global step 9" in res.stdout
+    assert_records_exact(tmp_path, reference)
 
 
 # Host rank 1 revokes the host group's communicator before its 6th allreduce, as ULFM's agreement saying

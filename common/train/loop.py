@@ -79,6 +79,8 @@ class Recovery(Protocol):
 
     def batch(self, epoch: int, step: int, batch: Batch, total: Optional[int]) -> tuple[Batch, Optional[int]]: ...
 
+    def resumed(self, epoch: int, seats: Sequence[EpochProgress]) -> None: ...
+
     def replayable(self, outcome: "StepOutcome") -> contextlib.AbstractContextManager[None]: ...
 
     def epoch_totals(self, epoch: int, sums: np.ndarray, losses: list[float]) -> tuple[np.ndarray, list[float]]: ...
@@ -218,10 +220,14 @@ class Trainer:
         """Replica 0 of the group (host rank 0, or clone rank 0) prints and writes the metrics."""
         return self.comm.Get_rank() == 0
 
-    def resume_at(self, start: Position, progress: Optional[EpochProgress]) -> None:
-        """Continue from `start` (state already restored); `progress`: the interrupted epoch's so far."""
+    def resume_at(self, start: Position, progress: Optional[EpochProgress],
+                  seats: Optional[Sequence[EpochProgress]] = None) -> None:
+        """Continue from `start` (state already restored); `progress`: the interrupted epoch's so far;
+        `seats`: every host rank's, when the state carried them (for `--recovery`: `Loaded.seats`)."""
         self.start, self.global_step = start, start.global_step
         self.resumed_progress = progress if start.step > 0 else None
+        if self.recovery is not None and seats is not None and start.step > 0:
+            self.recovery.resumed(start.epoch, seats)
 
     def fit(self) -> list[dict[str, Any]]:
         if self.feed.steps() == 0:

@@ -108,9 +108,10 @@ class SeatProgress:
     A loss of the gradients' dtype (float32 for a float32 model) travels exactly; counts do below
     2**24.
 
-    Unknown (None) in an epoch this process began mid-way (a resume, which does not send the
-    other ranks' progress): a spare called then starts its epoch record empty, and the epoch's
-    totals are the allreduce's, as before.
+    A mid-epoch resume from a checkpoint or DPU memory starts it from every rank's record in the
+    loaded state (`Rollback.resumed`). Unknown (None) only in an epoch this process began mid-way
+    from a state without them (a re-sliced resume, whose records start afresh anyway): a spare
+    called then starts its epoch record empty, and the epoch's totals are the allreduce's.
     """
 
     def __init__(self, group: HostGroup) -> None:

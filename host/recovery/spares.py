@@ -34,7 +34,7 @@ import statistics
 import struct
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -395,6 +395,12 @@ class Rollback:
         self.carried.begin_step(epoch, step)
         return batch, total
 
+    def resumed(self, epoch: int, seats: Sequence[EpochProgress]) -> None:
+        """A mid-epoch resume (every rank's record of `epoch` so far, from the state it loaded, the
+        same on every rank): every seat's progress is known from the resumed step on, as from an
+        epoch's first step."""
+        self.carried.progress.adopt(epoch, list(seats))
+
     def _state(self, position: Position) -> Callable[[], tuple[Position, bytes]]:
         """The pre-step state a spare starts from: this rank's parameters and optimizer state (the
         step's allreduce has not changed them), seat 0's buffers (this rank's are past its forward)
@@ -419,7 +425,8 @@ class Rollback:
         0's step losses (the run's record), from every seat's progress (`SeatProgress`): a rank that
         died in the epoch's end work, even host rank 0, still counts, and every rank's record (one
         may wait for DPU validation in a spare's state) is the failure-free run's. The allreduce's
-        `sums` and this rank's `losses` when the epoch's progress is unknown here (begun mid-way)."""
+        `sums` and this rank's `losses` when the epoch's progress is unknown here (begun mid-way from a
+        state without every rank's record)."""
         seats = self.carried.progress.at(epoch)
         if seats is None:
             return sums, losses

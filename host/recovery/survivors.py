@@ -29,7 +29,7 @@ import functools
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
     from dpuoffload.common.faults.watch import Faults
     from dpuoffload.common.runtime.roles import Topology
-    from dpuoffload.common.state.trainstate import Position
+    from dpuoffload.common.state.trainstate import EpochProgress, Position
     from dpuoffload.host.recovery.spares import Regroup, SparePool
 
 
@@ -305,6 +305,9 @@ class LossyForward:
     def replayable(self, outcome: Any) -> contextlib.AbstractContextManager[None]:
         """(Rollback's hook around a step's allreduce; lossy forward replays nothing.)"""
         return contextlib.nullcontext()
+
+    def resumed(self, epoch: int, seats: Sequence["EpochProgress"]) -> None:
+        """(Nothing: the survivors' records are their own.)"""
 
     def epoch_totals(self, epoch: int, sums: np.ndarray, losses: list[float]) -> tuple[np.ndarray, list[float]]:
         """(The survivors' own: the dead ranks' samples are lost.)"""
