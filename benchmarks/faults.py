@@ -53,7 +53,8 @@ samples, 2 epochs = 16 steps) with one `--inject` SIGKILL at a random global ste
   starts from, and an epoch's last step is handed over by the survivor alone.
 
 Every try also counts the host group's calls redone after a shrink that found every host rank alive
-(`SurvivorGroup.redone`'s line: MPI's agreement said a call failed with no death known yet).
+(`SurvivorGroup.redone`'s line: MPI's agreement said a call failed with no death known yet); a try
+with one keeps the ranks' `[dpuoffload]` lines in its record (`said`: what MPI told each rank).
 
 Prints one table (passed out of tries; median and max times; redone calls) and writes
 `results/faults.json`. The test suite runs one try of each (tests/test_dpu_failure.py,
@@ -76,6 +77,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import BIN, RESULTS, ROOT, job_env, machine, machine_line, make_data, table, write_json  # noqa: E402
+from dpuoffload.common.faults.abort import PREFIX  # noqa: E402
 from dpuoffload.common.state import ckptfiles  # noqa: E402
 
 KINDS = ("dpu-fallback", "dpu-validation", "dpu-keeper", "host-fallback", "dpu-stop", "host-stop", "host-lossy",
@@ -231,6 +233,8 @@ def one_try(kind: str, step: int, data: Path, reference: str, ref_val: list[tupl
                 record["ended_s"] = ended - injected
         if not record["passed"]:
             record["tail"] = (res.stdout[-800:] + res.stderr[-1500:])
+        if record["redone"]:  # (rare: keep what the ranks said about it, and about the death, for a diagnosis)
+            record["said"] = [line for line in (res.stdout + res.stderr).splitlines() if line.startswith(PREFIX)]
         return record
 
 

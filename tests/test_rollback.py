@@ -488,7 +488,9 @@ def test_a_failed_collective_with_no_rank_dead_is_redone_to_the_bit(bundled_data
     assert "false alarm: 1 shrink(s), 0 recorded, 0 regroup(s), generation 0, size 2, 1 redone" in res.stdout, \
         res.stdout
     assert res.stdout.count("[dpuoffload] an allreduce of the host ranks failed (MPI's agreement), yet the shrink "
-                            "found all 2 host ranks alive: redone on the same ranks") == 1, res.stdout
+                            "found all 2 host ranks alive: redone on the same ranks (host rank 0's call: "
+                            "MPI_ERR_REVOKED: Communication Object Revoked)") == 1, res.stdout
+    assert "host rank 1's call, in" not in res.stdout  # (its own revoke: nothing more to say)
     assert "died" not in res.stdout + res.stderr and "global step" not in res.stdout, res.stdout + res.stderr
     got = read_jsonl(tmp_path / "metrics.jsonl")
     assert not [r for r in got if r["event"] == "recovery"]

@@ -119,6 +119,7 @@ class SurvivorGroup:
         self.regroups: list[tuple[Shrink, "Regroup"]] = []  # rollback: each death's shrink and call-in, and fills
         self.generation = 0   # counts changes of the group (a caller recomputes what depended on it)
         self.redone = 0       # calls redone after a shrink that found every member alive
+        self.seen: Optional[str] = None   # the MPI error this rank's last call met (None: it completed)
         self.state_source: Optional[Callable[[], tuple["Position", bytes]]] = None  # set during a step's allreduce
         # under rollback: the pre-step state a called spare replays the step from
 
@@ -149,12 +150,12 @@ class SurvivorGroup:
     def run(self, call: Callable[["MPI.Comm"], "MPI.Request"], what: str) -> None:
         """Run the non-blocking collective `call(comm)` until every survivor agrees it succeeded."""
         while True:
-            t0, ok = time.perf_counter(), 1
+            t0, ok, self.seen = time.perf_counter(), 1, None
             try:
                 wait(call(self.comm), self.timeout, f"{what} of the host ranks", max_sleep=COLLECTIVE_MAX_SLEEP,
                      spin=COLLECTIVE_SPIN)
-            except PeerLost:
-                ok = 0
+            except PeerLost as e:
+                ok, self.seen = 0, mpi_error(e)
                 self.comm.Revoke()  # the survivors still inside the call leave it now
             if self._agree(ok):
                 return
@@ -172,7 +173,7 @@ class SurvivorGroup:
             except MPI.Exception as e:
                 if not is_failure(e):
                     raise
-                ok = 0
+                ok, self.seen = 0, self.seen or f"the agreement: {mpi_error(e)}"
 
     def _shrink(self, failed_call_s: float, what: str) -> None:
         from mpi4py import MPI
@@ -209,11 +210,19 @@ class SurvivorGroup:
 
     def _redone(self, what: str) -> None:
         """One line from the group's rank 0 that a call failed with every member alive and is redone:
-        no recovery, yet the run should not hide an event MPI reported (nor its cost, the shrink)."""
+        no recovery, yet the run should not hide an event MPI reported (nor its cost, the shrink). It
+        says what MPI told rank 0; a rank whose own call met an error other than the revoke that
+        spreads one (the rank where the alarm began) says which in a line of its own."""
         self.redone += 1
-        if self.comm.Get_rank() == 0:
+        rank = self.comm.Get_rank()
+        seat = self.alive[rank]   # (the host rank whose seat this rank holds)
+        if rank == 0:
             print(f"{PREFIX} {what} of the host ranks failed (MPI's agreement), yet the shrink found all "
-                  f"{self.comm.Get_size()} host ranks alive: redone on the same ranks", flush=True)
+                  f"{self.comm.Get_size()} host ranks alive: redone on the same ranks (host rank {seat}'s call: "
+                  f"{self.seen or 'completed'})", flush=True)
+        elif self.seen is not None and "REVOKED" not in self.seen:
+            print(f"{PREFIX} host rank {seat}'s call, in {what} redone after a shrink with every rank alive: "
+                  f"{self.seen}", flush=True)
 
     def fill(self, state: Callable[[], tuple["Position", bytes]]) -> None:
         """Rollback, at a step boundary: spares into the seats a death outside a step left vacant."""
@@ -226,6 +235,13 @@ class SurvivorGroup:
         (`changed` False: the same ranks in the same seats, so no `generation` step)."""
         self.comm, self.alive = self.spares.active, self.spares.positions()
         self.generation += int(changed)
+
+
+def mpi_error(e: BaseException) -> str:
+    """MPI's own words for the error under `e` (a `PeerLost` wraps it), for a line that says what
+    MPI reported: 'MPI_ERR_REVOKED: communicator revoked'."""
+    cause = e.__cause__ if e.__cause__ is not None else e
+    return cause.Get_error_string() if hasattr(cause, "Get_error_string") else str(e)
 
 
 @functools.lru_cache(maxsize=16)
