@@ -375,7 +375,7 @@ def startup_target() -> list[str]:
 FAULT_RUNS = ("faults.json", "faults-host-lossy.json", "faults-host-rollback.json", "faults-dpu-validation.json",
               "faults-dpu-keeper.json", "faults-host-mv.json", "faults-host-lossy-ckpt.json",
               "faults-host-rollback-ckpt.json", "faults-host-rollback-mv2.json", "faults-all.json",
-              "faults-rollback-totals.json")
+              "faults-rollback-totals.json", "faults-rollback-resumed.json")
 FAULT_TIMES = (("detected_s", "detected after"), ("ended_s", "job ended after"), ("recovered_s", "{} step done after"))
 
 

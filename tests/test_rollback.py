@@ -443,7 +443,7 @@ def test_a_resumed_epoch_s_records_survive_deaths_to_the_bit(bundled_data, tmp_p
 
 
 # Host rank 1 revokes the host group's communicator before its 6th allreduce, as ULFM's agreement saying
-# "failed" with no rank dead (CI saw it once, benchmarks/faults.py in 2 of 80 rollback tries): every rank
+# "failed" with no rank dead (CI saw it once, benchmarks/faults.py in 2 of 180 rollback tries): every rank
 # then meets a failed call and shrinks, finding everyone alive. The wrapper prints what its group recorded,
 # so a test knows the false alarm happened.
 FALSE_ALARM = """

@@ -95,7 +95,7 @@ class SurvivorGroup:
     (which ULFM cannot see) ends the job with a `PeerError` naming the wait, instead of hanging it.
 
     A shrink that finds every member alive (the agreement said "failed", yet no member's death was
-    known to any survivor when they shrank: seen in a CI run of the rollback tests and in 2 of 80
+    known to any survivor when they shrank: seen in a CI run of the rollback tests and in 2 of 180
     rollback tries of `benchmarks/faults.py`) changes nothing: the group takes the new communicator
     and redoes the call, with no recovery record and no `generation` step, only a line that it did
     (`redone` counts them); the death, once MPI knows it, fails the redone call and makes the next
