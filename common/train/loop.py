@@ -73,9 +73,10 @@ class StateHooks(Protocol):
 
 class Recovery(Protocol):
     """What the trainer asks of `--recovery` (`host.recovery.survivors.LossyForward`,
-    `host.recovery.spares.Rollback`): the step's batch, a hook around the step's allreduce, and
-    after each step the failures to report (each by the rank that `reports` says); between epochs
-    a chance to change the group (rollback's spares take seats left vacant)."""
+    `host.recovery.spares.Rollback`): every rank's record of an epoch resumed mid-way, the step's
+    batch, a hook around the step's allreduce, the epoch's totals, and after each step the failures
+    to report (each by the rank that `reports` says); between epochs a chance to change the group
+    (rollback's spares take seats left vacant)."""
 
     def batch(self, epoch: int, step: int, batch: Batch, total: Optional[int]) -> tuple[Batch, Optional[int]]: ...
 

@@ -29,7 +29,7 @@ import functools
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -119,7 +119,7 @@ class SurvivorGroup:
         self.regroups: list[tuple[Shrink, "Regroup"]] = []  # rollback: each death's shrink and call-in, and fills
         self.generation = 0   # counts changes of the group (a caller recomputes what depended on it)
         self.redone = 0       # calls redone after a shrink that found every member alive
-        self.seen: Optional[str] = None   # the MPI error this rank's last call met (None: it completed)
+        self.seen: Optional[Seen] = None   # what MPI told this rank in its last call (None: it completed)
         self.state_source: Optional[Callable[[], tuple["Position", bytes]]] = None  # set during a step's allreduce
         # under rollback: the pre-step state a called spare replays the step from
 
@@ -155,7 +155,7 @@ class SurvivorGroup:
                 wait(call(self.comm), self.timeout, f"{what} of the host ranks", max_sleep=COLLECTIVE_MAX_SLEEP,
                      spin=COLLECTIVE_SPIN)
             except PeerLost as e:
-                ok, self.seen = 0, mpi_error(e)
+                ok, self.seen = 0, Seen.of("", e.__cause__ or e)
                 self.comm.Revoke()  # the survivors still inside the call leave it now
             if self._agree(ok):
                 return
@@ -173,7 +173,7 @@ class SurvivorGroup:
             except MPI.Exception as e:
                 if not is_failure(e):
                     raise
-                ok, self.seen = 0, self.seen or f"the agreement: {mpi_error(e)}"
+                ok, self.seen = 0, self.seen or Seen.of("the agreement: ", e)
 
     def _shrink(self, failed_call_s: float, what: str) -> None:
         from mpi4py import MPI
@@ -213,6 +213,8 @@ class SurvivorGroup:
         no recovery, yet the run should not hide an event MPI reported (nor its cost, the shrink). It
         says what MPI told rank 0; a rank whose own call met an error other than the revoke that
         spreads one (the rank where the alarm began) says which in a line of its own."""
+        from mpi4py import MPI
+
         self.redone += 1
         rank = self.comm.Get_rank()
         seat = self.alive[rank]   # (the host rank whose seat this rank holds)
@@ -220,7 +222,7 @@ class SurvivorGroup:
             print(f"{PREFIX} {what} of the host ranks failed (MPI's agreement), yet the shrink found all "
                   f"{self.comm.Get_size()} host ranks alive: redone on the same ranks (host rank {seat}'s call: "
                   f"{self.seen or 'completed'})", flush=True)
-        elif self.seen is not None and "REVOKED" not in self.seen:
+        elif self.seen is not None and self.seen.error_class != MPI.ERR_REVOKED:
             print(f"{PREFIX} host rank {seat}'s call, in {what} redone after a shrink with every rank alive: "
                   f"{self.seen}", flush=True)
 
@@ -237,11 +239,25 @@ class SurvivorGroup:
         self.generation += int(changed)
 
 
-def mpi_error(e: BaseException) -> str:
-    """MPI's own words for the error under `e` (a `PeerLost` wraps it), for a line that says what
-    MPI reported: 'MPI_ERR_REVOKED: communicator revoked'."""
-    cause = e.__cause__ if e.__cause__ is not None else e
-    return cause.Get_error_string() if hasattr(cause, "Get_error_string") else str(e)
+class Seen(NamedTuple):
+    """What MPI told a rank in a collective that failed, for the line that says so: where, MPI's
+    error class and its own words ('MPI_ERR_REVOKED: Communication Object Revoked')."""
+
+    where: str          # "" (the call itself) or "the agreement: "
+    error_class: int
+    text: str
+
+    @classmethod
+    def of(cls, where: str, e: BaseException) -> "Seen":
+        """From an `MPI.Exception` (what `PeerLost` wraps)."""
+        from mpi4py import MPI
+
+        if isinstance(e, MPI.Exception):
+            return cls(where, e.Get_error_class(), e.Get_error_string())
+        return cls(where, MPI.ERR_OTHER, str(e))
+
+    def __str__(self) -> str:
+        return self.where + self.text
 
 
 @functools.lru_cache(maxsize=16)
