@@ -5,8 +5,8 @@
 - the one re-slicing rule keeps the epoch's samples done, caps the step only where the epoch
   length is known, and is the host-rank ratio a script's restore used;
 - every origin (checkpoint files, DPU-memory / clone hand-offs, a spare's packed state) loads
-  through the same path: to the bit, RNG last, each rank its own local state under the same
-  slicing, host rank 0's (and no epoch record) under another.
+  through the same path: to the bit, RNG last, each rank its own local state (and every rank's epoch
+  record) under the same slicing, host rank 0's (and no epoch record) under another.
 """
 
 import json
@@ -166,6 +166,9 @@ def test_same_slicing_loads_each_ranks_own_state_to_the_bit(tmp_path):
     loaded = load_state(source, Live(model2, opt2, sched2), Reader(1, Slicing(2, cfg.batch_size), 8))
     assert loaded.exact and loaded.start == Position(0, 3, 3) and loaded.progress.losses == [1.0, 1.0]
     assert next_draws() == draws_after_seed(1)  # host rank 1's RNG, set last
+    # every rank's record too (`--recovery rollback`'s seats), copies: the trainer adds to its own record
+    assert [(p.sums.tolist(), p.losses) for p in loaded.seats] == [([0.0] * 3, [0.0]), ([1.0] * 3, [1.0, 1.0])]
+    assert loaded.seats[1] is not loaded.progress and loaded.seats[1].sums is not loaded.progress.sums
     assert state_sha256(model2, opt2) == state_sha256(model, opt)
     assert sched2.last_epoch == sched.last_epoch and opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
 
@@ -176,7 +179,7 @@ def test_another_slicing_takes_host_rank_0s_state_and_drops_the_epoch_record(tmp
                                                                        Position(0, 3, 3))))
     model2, opt2, sched2 = fresh()
     loaded = load_state(source, Live(model2, opt2, sched2), Reader(0, Slicing(1, cfg.batch_size), 16))
-    assert not loaded.exact and loaded.start == Position(0, 6, 3) and loaded.progress is None
+    assert not loaded.exact and loaded.start == Position(0, 6, 3) and loaded.progress is None and loaded.seats is None
     assert next_draws() == draws_after_seed(0)
     assert state_sha256(model2, opt2) == state_sha256(model, opt)
 
@@ -229,6 +232,7 @@ def test_dpu_memory_handoffs_load_like_the_checkpoint_files(tmp_path):
         loaded = load_state(source, Live(model2, opt2, sched2), Reader(2, Slicing(3, cfg.batch_size), 8))
         assert loaded.exact and loaded.progress.losses == [2.0] * 3 and next_draws() == draws_after_seed(2)
         assert state_sha256(model2, opt2) == state_sha256(model, opt)
+        assert [p.losses for p in loaded.seats] == [[0.0], [1.0] * 2, [2.0] * 3]  # (DPU memory's too)
 
 
 def test_a_clone_rank_loads_the_local_state_assigned_to_it_under_any_slicing():
@@ -238,7 +242,7 @@ def test_a_clone_rank_loads_the_local_state_assigned_to_it_under_any_slicing():
     assert len(source.locals) == 1
     model2, opt2, sched2 = fresh()
     loaded = load_state(source, Live(model2, opt2, sched2), Reader(3, Slicing(4, cfg.batch_size), 16))
-    assert loaded.start == Position(0, 2, 4) and not loaded.exact and loaded.progress is None
+    assert loaded.start == Position(0, 2, 4) and not loaded.exact and loaded.progress is None and loaded.seats is None
     assert next_draws() == draws_after_seed(1)
     assert state_sha256(model2, opt2) == state_sha256(model, opt)
 
