@@ -127,10 +127,13 @@ def test_seat_progress_adds_each_seat_s_step_as_the_seat_itself_does():
     ranks[0].begin_step(1, 0)
     assert ranks[0].seats[1].losses == []  # (a new epoch starts every seat empty)
     ranks[0].begin_step(2, 3)
-    assert ranks[0].seats is None       # (begun mid-way, as after a resume: unknown)
-    ranks[1].adopt(3, None)             # a spare called in at an epoch's start (no seats sent)...
-    ranks[1].begin_step(3, 0)
-    assert ranks[1].seats[0].losses == []  # ...starts the epoch's progress, known and empty
+    assert ranks[0].seats is None       # (begun mid-way with no seats given: unknown)
+    spare = SeatProgress(Two(1))        # a spare called in at an epoch's start (no seats sent)...
+    spare.begin_step(3, 0)
+    assert spare.seats[0].losses == []  # ...starts the epoch's progress, known and empty
+    spare.adopt(4, [EpochProgress(np.array([1.0, 2, 3]), [1.0]), EpochProgress()])  # one called mid-epoch...
+    spare.begin_step(4, 5)
+    assert spare.at(4)[0].losses == [1.0]  # ...goes on from the seats it was sent
 
 
 def test_spare_ranks_are_app_context_two_told_by_environment():

@@ -126,10 +126,10 @@ class SeatProgress:
             self.epoch = epoch
             self.seats = [EpochProgress() for _ in range(self.group.Get_size())] if step == 0 else None
 
-    def adopt(self, epoch: int, seats: Optional[list[EpochProgress]]) -> None:
-        """A spare: every seat's progress in `epoch` as the rank that sent it the state had it (None:
-        unknown, or the spare starts at the epoch's first step, which `begin_step` starts empty)."""
-        self.epoch, self.seats = (epoch, seats) if seats is not None else (None, None)
+    def adopt(self, epoch: int, seats: list[EpochProgress]) -> None:
+        """Every seat's progress in `epoch` so far, from a loaded state (a resume) or the state a
+        spare was sent (`Rollback.resumed`); at an epoch's first step `begin_step` starts it empty."""
+        self.epoch, self.seats = epoch, seats
 
     def at(self, epoch: int) -> Optional[list[EpochProgress]]:
         """Every seat's progress in `epoch` (None: not the epoch in flight here, or unknown): what

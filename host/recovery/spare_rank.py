@@ -89,12 +89,12 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob, faults: Faults) -> 
     trainer = Trainer(cfg, topo, job, sync, validation, share, group=group, joining=True, faults=faults,
                       hooks=lambda t: build_hooks(cfg, topo, t))
     position, trainer.partial = unpack_state(call.state, trainer.model, trainer.optimizer, trainer.scheduler)
-    seats = seat_progress(call.state)   # (every seat's progress in the epoch: the seat's own resumes its record)
-    trainer.resume_at(position, copy.deepcopy(seats[call.seat]) if seats else None)
+    trainer.recovery = Rollback(group, trainer, cfg.epochs)
+    seats = seat_progress(call.state)   # (every seat's progress in the epoch: the seat's own resumes its record,
+    # and every seat's is known here from now on, as after a resume: `Rollback.resumed`)
+    trainer.resume_at(position, copy.deepcopy(seats[call.seat]) if seats else None, seats)
     if isinstance(trainer.hooks, StateHandoff):  # checkpoints: the seat's keeper hears from this rank now
         trainer.hooks.join(position, resend=call.replay)
-    trainer.recovery = Rollback(group, trainer, cfg.epochs)
-    trainer.recovery.carried.progress.adopt(position.epoch, seats)
     what = "replays the failed step from" if call.replay else "starts at"
     print(f"[dpuoffload] {topo.describe()} takes host rank {call.seat}'s seat: it {what} "
           f"{describe_position(position)}, its batches from {feed.loader.where}", flush=True)
