@@ -467,6 +467,7 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
     p.add_argument("--model", default=S, help="resnet20 | resnet56 | shufflenet_v2 | resnet50 | "
                    "module:function (a factory taking num_classes)")
     p.add_argument("--dataset", default=S, help="cifar10 | svhn | tinyimagenet | fake | "
+                   "webdataset:PATTERN (tar shards, e.g. DIR/train-{000000..000005}.tar; val: the same with val) | "
                    "module:function (a factory taking root, train, download)")
     p.add_argument("--data", default=S, metavar="DIR", help="dataset root directory")
     p.add_argument("--download", action="store_true", default=S,

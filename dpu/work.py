@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import build_datasets, build_train_set
-from dpuoffload.common.data.loaders import steps_per_epoch
+from dpuoffload.common.data.loaders import Sampling, steps_for
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.models.zoo import build_model
 from dpuoffload.common.plan.offload import OffloadPlan
@@ -61,7 +61,7 @@ def validation(cfg: RunConfig, topo: Topology, plan: OffloadPlan, work_comm: MPI
     if cfg.script is not None:
         return ScriptValidation(cfg, topo, run.faults, work_comm, hosts)
     data = build_datasets(cfg)
-    steps = steps_per_epoch(len(data.train), len(topo.host_ranks), cfg.batch_size, cfg.drop_last)
+    steps = steps_for(data.train, Sampling.of(cfg, len(topo.host_ranks), 0))
     start = start_position(find_resume(cfg, len(topo.host_ranks), steps, run.memory))
     spans = epoch_spans(steps, cfg.epochs, start, cfg.stop_at_step)
     done = list(itertools.accumulate((s.stop - s.start for s in spans), initial=start.global_step))

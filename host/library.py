@@ -28,7 +28,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.data.loaders import Sampling, steps_per_epoch
+from dpuoffload.common.data.loaders import Sampling, steps_for
 from dpuoffload.common.data.streams import Recipe, StepSplit
 from dpuoffload.common.data.wire import choose
 from dpuoffload.common.data.wire import policy as wire_policy
@@ -164,7 +164,7 @@ class Job:
         No communication happens here: the DPU rank hears of the loader with the first batch request.
         """
         self._check_open()
-        check_dataset(dataset, batch_size)
+        dataset = check_dataset(dataset, batch_size)
         if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
             raise ConfigError(f"job.loader: epochs must be an integer >= 1 or None, got {epochs!r}")
         sampling = Sampling(batch_size, self.size, self.rank, seed, shuffle, drop_last)
@@ -180,7 +180,7 @@ class Job:
         topo, cfg, plan = cast(Topology, self.topo), cast(RunConfig, self.cfg), cast(OffloadPlan, self.plan)
         feeder = require_feeder(plan, topo.world_rank if self.fed_as is None else self.fed_as, topo.describe())
         wire = choose(dataset, self.wire_policy, host_steps, sampling)  # (uint8: the host runs the float steps)
-        steps = steps_per_epoch(len(dataset), sampling.replicas, sampling.batch_size, sampling.drop_last)
+        steps = steps_for(dataset, sampling)
         split = StepSplit(cfg.da_host_share, steps)
         remote = RemoteSource(topo.world, feeder, topo.describe(feeder), len(self.loaders), wire.layout, steps,
                               cfg.peer_timeout, copy, epochs, split, pinned=self.device.type == "cuda",

@@ -24,6 +24,7 @@ import torch
 from dpuoffload.common.data.batches import FLAG_POLL, BatchBuffer, BatchKind, BatchLayout
 from dpuoffload.common.data.loaders import RankLoader, Sampling, probe_layout, unfit_samples
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.data.shards import as_stream
 from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, StepSplit, encode, stream_tag
 from dpuoffload.common.data.wire import Chosen, HostSteps
 from dpuoffload.common.data.workers import WorkerPool
@@ -433,12 +434,15 @@ def local_loader(dataset: object, sampling: Sampling, epochs: Optional[int] = No
     return DpuLoader(LocalSource(loader), sampling, len(loader), dataset, "this process", epochs)
 
 
-def check_dataset(dataset: object, batch_size: int) -> None:
-    """The mistakes `job.loader` can name before anything is sent."""
+def check_dataset(dataset: object, batch_size: int) -> object:
+    """The mistakes `job.loader` can name before anything is sent; the data set as the loader
+    takes it (a stream with the shard protocol wrapped in a `ShardedSet`: its shards counted)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"job.loader: batch_size must be an integer >= 1, got {batch_size!r}")
+    dataset = as_stream(dataset)
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-        raise ConfigError(f"job.loader needs a map-style data set (with __getitem__ and __len__), got "
-                          f"{type(dataset).__name__}; an IterableDataset cannot be split by sample index")
+        raise ConfigError(f"job.loader needs a map-style data set (with __getitem__ and __len__) or a stream of "
+                          f"shards (docs/batches.md, \"Streams\"), got {type(dataset).__name__}")
     if len(dataset) == 0:  # type: ignore[arg-type]
         raise ConfigError("job.loader: the data set is empty")
+    return dataset

@@ -22,6 +22,7 @@ import pickle
 import shutil
 import struct
 import sys
+import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +35,14 @@ from dpuoffload.common.data.datasets import BUNDLED_MARKER
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.files import fsync_dir, write_atomic
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: tinyimagenet/shards/ (WebDataset tar shards of the same JPEGs)
 GENERATED: tuple[str, ...] = ("cifar10", "svhn", "tinyimagenet")
 DIGIT_NAMES: tuple[str, ...] = ("zero", "one", "two", "three", "four",
                                 "five", "six", "seven", "eight", "nine")
 WNIDS: tuple[str, ...] = tuple(f"n{d:08d}" for d in range(10))  # sort like the digits in ImageFolder
 NUM_VAL = 300                 # of the 1,797 digits; the rest (1,497) are training samples
 CIFAR_TRAIN_BATCHES = 5
+SHARD_SAMPLES = 256           # samples per tar shard of tinyimagenet/shards/ (1,497 train: 5 x 256 + 217)
 IMAGE_SIZE = {"cifar10": 32, "svhn": 32, "tinyimagenet": 64}
 BACKGROUND_DIM = 0.5          # the photograph is dimmed so the digit stays the strongest signal
 MAT_HEADER = b"MATLAB 5.0 MAT-file, Platform: dpuoffload make-data"  # scipy would stamp the time
@@ -203,12 +205,30 @@ def _savemat(arrays: dict[str, np.ndarray]) -> bytes:
 
 
 def _write_tinyimagenet(sink: _FileSink, split: Split) -> None:
-    """ImageFolder layout: train/<wnid>/*.JPEG, val/<wnid>/*.JPEG, plus wnids.txt/words.txt."""
+    """ImageFolder layout: train/<wnid>/*.JPEG, val/<wnid>/*.JPEG, plus wnids.txt/words.txt; and the
+    same JPEGs as WebDataset tar shards, shards/train-{000000..000005}.tar and shards/val-{000000..000001}.tar
+    (SHARD_SAMPLES each, the last one shorter: uneven on purpose, as real shard sets end)."""
     for folder, xs, ys in (("train", split.train_x, split.train_y), ("val", split.val_x, split.val_y)):
-        for k, (x, y) in enumerate(zip(xs, ys)):
-            sink.write(f"{folder}/{WNIDS[y]}/{WNIDS[y]}_{k}.JPEG", _jpeg(x))
+        jpegs = [_jpeg(x) for x in xs]
+        for k, (data, y) in enumerate(zip(jpegs, ys)):
+            sink.write(f"{folder}/{WNIDS[y]}/{WNIDS[y]}_{k}.JPEG", data)
+        for s, at in enumerate(range(0, len(jpegs), SHARD_SAMPLES)):
+            members = [(f"{k:06d}", jpegs[k], int(ys[k])) for k in range(at, min(at + SHARD_SAMPLES, len(jpegs)))]
+            sink.write(f"shards/{folder}-{s:06d}.tar", _tar(members))
     sink.write("wnids.txt", "".join(f"{w}\n" for w in WNIDS).encode())
     sink.write("words.txt", "".join(f"{w}\t{n}\n" for w, n in zip(WNIDS, DIGIT_NAMES)).encode())
+
+
+def _tar(members: Sequence[tuple[str, bytes, int]]) -> bytes:
+    """A WebDataset shard: KEY.jpg and KEY.cls per sample, in order; no timestamps or owners (deterministic)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, jpeg, label in members:
+            for ext, data in (("jpg", jpeg), ("cls", str(label).encode())):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size, info.mode, info.mtime = len(data), 0o644, 0
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
 def _jpeg(image: np.ndarray) -> bytes:

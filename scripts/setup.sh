@@ -46,9 +46,9 @@ case "$(uname -m)" in
   aarch64) TORCH_PINS="torch==2.9.1 torchvision==0.24.1" ;;
   *)       TORCH_PINS="torch torchvision" ;;
 esac
-DEPS="numpy pillow scipy scikit-learn mpi4py tqdm psutil safetensors python-hostlist matplotlib tensorboard lightning pytest pytest-timeout pytest-xdist ruff cmake setuptools>=70 wheel"
+DEPS="numpy pillow scipy scikit-learn mpi4py tqdm psutil safetensors python-hostlist braceexpand webdataset datasets matplotlib tensorboard lightning pytest pytest-timeout pytest-xdist ruff cmake setuptools>=70 wheel"
 # The DPU program's own needs (scipy: SVHN's .mat files); the same versions as the host's keep samples identical.
-[ "$SIDE" = dpu ] && DEPS="numpy pillow scipy mpi4py tqdm psutil safetensors setuptools>=70 wheel"
+[ "$SIDE" = dpu ] && DEPS="numpy pillow scipy mpi4py tqdm psutil safetensors braceexpand setuptools>=70 wheel"
 # The docs' builder (scripts/test.sh runs `mkdocs build --strict`): the main venv only, not the DPU side nor
 # the test command's MPICH venv.
 [ "$SIDE" = host ] && [ "$MPI_KIND" != mpich-wheel ] && DEPS="$DEPS mkdocs"

@@ -24,6 +24,8 @@ def job_env() -> dict[str, str]:
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    env.setdefault("HF_DATASETS_OFFLINE", "1")  # (Hugging Face data sets from local files: never the hub)
+    env.setdefault("HF_HUB_OFFLINE", "1")
     return env
 
 

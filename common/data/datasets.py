@@ -111,6 +111,9 @@ def check_dataset(cfg: RunConfig, files: bool = True) -> None:
             missing scipy for SVHN. The message names the problem and the fix.
     """
     name = cfg.dataset
+    if is_webdataset(name):
+        _check_webdataset(cfg, files)
+        return
     if is_factory_spec(name):
         load_factory(name, "--dataset")
         return
@@ -202,6 +205,8 @@ def build_datasets(cfg: RunConfig) -> DatasetPair:
             the data set.
     """
     check_dataset(cfg)
+    if is_webdataset(cfg.dataset):
+        return _build_webdataset(cfg)
     if is_factory_spec(cfg.dataset):
         pair = _build_user(cfg)
     else:
@@ -340,6 +345,57 @@ def _num_classes(cfg: RunConfig, found: Optional[int]) -> int:
     return found
 
 
+# ---------------------------------------------------------------------------- WebDataset shards
+WEBDATASET = "webdataset:"
+
+
+def is_webdataset(name: str) -> bool:
+    return name.startswith(WEBDATASET)
+
+
+def webdataset_patterns(name: str) -> tuple[str, str]:
+    """`--dataset webdataset:PATTERN`: the training shards' pattern, and the validation shards' (the
+    pattern with its last `train` in the file name replaced by `val`, as ImageNet's shard sets are named)."""
+    train = name[len(WEBDATASET):]
+    folder, base = os.path.split(train)
+    if not train or "train" not in base:
+        raise ConfigError(f"--dataset {name}: give the training shards' pattern, with `train` in the file name "
+                          "(e.g. webdataset:DIR/train-{000000..000005}.tar); the validation shards are the same "
+                          "pattern with `val` for `train`")
+    head, _, tail = base.rpartition("train")
+    return train, os.path.join(folder, f"{head}val{tail}")
+
+
+def _check_webdataset(cfg: RunConfig, files: bool) -> None:
+    from dpuoffload.common.data.tarshards import expand
+
+    if cfg.train_subset is not None:
+        raise ConfigError("--train-subset cannot cut a stream of shards (a subset would break its shard order); "
+                          "pass fewer shards in the pattern instead")
+    train, val = webdataset_patterns(cfg.dataset)
+    if files:
+        expand(train)
+        expand(val)
+
+
+def _build_webdataset(cfg: RunConfig) -> DatasetPair:
+    """The training shards as a stream (`dpuoffload.webdataset`), the validation shards indexed by
+    offset (map-style); Tiny ImageNet's augmentation at the images' own side."""
+    from PIL import Image
+
+    from dpuoffload.common.data.tarshards import Decode, TarIndexed, webdataset
+
+    train_pattern, val_pattern = webdataset_patterns(cfg.dataset)
+    val = TarIndexed(val_pattern)
+    image, _ = Decode()(val.record(0))
+    size = image.width if isinstance(image, Image.Image) else 64
+    val.transform = _transform("tinyimagenet", False, size)
+    train = webdataset(train_pattern, _transform("tinyimagenet", True, size))
+    labels = val.labels()
+    found = max(labels) + 1 if labels and cfg.num_classes is None else None
+    return DatasetPair(train, _subset(val, cfg.val_subset, "--val-subset"), _num_classes(cfg, found), size)
+
+
 _BUILDERS: dict[str, Callable[[RunConfig], DatasetPair]] = {
     "cifar10": _build_cifar10, "svhn": _build_svhn,
     "tinyimagenet": _build_tinyimagenet, "fake": _build_fake,
@@ -347,7 +403,7 @@ _BUILDERS: dict[str, Callable[[RunConfig], DatasetPair]] = {
 
 
 # ----------------------------------------------------------------------------------- transforms
-def _transform(name: str, train: bool) -> "T.Compose":
+def _transform(name: str, train: bool, size: int = 64) -> "T.Compose":
     """The standard augmentation of each data set (train) or its plain normalisation (val)."""
     from torchvision import transforms as T
 
@@ -355,9 +411,9 @@ def _transform(name: str, train: bool) -> "T.Compose":
         return T.Compose([T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)])
     if name == "tinyimagenet":
         if train:
-            steps: list = [T.RandomResizedCrop(64), T.RandomHorizontalFlip()]
+            steps: list = [T.RandomResizedCrop(size), T.RandomHorizontalFlip()]
         else:
-            steps = [T.Resize(64), T.CenterCrop(64)]
+            steps = [T.Resize(size), T.CenterCrop(size)]
         return T.Compose(steps + [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
     if name == "cifar10":
         steps = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()] if train else []

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.batches import BatchLayout, layout_for
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.data.shards import sharded_of
 from dpuoffload.common.errors import ConfigError
 
 
@@ -52,16 +53,22 @@ class RankLoader:
         s = cfg if isinstance(cfg, Sampling) else Sampling.of(cfg, int(replicas or 1), int(rank or 0))
         self.sampling = s
         self.dataset, self.batch_size, self.drop_last = dataset, s.batch_size, s.drop_last
-        self.sampler = DistributedSampler(dataset, num_replicas=s.replicas, rank=s.rank, shuffle=s.shuffle,
-                                          seed=s.seed)
+        self.epoch = 0
         self.collate = None if collate else _items
+        self._order: tuple[int, list[int]] = (-1, [])  # (epoch, its order): a stream's costs a plan
 
     def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
+        self.epoch = epoch
         self.dataset.set_epoch(epoch)
 
+    def order(self, epoch: int) -> list[int]:
+        """This rank's sample ids of `epoch`, in training order (`epoch_order`)."""
+        if self._order[0] != epoch:
+            self._order = (epoch, epoch_order(self.dataset, self.sampling, epoch))
+        return self._order[1]
+
     def __len__(self) -> int:
-        return steps_per_epoch(len(self.dataset), self.sampler.num_replicas, self.batch_size, self.drop_last)
+        return steps_for(self.dataset, self.sampling)
 
     def __iter__(self) -> Iterator:
         return self.batches()
@@ -71,13 +78,36 @@ class RankLoader:
         """Batches [start, stop) of the epoch set by `set_epoch` (only the steps `keep` accepts);
         skipped batches are never loaded (a resumed epoch starts where the checkpoint was taken at
         the cost of one permutation)."""
-        order = list(self.sampler)
+        order = self.order(self.epoch)
         b = self.batch_size
         chunks = [order[i: i + b] for i in range(0, len(self) * b, b)]
         steps = range(len(chunks))[start:stop]
         chosen = [chunks[s] for s in steps if keep is None or keep(s)]
         loader = DataLoader(self.dataset, batch_sampler=chosen, num_workers=0, collate_fn=self.collate)
         return iter(loader)
+
+
+def epoch_order(dataset: Any, s: Sampling, epoch: int, rank: Optional[int] = None) -> list[int]:
+    """Host rank `rank`'s (default: `s.rank`'s) sample ids of `epoch` in training order: the
+    `DistributedSampler`'s for a map-style set, the `ShardPlan`'s for a stream (`common.data.shards`).
+    The one definition of "the batches the host would build" that every builder walks."""
+    rank = s.rank if rank is None else rank
+    stream = sharded_of(dataset)
+    if stream is not None:
+        return stream.plan(s.replicas, s.seed, s.shuffle).order(epoch, rank)
+    sampler = DistributedSampler(range(len(dataset)), num_replicas=s.replicas, rank=rank, shuffle=s.shuffle,
+                                 seed=s.seed)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def steps_for(dataset: Any, s: Sampling) -> int:
+    """Batches per epoch of every host rank, for a map-style set or a stream."""
+    stream = sharded_of(dataset)
+    per_rank = stream.plan(s.replicas, s.seed, s.shuffle).per_rank if stream is not None else None
+    if per_rank is None:
+        return steps_per_epoch(len(dataset), s.replicas, s.batch_size, s.drop_last)
+    return per_rank // s.batch_size if s.drop_last else -(-per_rank // s.batch_size)
 
 
 def steps_per_epoch(n: int, replicas: int, batch_size: int, drop_last: bool) -> int:

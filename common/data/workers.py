@@ -11,7 +11,7 @@ batches in order. Two things make its batches the ones `--mode none` builds:
   per-sample seeds (`PerSampleSeeded`) the epoch and the index are all a sample's augmentation
   depends on, whichever worker builds it;
 - the keys follow the feeder's plan (`PlannedKeys`): from (epoch, start) on, epoch after epoch,
-  over the same `DistributedSampler` order `RankLoader` walks. The workers therefore start the next
+  over the same order `RankLoader` walks (`epoch_order`). The workers therefore start the next
   epoch's batches while the current one is still being trained on: no drain at an epoch edge,
   which a DataLoader looping over epochs has (its iterator ends with the epoch).
 
@@ -70,8 +70,7 @@ class PlannedKeys:
         epoch, start, b = self.epoch, self.start, self.loader.batch_size
         steps = len(self.loader)
         while self.end == STOP or epoch < self.end:
-            self.loader.sampler.set_epoch(epoch)
-            order = list(self.loader.sampler)
+            order = self.loader.order(epoch)
             for step in range(start, steps):
                 if self.keep is None or self.keep(step):
                     yield [(epoch, i) for i in order[step * b: (step + 1) * b]]

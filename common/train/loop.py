@@ -29,6 +29,7 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import DatasetPair
 from dpuoffload.common.data.feeds import Batch, Feed
 from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.data.shards import sharded_of
 from dpuoffload.common.faults import inject
 from dpuoffload.common.faults.simulate import FailureSimulator, StepFailure, lose_gradients
 from dpuoffload.common.faults.watch import Faults
@@ -187,6 +188,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(job.compute.device.type) if job.compute.scales_loss else None
         self.optimizer = build_optimizer(cfg, self.model)
         self.feed = job.feed
+        self.stream = sharded_of(job.train)  # a stream of shards: its epochs' padding and drops go in the records
         self.total_steps = cfg.epochs * self.feed.steps()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(cfg.lr_schedule, s, self.total_steps))
@@ -501,7 +503,15 @@ class Trainer:
                 "samples_per_s": float(train_sums[2]) / train_time if train_time > 0 else 0.0,
                 "lr": self.scheduler.get_last_lr()[0], "val_dpu_share": share,
                 "phase_shares": self.timer.shares(epoch_time), "step_losses": losses,
-                "weights_sha256": state_digest(self.model)}
+                "weights_sha256": state_digest(self.model), **self.stream_balance(epoch)}
+
+    def stream_balance(self, epoch: int) -> dict[str, Any]:
+        """A stream's epoch: the samples its host ranks repeated to train equal epochs (padded) and
+        left for another epoch (dropped), over all host ranks (`ShardPlan.balance`); {} for a map-style set."""
+        if self.stream is None:
+            return {}
+        plan = self.stream.plan(len(self.topo.host_ranks), self.cfg.seed)
+        return {"stream": {"shards": len(self.stream.shards), "samples": len(self.stream), **plan.balance(epoch)}}
 
 
 class SampleRate:
@@ -522,6 +532,9 @@ _SHORT = {"data": "data", "forward_backward": "fwd/bwd", "allreduce": "allreduce
 
 def format_epoch_line(rec: dict[str, Any], epochs: int) -> str:
     shares = " ".join(f"{_SHORT.get(k, k)} {v:.0%}" for k, v in rec["phase_shares"].items())
+    stream = rec.get("stream") or {}
+    evened = (f" | stream: {stream['padded']} repeated, {stream['dropped']} left for later (uneven shards)"
+              if stream.get("padded") or stream.get("dropped") else "")
     return (f"epoch {rec['epoch'] + 1}/{epochs} | train loss {rec['train_loss']:.4f} acc "
             f"{rec['train_acc']:.1%} | val loss {rec['val_loss']:.4f} acc {rec['val_acc']:.1%} | "
-            f"{rec['epoch_time']:.1f} s, {rec['samples_per_s']:.0f} samples/s | {shares}")
+            f"{rec['epoch_time']:.1f} s, {rec['samples_per_s']:.0f} samples/s | {shares}{evened}")

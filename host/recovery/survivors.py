@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DistributedSampler, default_collate
+from torch.utils.data import default_collate
 
 from dpuoffload.common.data.feeds import Batch
-from dpuoffload.common.data.loaders import Sampling
+from dpuoffload.common.data.loaders import Sampling, epoch_order
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import PeerLost
 from dpuoffload.common.faults.abort import PREFIX
@@ -261,18 +261,16 @@ class Seen(NamedTuple):
 
 
 @functools.lru_cache(maxsize=16)
-def _order(n: int, sampling: Sampling, rank: int, epoch: int) -> tuple[int, ...]:
-    """Host rank `rank`'s sample order of `epoch` in the failure-free run (its `DistributedSampler`)."""
-    sampler = DistributedSampler(range(n), num_replicas=sampling.replicas, rank=rank, shuffle=sampling.shuffle,
-                                 seed=sampling.seed)
-    sampler.set_epoch(epoch)
-    return tuple(sampler)
+def _order(dataset: Any, sampling: Sampling, rank: int, epoch: int) -> tuple[int, ...]:
+    """Host rank `rank`'s sample order of `epoch` in the failure-free run (`epoch_order`: its
+    `DistributedSampler`'s, or a stream's shard plan)."""
+    return tuple(epoch_order(dataset, sampling, epoch, rank))
 
 
-def batch_ids(n: int, sampling: Sampling, epoch: int, step: int, rank: int) -> list[int]:
+def batch_ids(dataset: Any, sampling: Sampling, epoch: int, step: int, rank: int) -> list[int]:
     """Sample ids of host rank `rank`'s batch at `step` of `epoch` (the failure-free run's)."""
     b = sampling.batch_size
-    return list(_order(n, sampling, rank, epoch)[step * b: (step + 1) * b])
+    return list(_order(dataset, sampling, rank, epoch)[step * b: (step + 1) * b])
 
 
 class Takeover:
@@ -291,7 +289,7 @@ class Takeover:
         j = self.rank if rank is None else rank
         out: list[int] = []
         for d in self.dead:
-            ids = batch_ids(len(self.train), self.sampling, epoch, step, d)
+            ids = batch_ids(self.train, self.sampling, epoch, step, d)
             out += [int(i) for i in np.array_split(np.asarray(ids), self.survivors)[j]]
         return out
 
@@ -380,7 +378,7 @@ class LossyForward:
         last = step + 1 if self.reassign else self.steps
         for d in shrink.lost:
             for s in range(step, last):
-                failure.lost_ids += batch_ids(len(self.dataset), self.sampling, epoch, s, d)
+                failure.lost_ids += batch_ids(self.dataset, self.sampling, epoch, s, d)
                 earlier = self.takeover_at(epoch, s)
                 if earlier is not None:  # and its share of the batches of ranks that died before it
                     failure.lost_ids += earlier.mine(epoch, s, shrink.before.index(d))

@@ -1,0 +1,249 @@
+"""WebDataset tar shards: `--dataset webdataset:PATTERN` and `dpuoffload.webdataset(pattern, transform)`.
+
+A WebDataset shard is a plain tar file whose members are grouped into samples by key (the member
+name up to its first dot: `000123.jpg` and `000123.cls` are one sample, `{"jpg": ..., "cls": ...}`).
+This module reads them with the standard library's `tarfile`, so the DPU program needs no extra
+package: records are the raw member bytes (what the shuffle buffer holds), and `TarShards.sample`
+decodes the image (PIL) and applies the transform under the sample's seeds, as ImageFolder does.
+Shard names are paths or brace patterns (`train-{000000..000146}.tar`, webdataset's own syntax via
+`braceexpand`); `pipe:CMD` names (a command that writes the shard to stdout) go through
+webdataset's `gopen` where webdataset is installed. Remote object stores are not tested here (no
+network); `pipe:` names are, with a local `cat`.
+
+`TarIndexed` is the map-style twin for validation sets: an index of member offsets built by one
+pass over the headers, then each sample read by offset (as webdataset's `wids` does).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Iterator, Optional, Sequence, Union
+
+from dpuoffload.common.data.shards import SHUFFLE_BUFFER, ShardedSet
+from dpuoffload.common.errors import ConfigError
+
+IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp")
+LABEL_KEYS = ("cls", "label", "class")
+Record = dict[str, Any]
+
+
+def expand(pattern: Union[str, Sequence[str]]) -> list[str]:
+    """Shard names from a brace pattern (or a list of patterns), in order; local files must exist."""
+    from braceexpand import braceexpand
+
+    patterns = [pattern] if isinstance(pattern, str) else list(pattern)
+    names = [name for p in patterns for name in braceexpand(p)]
+    if not names:
+        raise ConfigError(f"webdataset: {pattern!r} names no shards")
+    missing = [n for n in names if _is_local(n) and not os.path.isfile(n)]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise ConfigError(f"webdataset: shard {missing[0]} does not exist{more} (pattern {pattern!r}); check the "
+                          "path and the brace range, or write the shards (dpurun make-data writes the bundled set "
+                          "as tinyimagenet-shards/)")
+    return names
+
+
+def _is_local(name: str) -> bool:
+    return not (name.startswith("pipe:") or "://" in name)
+
+
+def _open(name: str) -> IO[bytes]:
+    if _is_local(name):
+        return open(name, "rb")
+    try:
+        from webdataset.gopen import gopen
+    except ImportError:
+        raise ConfigError(f"webdataset: shard {name} is not a local file; reading it needs the webdataset package "
+                          "(pip install webdataset)") from None
+    return gopen(name, "rb")
+
+
+def _key_ext(member: str) -> tuple[str, str]:
+    """webdataset's split of a member name: key = path up to the first dot of the base name."""
+    folder, base = os.path.split(member)
+    stem, dot, ext = base.partition(".")
+    return os.path.join(folder, stem) if folder else stem, ext.lower() if dot else ""
+
+
+def iter_records(name: str) -> Iterator[Record]:
+    """The shard's samples, in order: member bytes by extension, plus `__key__`.
+
+    Raises:
+        tarfile.ReadError: a member cut short, or a local shard without its end (truncated): tarfile's
+            stream mode would otherwise end the shard quietly there.
+    """
+    with _open(name) as f, tarfile.open(fileobj=f, mode="r|*") as tar:
+        current: Optional[Record] = None
+        end = 0
+        for member in tar:
+            end = _member_end(member)
+            if not member.isfile():
+                continue
+            key, ext = _key_ext(member.name)
+            if current is not None and current["__key__"] != key:
+                yield current
+                current = None
+            if current is None:
+                current = {"__key__": key}
+            data = tar.extractfile(member)
+            current[ext] = b"" if data is None else data.read()
+            if len(current[ext]) != member.size:
+                raise tarfile.ReadError(f"unexpected end of data in member {member.name} (truncated shard?)")
+        _check_end(name, end)
+        if current is not None:
+            yield current
+
+
+def count_records(name: str) -> int:
+    """Samples in a shard from its headers alone (member data is skipped, not read).
+
+    Raises:
+        tarfile.ReadError: a local shard shorter than its members need (truncated).
+    """
+    keys = 0
+    last = None
+    end = 0
+    with _open(name) as f, tarfile.open(fileobj=f, mode="r|*") as tar:
+        for member in tar:
+            end = _member_end(member)
+            if member.isfile():
+                key = _key_ext(member.name)[0]
+                keys += key != last
+                last = key
+    _check_end(name, end)
+    return keys
+
+
+def _member_end(member: tarfile.TarInfo) -> int:
+    return member.offset_data + -(-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+
+
+def _check_end(name: str, end: int) -> None:
+    """A local shard must hold its last member whole and the archive's end (two zero blocks)."""
+    if _is_local(name) and os.path.getsize(name) < end + 2 * tarfile.BLOCKSIZE:
+        raise tarfile.ReadError(f"unexpected end of data: the file has {os.path.getsize(name)} bytes, its members "
+                                f"and the archive's end need {end + 2 * tarfile.BLOCKSIZE} (truncated shard?)")
+
+
+@dataclass
+class Decode:
+    """A record made into (image, label): the first image member found, PIL RGB; the label member as an int."""
+
+    image: tuple[str, ...] = IMAGE_KEYS
+    label: tuple[str, ...] = LABEL_KEYS
+
+    def __call__(self, record: Record) -> tuple[Any, int]:
+        from PIL import Image
+
+        img_key = next((k for k in self.image if k in record), None)
+        lab_key = next((k for k in self.label if k in record), None)
+        if img_key is None or lab_key is None:
+            what = "an image (" + "/".join(self.image) + ")" if img_key is None else "a label (" + "/".join(self.label) + ")"
+            raise ConfigError(f"record {record.get('__key__')} has no {what} member; it has: "
+                              f"{', '.join(k for k in record if k != '__key__')}")
+        with Image.open(io.BytesIO(record[img_key])) as im:
+            image = im.convert("RGB")
+        return image, int(record[lab_key].decode().strip())
+
+
+class TarShards:
+    """A `ShardSource` over WebDataset tar shards: records are member bytes, `sample` decodes and transforms."""
+
+    def __init__(self, pattern: Union[str, Sequence[str]], transform: Optional[Callable[[Any], Any]] = None,
+                 decode: Optional[Callable[[Record], tuple[Any, int]]] = None) -> None:
+        self.pattern = pattern
+        self.shards = expand(pattern)
+        self.transform = transform
+        self.decode = decode or Decode()
+
+    def shard_length(self, shard: str) -> int:
+        return count_records(shard)
+
+    def open_shard(self, shard: str) -> Iterator[Record]:
+        return iter_records(shard)
+
+    def sample(self, record: Record) -> tuple[Any, int]:
+        image, label = self.decode(record)
+        return (self.transform(image) if self.transform is not None else image), label
+
+
+def webdataset(pattern: Union[str, Sequence[str]], transform: Optional[Callable[[Any], Any]] = None, *,
+               decode: Optional[Callable[[Record], tuple[Any, int]]] = None,
+               shuffle_buffer: int = SHUFFLE_BUFFER) -> ShardedSet:
+    """WebDataset tar shards as a training stream for `job.loader` (public API: `dpuoffload.webdataset`).
+
+    Args:
+        pattern: shard paths, a brace pattern (`"data/train-{000000..000146}.tar"`), a list of them,
+            or `pipe:CMD` names (with webdataset installed).
+        transform: applied to each decoded PIL image under the sample's seeds (a torchvision
+            Compose: the uint8 wire splits it, the numerics check traces it).
+        decode: record (member bytes by extension) -> (image, label); default: the first image
+            member (jpg, png, ...) as PIL RGB and the `cls` member as an int.
+        shuffle_buffer: records in each host rank's shuffle buffer.
+
+    Returns:
+        A `ShardedSet`: its shards counted (headers only), walked in the stream order of docs/batches.md.
+    """
+    return ShardedSet(TarShards(pattern, transform, decode), shuffle_buffer, name=f"webdataset {_short(pattern)}")
+
+
+def _short(pattern: Union[str, Sequence[str]]) -> str:
+    return pattern if isinstance(pattern, str) else f"{pattern[0]} (+{len(pattern) - 1})"
+
+
+class TarIndexed:
+    """Tar shards as a map-style data set (validation): member offsets indexed once, samples read by offset."""
+
+    def __init__(self, pattern: Union[str, Sequence[str]], transform: Optional[Callable[[Any], Any]] = None,
+                 decode: Optional[Callable[[Record], tuple[Any, int]]] = None) -> None:
+        self.shards = expand(pattern)
+        self.transform = transform
+        self.decode = decode or Decode()
+        self.index: list[tuple[int, str, tuple[tuple[str, int, int], ...]]] = []  # (shard, key, (ext, at, size)...)
+        for s, name in enumerate(self.shards):
+            if not _is_local(name):
+                raise ConfigError(f"webdataset: {name}: a validation set must be local files (read by offset)")
+            self._index(s, name)
+
+    def _index(self, s: int, name: str) -> None:
+        try:
+            with tarfile.open(name, mode="r:*") as tar:
+                members: dict[str, list[tuple[str, int, int]]] = {}
+                for m in tar.getmembers():
+                    if m.isfile():
+                        key, ext = _key_ext(m.name)
+                        members.setdefault(key, []).append((ext, m.offset_data, m.size))
+        except (tarfile.TarError, OSError) as e:
+            raise ConfigError(f"webdataset: shard {name} cannot be read: {type(e).__name__}: {e}") from None
+        self.index += [(s, key, tuple(parts)) for key, parts in members.items()]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def record(self, i: int) -> Record:
+        s, key, parts = self.index[i]
+        out: Record = {"__key__": key}
+        with open(self.shards[s], "rb") as f:
+            for ext, at, size in parts:
+                f.seek(at)
+                out[ext] = f.read(size)
+        return out
+
+    def labels(self) -> list[int]:
+        """Every sample's label (validation's class count, without decoding an image)."""
+        keys = self.decode.label if isinstance(self.decode, Decode) else LABEL_KEYS
+        out = []
+        for i in range(len(self)):
+            record = self.record(i)
+            key = next((k for k in keys if k in record), None)
+            if key is not None:
+                out.append(int(record[key].decode().strip()))
+        return out
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        image, label = self.decode(self.record(i))
+        return (self.transform(image) if self.transform is not None else image), label

@@ -1,0 +1,70 @@
+"""Streams of shards in real dpurun jobs: the batches a DPU rank builds from tar shards, a user's own
+stream and Hugging Face data sets equal the host's own (`--mode none`) to the bit, over uneven shards,
+2 host ranks and 2 DPU ranks; the built-in trainer's `--dataset webdataset:PATTERN` too."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dpuoffload.launch.make_data import _tar
+from tests.mpijobs import dpurun, read_jsonl
+from tests.test_shards import jpeg
+
+SCRIPT = "tests/api_scripts/shard_streams.py"
+SIZES = (30, 30, 30, 30, 30, 11, 23)   # uneven shards: host ranks get 94 and 90 samples before evening
+TWO_BY_TWO = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe"]
+
+
+def write_shards(folder) -> None:
+    """Tar shards of small JPEGs, and the user's own JSON-lines shards, both uneven."""
+    (folder / "json").mkdir(parents=True)
+    for s, n in enumerate(SIZES):
+        members = [(f"{s}{k:04d}", jpeg((7 * k + 31 * s) % 256), (k + s) % 5) for k in range(n)]
+        (folder / f"train-{s:06d}.tar").write_bytes(_tar(members))
+        with open(folder / "json" / f"part-{s}.jsonl", "w") as f:
+            f.writelines(json.dumps({"value": 100 * s + k, "label": k % 3}) + "\n" for k in range(n))
+
+
+@pytest.fixture(scope="module")
+def walks(tmp_path_factory) -> dict[str, list]:
+    data = tmp_path_factory.mktemp("shards")
+    write_shards(data)
+    out = {}
+    runs = {"none": ["--mode", "none"], "da": ["--mode", "da"],
+            "hybrid": ["--mode", "hybrid", "--dpu-workers", "2", "--da-host-share", "0.3"]}
+    for name, flags in runs.items():
+        prefix = tmp_path_factory.mktemp(name) / "seen"
+        log = prefix.parent / "log"
+        r = dpurun(TWO_BY_TWO, [*flags, "--log-dir", str(log), SCRIPT, "--data", str(data), "--out", str(prefix)],
+                   timeout=400)
+        assert r.returncode == 0, r.stdout + r.stderr
+        out[name] = [json.loads((prefix.parent / f"seen-{rank}.json").read_text()) for rank in (0, 1)]
+        out[f"{name}-out"] = r.stdout
+        out[f"{name}-dpu"] = [read_jsonl(log / f"phases-rank{rank}.jsonl") for rank in (2, 3)]
+    return out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("kind", ["wds", "own", "hf", "hfstream"])
+def test_stream_batches_built_on_dpu_ranks_equal_the_hosts_own(walks, kind):
+    for rank in (0, 1):
+        none = walks["none"][rank][kind]
+        assert walks["da"][rank][kind] == none
+        assert walks["hybrid"][rank][kind] == none
+    a, b = walks["none"][0][kind], walks["none"][1][kind]
+    assert a["e0"] != b["e0"] and a["e0"] != a["e1"]   # each host rank its own shards, each epoch its own order
+    assert a["e0"] and len(a["e0"]) == len(b["e0"]) == int(a["steps"][0])  # uneven shards, equal epochs
+    for walk in (a, b, walks["da"][0][kind], walks["da"][1][kind]):  # a resumed epoch goes on as the whole one
+        assert walk["e2-from-2"] == walk["e2"][2:] and len(walk["e2"]) == len(walk["e0"])
+
+
+@pytest.mark.mpi
+def test_the_dpu_ranks_built_the_stream_batches_and_sent_uint8(walks):
+    feeders = walks["da-dpu"]
+    for recs in feeders:
+        end = recs[-1]
+        assert end["work"] == "da"
+        assert sum(r["batches"] for r in recs if "batches" in r) > 0
+    assert "uint8" in walks["da-out"]  # the numerics line: the tar shards' augmentation went as uint8
