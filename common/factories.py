@@ -10,8 +10,11 @@ from typing import Any, Callable
 from dpuoffload.common.errors import ConfigError
 
 
+BUILT_IN_PREFIXES = ("webdataset:",)  # `--dataset webdataset:PATTERN`: built in, not a module
+
+
 def is_factory_spec(name: str) -> bool:
-    return ":" in name
+    return ":" in name and not name.startswith(BUILT_IN_PREFIXES)
 
 
 def load_factory(spec: str, flag: str) -> Callable[..., Any]:

@@ -354,28 +354,38 @@ def is_webdataset(name: str) -> bool:
 
 
 def webdataset_patterns(name: str) -> tuple[str, str]:
-    """`--dataset webdataset:PATTERN`: the training shards' pattern, and the validation shards' (the
-    pattern with its last `train` in the file name replaced by `val`, as ImageNet's shard sets are named)."""
+    """`--dataset webdataset:PATTERN`: the training shards' pattern, and the validation shards: the
+    files that match the pattern with its last `train` in the file name read as `val` and each brace
+    range as `*` (`DIR/train-{000000..000146}.tar` -> `DIR/val-*.tar`), as ImageNet's shards are named."""
+    import re
+
     train = name[len(WEBDATASET):]
     folder, base = os.path.split(train)
     if not train or "train" not in base:
         raise ConfigError(f"--dataset {name}: give the training shards' pattern, with `train` in the file name "
-                          "(e.g. webdataset:DIR/train-{000000..000005}.tar); the validation shards are the same "
-                          "pattern with `val` for `train`")
+                          "(e.g. webdataset:DIR/train-{000000..000005}.tar); the validation shards are the files "
+                          "named alike with `val` (DIR/val-*.tar)")
     head, _, tail = base.rpartition("train")
-    return train, os.path.join(folder, f"{head}val{tail}")
+    return train, os.path.join(folder, re.sub(r"\{[^}]*\}", "*", f"{head}val{tail}"))
+
+
+def _val_shards(name: str, val_glob: str) -> list[str]:
+    import glob
+
+    val = sorted(glob.glob(val_glob))
+    if not val:
+        raise ConfigError(f"--dataset {name}: no validation shards match {val_glob}; write them beside the "
+                          "training shards (dpurun make-data writes tinyimagenet/shards/val-*.tar)")
+    return val
 
 
 def _check_webdataset(cfg: RunConfig, files: bool) -> None:
     from dpuoffload.common.data.tarshards import expand
 
-    if cfg.train_subset is not None:
-        raise ConfigError("--train-subset cannot cut a stream of shards (a subset would break its shard order); "
-                          "pass fewer shards in the pattern instead")
     train, val = webdataset_patterns(cfg.dataset)
     if files:
         expand(train)
-        expand(val)
+        _val_shards(cfg.dataset, val)
 
 
 def _build_webdataset(cfg: RunConfig) -> DatasetPair:
@@ -385,12 +395,17 @@ def _build_webdataset(cfg: RunConfig) -> DatasetPair:
 
     from dpuoffload.common.data.tarshards import Decode, TarIndexed, webdataset
 
-    train_pattern, val_pattern = webdataset_patterns(cfg.dataset)
-    val = TarIndexed(val_pattern)
+    train_pattern, val_glob = webdataset_patterns(cfg.dataset)
+    val = TarIndexed(_val_shards(cfg.dataset, val_glob))
     image, _ = Decode()(val.record(0))
     size = image.width if isinstance(image, Image.Image) else 64
     val.transform = _transform("tinyimagenet", False, size)
     train = webdataset(train_pattern, _transform("tinyimagenet", True, size))
+    if cfg.train_subset is not None:  # (the first samples in shard order: whole shards, the last one cut)
+        if cfg.train_subset > len(train):
+            raise ConfigError(f"--train-subset {cfg.train_subset} is larger than the data set ({len(train)} samples "
+                              f"in {len(train.shards)} shards); pass --train-subset {len(train)} or less")
+        train = train.head(cfg.train_subset)
     labels = val.labels()
     found = max(labels) + 1 if labels and cfg.num_classes is None else None
     return DatasetPair(train, _subset(val, cfg.val_subset, "--val-subset"), _num_classes(cfg, found), size)

@@ -234,6 +234,22 @@ class ShardedSet(Dataset):
     def __len__(self) -> int:
         return self.starts[-1] + self.sizes[-1]
 
+    def head(self, n: int) -> "ShardedSet":
+        """The first `n` samples in shard order (`--train-subset` on a stream): the shards that hold
+        them, the last one read only so far. Every rank cuts the same."""
+        if n >= len(self):
+            return self
+        sizes: list[int] = []
+        for size in self.sizes:
+            take = min(size, n - sum(sizes))
+            if take <= 0:
+                break
+            sizes.append(take)
+        out = copy.copy(self)
+        out.shards, out.sizes = self.shards[:len(sizes)], tuple(sizes)
+        out.starts = ShardPlan(out.sizes, 1, 0).starts
+        return out
+
     def plan(self, replicas: int, seed: int, shuffle: bool = True) -> ShardPlan:
         return ShardPlan(self.sizes, replicas, seed, shuffle, self.shuffle_buffer)
 

@@ -43,7 +43,7 @@ def expand(pattern: Union[str, Sequence[str]]) -> list[str]:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise ConfigError(f"webdataset: shard {missing[0]} does not exist{more} (pattern {pattern!r}); check the "
                           "path and the brace range, or write the shards (dpurun make-data writes the bundled set "
-                          "as tinyimagenet-shards/)")
+                          "as tinyimagenet/shards/)")
     return names
 
 

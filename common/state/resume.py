@@ -70,9 +70,22 @@ def find_resume(cfg: RunConfig, n_hosts: int, steps_per_epoch: int,
             + "; this run has " + ", ".join(f"--{k.replace('_', '-')} {getattr(cfg, k)}" for k in fatal)
             + ": resume with the same model and data set")
     here = Slicing(n_hosts, cfg.batch_size)
+    _check_stream_slicing(cfg, meta.slicing, here, path)
     position = reslice_position(meta.position, meta.slicing.per_step, here.per_step, steps_per_epoch)
     metrics.set_resumed_from(position.global_step)  # stamped on this run's log lines (they append)
     return ResumePoint(path, position, meta, changed, tuple(skipped), memory, verified)
+
+
+def _check_stream_slicing(cfg: RunConfig, old: Slicing, here: Slicing, path: object) -> None:
+    """A stream of shards is dealt by host rank (each reads whole shards), so its sample sequence
+    holds only for the host rank count and batch size that wrote the checkpoint."""
+    from dpuoffload.common.data.datasets import is_webdataset
+
+    if is_webdataset(cfg.dataset) and (old.host_ranks, old.batch_size) != (here.host_ranks, here.batch_size):
+        raise ckptfiles.CheckpointError(
+            f"checkpoint {path} was written by {old.host_ranks} host rank(s) x batch {old.batch_size} training from a "
+            f"stream of shards, whose sample order depends on the host rank count (each host rank reads whole "
+            f"shards); resume with --host-ranks {old.host_ranks} --batch-size {old.batch_size}, or start a new run")
 
 
 def start_position(point: Optional[ResumePoint]) -> Position:
