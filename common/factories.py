@@ -9,7 +9,6 @@ from typing import Any, Callable
 
 from dpuoffload.common.errors import ConfigError
 
-
 BUILT_IN_PREFIXES = ("webdataset:",)  # `--dataset webdataset:PATTERN`: built in, not a module
 
 

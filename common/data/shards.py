@@ -82,7 +82,8 @@ def missing_members(source: Any) -> list[str]:
 def refusal(source: Any, where: str) -> ConfigError:
     """The one line for a stream without the shard protocol."""
     lacking = ", ".join(missing_members(source))
-    return ConfigError(f"{where}: {type(source).__name__} is a stream without the shard protocol (missing: {lacking}); "
+    return ConfigError(f"{where} takes a map-style data set (with __getitem__ and __len__) or a stream of shards; "
+                       f"{type(source).__name__} is a stream without the shard protocol (missing: {lacking}): "
                        "a stream must name its shards (`shards`: a list of names), open one (`open_shard(name)`: its "
                        "records in order) and make a record a sample (`sample(record)`); or use "
                        "dpuoffload.webdataset(pattern) for tar shards, dpuoffload.huggingface(ds) for Hugging Face "
@@ -278,7 +279,8 @@ class ShardedSet(Dataset):
         except ConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - the user's decode/augment: say which record
-            raise SampleError(f"{self.name}: {self.where(int(index))} could not be built: {type(e).__name__}: {e}") from e
+            raise SampleError(f"{self.name}: {self.where(int(index))} could not be built: "
+                              f"{type(e).__name__}: {e}") from e
 
     def _count(self) -> tuple[int, ...]:
         sizes = []
@@ -355,7 +357,8 @@ class ShardReader:
         except ConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - a truncated or corrupt shard, named
-            raise ShardError(f"{self.data.name}: shard {name}, record {cursor.offset}: {type(e).__name__}: {e}") from None
+            raise ShardError(f"{self.data.name}: shard {name}, record {cursor.offset}: "
+                             f"{type(e).__name__}: {e}") from None
         cursor.offset += 1
         self.read += 1
         return record

@@ -142,7 +142,8 @@ class Decode:
         img_key = next((k for k in self.image if k in record), None)
         lab_key = next((k for k in self.label if k in record), None)
         if img_key is None or lab_key is None:
-            what = "an image (" + "/".join(self.image) + ")" if img_key is None else "a label (" + "/".join(self.label) + ")"
+            wanted = self.image if img_key is None else self.label
+            what = f"{'an image' if img_key is None else 'a label'} ({'/'.join(wanted)})"
             raise ConfigError(f"record {record.get('__key__')} has no {what} member; it has: "
                               f"{', '.join(k for k in record if k != '__key__')}")
         with Image.open(io.BytesIO(record[img_key])) as im:
