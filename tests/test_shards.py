@@ -191,3 +191,9 @@ def test_a_corrupt_image_is_named_with_its_shard_and_record(shards):
     with pytest.raises(ConfigError, match=r"sample 7 \(record 2 of shard .*train-000001.tar\) could not be built: "
                                           r"UnidentifiedImageError"):
         data[7]
+
+
+def test_pipe_shard_names_are_read_through_webdatasets_gopen(shards):
+    data = webdataset(f"pipe:cat {shards}/train-{{000000..000002}}.tar")
+    assert data.sizes == (5, 3, 4)
+    assert data[6][1] == 1 and data.shards[0] == f"pipe:cat {shards}/train-000000.tar"
