@@ -9,6 +9,12 @@ class ConfigError(DpuOffloadError, ValueError):
     """A flag, file or combination the user can fix. The message names the problem and the fix."""
 
 
+class SampleError(ConfigError):
+    """A training sample that could not be loaded or augmented (a truncated JPEG, a corrupt record):
+    the message names the sample (its index, and its file or shard where the data set knows it) and
+    the original error, which is its `__cause__` (where the error line says it was raised)."""
+
+
 class NumericsError(ConfigError):
     """`--numerics strict`: the samples a DPU rank builds differ from the host rank's own. The message
     is the check's one line: which transform step first differs, by how much, and what to do."""

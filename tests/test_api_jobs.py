@@ -72,10 +72,10 @@ def test_plain_iteration_walks_epochs_in_order(walks):
 @pytest.mark.parametrize("where, workers, message", [
     ("host", "0", "host rank 0 (host program) failed first: RuntimeError: the user's loop failed (at "
                   "tests/api_scripts/streams.py:"),
-    ("dpu", "0", "DPU rank 0 (DPU program) failed first: ValueError: sample 3 is corrupt (at "
-                 "tests/api_scripts/streams.py:"),
-    ("dpu", "1", "DPU rank 0 (DPU program) failed first: ValueError: sample 3 is corrupt (at "   # in a worker
-                 "tests/api_scripts/streams.py:"),
+    ("dpu", "0", "DPU rank 0 (DPU program) failed first: SampleError: training sample 3 could not be loaded: "
+                 "ValueError: sample 3 is corrupt (at tests/api_scripts/streams.py:"),
+    ("dpu", "1", "DPU rank 0 (DPU program) failed first: SampleError: training sample 3 could not be loaded: "
+                 "ValueError: sample 3 is corrupt (at tests/api_scripts/streams.py:"),  # in a worker
 ])
 def test_a_failure_in_the_script_or_the_data_set_ends_the_job_in_one_line(tmp_path, where, workers, message):
     r = dpurun(["--host-ranks", "1", "--dpu-ranks", "1"], ["--mode", "da", "--dpu-workers", workers, SCRIPT,

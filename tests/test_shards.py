@@ -197,3 +197,21 @@ def test_pipe_shard_names_are_read_through_webdatasets_gopen(shards):
     data = webdataset(f"pipe:cat {shards}/train-{{000000..000002}}.tar")
     assert data.sizes == (5, 3, 4)
     assert data[6][1] == 1 and data.shards[0] == f"pipe:cat {shards}/train-000000.tar"
+
+
+def test_a_truncated_jpeg_in_an_imagefolder_is_named_with_its_index_and_file(tmp_path):
+    from torchvision.datasets import ImageFolder
+
+    from dpuoffload.common.errors import SampleError
+    from dpuoffload.common.faults.abort import describe_error
+
+    for k in range(3):
+        (tmp_path / "c").mkdir(exist_ok=True)
+        (tmp_path / "c" / f"{k}.jpg").write_bytes(jpeg(k, side=32)[: None if k != 1 else 200])
+    train = PerSampleSeeded(torch.utils.data.Subset(ImageFolder(str(tmp_path)), [2, 1, 0]), seed=0)
+    with pytest.raises(SampleError) as info:
+        train[1]
+    line = describe_error(info.value)
+    assert line.startswith(f"SampleError: training sample 1 ({tmp_path}/c/1.jpg) could not be loaded: OSError: "), line
+    assert "truncated" in line.lower()
+    assert "(at " in line and "PIL" in line  # where it was raised: PIL's loader

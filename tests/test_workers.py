@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, DistributedSampler
 
 from dpuoffload.common.config import RunConfig, parse_run_config
 from dpuoffload.common.data.batches import BatchLayout
@@ -64,9 +64,11 @@ def test_planned_keys_run_across_epochs_in_the_loaders_order():
     keys.plan(2, 1, 4)
     got = list(keys)
     want = []
-    for e, start in ((2, 1), (3, 0)):
-        loader.sampler.set_epoch(e)
-        order = list(loader.sampler)
+    for e, start in ((2, 1), (3, 0)):  # (a map-style set's order: torch's own DistributedSampler)
+        s = loader.sampling
+        sampler = DistributedSampler(range(21), num_replicas=s.replicas, rank=s.rank, shuffle=s.shuffle, seed=s.seed)
+        sampler.set_epoch(e)
+        order = list(sampler)
         want += [[(e, i) for i in order[s * 4:(s + 1) * 4]] for s in range(start, len(loader))]
     assert got == want and len(loader) == 3
 
@@ -94,7 +96,8 @@ def test_a_failing_sample_is_named_at_its_line_in_the_parent():
             list(pool.batches(0, 0, 1))
     finally:
         pool.close()
-    assert describe_error(info.value).startswith("ValueError: sample 5 is corrupt (at tests/test_workers.py:")
+    assert describe_error(info.value).startswith("SampleError: training sample 5 could not be loaded: ValueError: "
+                                                 "sample 5 is corrupt (at tests/test_workers.py:")
     assert "in __getitem__" in str(info.value) and "raise ValueError" in info.value.traceback_text
 
 

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from dpuoffload.common.errors import ConfigError, SampleError
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -63,12 +65,33 @@ class PerSampleSeeded(Dataset):
                 gen.manual_seed(s)
                 random.seed(s)
                 np.random.seed(s & 0xFFFFFFFF)
-                out.append(self.dataset[index])
+                try:
+                    out.append(self.dataset[index])
+                except (ConfigError, IndexError):
+                    raise
+                except Exception as e:  # noqa: BLE001 - the user's data set: say which sample
+                    raise SampleError(f"training {describe_sample(self.dataset, int(index))} could not be "
+                                      f"loaded: {type(e).__name__}: {e}") from e
             return out
         finally:
             gen.set_state(saved[0])
             random.setstate(saved[1])
             np.random.set_state(saved[2])
+
+
+def describe_sample(dataset: Any, index: int) -> str:
+    """'sample 1234 (/data/train/n01/x.JPEG)': the index, and the file where the data set says it
+    (ImageFolder's `samples`, through `Subset`s)."""
+    ds, i = dataset, index
+    for _ in range(8):
+        if hasattr(ds, "indices") and hasattr(ds, "dataset"):  # a Subset: its own index into the set under it
+            ds, i = ds.dataset, int(ds.indices[i])
+            continue
+        files = getattr(ds, "samples", None)
+        if isinstance(files, list) and 0 <= i < len(files) and isinstance(files[i], (tuple, list)):
+            return f"sample {index} ({files[i][0]})"
+        break
+    return f"sample {index}"
 
 
 def collated(dataset: Dataset, start: int, batch_size: int) -> Any:

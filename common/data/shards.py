@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequen
 from torch.utils.data import Dataset
 
 from dpuoffload.common.data.sampling import sample_seed
-from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.errors import ConfigError, SampleError
 
 SHUFFLE_BUFFER = 1000          # records in a host rank's shuffle buffer (webdataset's usual size)
 OPEN_CURSORS = 8               # shards a reader keeps open at once
@@ -294,10 +294,6 @@ class ShardedSet(Dataset):
                 raise ShardError(f"{self.name}: shard {shard} cannot be read: {type(e).__name__}: {e}") from None
             sizes.append(int(n))
         return tuple(sizes)
-
-
-class SampleError(ConfigError):
-    """A sample whose record could not be decoded or augmented; the message names it and its shard."""
 
 
 class _Cursor:

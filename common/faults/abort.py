@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
-from dpuoffload.common.errors import DeathNotSurvived, DpuOffloadError, WorkerError
+from dpuoffload.common.errors import DeathNotSurvived, DpuOffloadError, SampleError, WorkerError
 from dpuoffload.common.files import write_atomic
 
 if TYPE_CHECKING:
@@ -147,7 +147,8 @@ def describe_error(e: BaseException) -> str:
     """'TypeError: message (at models.py:12 in build)': the exception and where the user's code raised it."""
     if isinstance(e, WorkerError):  # described where it was raised
         return e.description
-    frame = user_frame(e.__traceback__)
+    raised = e.__cause__ if isinstance(e, SampleError) and e.__cause__ is not None else e  # (the data set's line)
+    frame = user_frame(raised.__traceback__)
     message = str(e).strip().splitlines()[0] if str(e).strip() else ""
     where = f" (at {short_path(frame.filename)}:{frame.lineno} in {frame.name})" if frame else ""
     return f"{type(e).__name__}{': ' + message if message else ''}{where}"
@@ -186,7 +187,9 @@ def write_traceback(e: BaseException) -> Optional[Path]:
 
 def failure_line(e: BaseException) -> str:
     """The one line a failing rank prints: who, what, where in the user's code, where the traceback is."""
-    if isinstance(e, DpuOffloadError):  # a user-fixable problem with its own clear message
+    # A user-fixable problem has its own clear message; a sample's error also says where the data set
+    # raised it, and keeps its traceback.
+    if isinstance(e, DpuOffloadError) and not isinstance(e, SampleError):
         return f"{_report.rank_label} failed: {type(e).__name__}: {e}"
     path = write_traceback(e)
     saved = f"full traceback in {path}" if path else f"the traceback could not be written to {error_dir()}"
