@@ -14,6 +14,10 @@ cross-entropy). Only the loader differs:
   (`--worker-cores`) and, when the benchmark throttles that core, in the same kind of CPU cgroup as
   the DPU rank (`--worker-cgroup`).
 
+`--shards PATTERN` trains from WebDataset tar shards instead (`benchmarks/streams.py`): `dpu` is
+`job.loader(dpu.webdataset(PATTERN, augment))`, `torch` webdataset's own pipeline (shard shuffle,
+shuffle buffer, decode, the same augmentation) in the same one-worker DataLoader.
+
 `--step-sleep S` replaces forward/backward/step by `time.sleep(S)`: the producer gets ahead, so the
 time in `next()` is only what the host side of the loader costs to hand over a batch that is ready.
 Per epoch the script writes its wall time and each step's time in `next()` (the data wait) as JSON
@@ -99,6 +103,30 @@ def torch_loader(data: Any, args: argparse.Namespace, rank: int, size: int) -> t
     return epoch, len(tagged)
 
 
+def shard_augment() -> T.Compose:
+    """The tar shards' augmentation: Tiny-ImageNet's, on the decoded PIL image."""
+    return T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor(),
+                      T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+
+
+def wds_loader(pattern: str, args: argparse.Namespace) -> tuple[Batches, int]:
+    """The peer from shards: webdataset's own pipeline (seeded shard shuffle, a 1000-sample buffer,
+    PIL decode, the same augmentation) in a DataLoader with one persistent worker on the spare core.
+    One host rank: the node split is trivial."""
+    import webdataset as wds
+
+    from dpuoffload.common.data.tarshards import count_records, expand
+
+    shards = expand(pattern)
+    total = sum(count_records(s) for s in shards)
+    data = (wds.WebDataset(shards, shardshuffle=len(shards), seed=args.seed, empty_check=False)
+            .shuffle(1000).decode("pil").to_tuple("jpg", "cls").map_tuple(shard_augment(), int))
+    cores = {int(c) for c in args.worker_cores.split(",")}
+    loader = DataLoader(data, batch_size=args.batch_size, num_workers=1, persistent_workers=True,
+                        prefetch_factor=PREFETCH, worker_init_fn=WorkerPlacement(cores, args.worker_cgroup))
+    return (lambda e: iter(loader)), -(-total // args.batch_size)
+
+
 def train_epoch(batches: Iterator[Any], step: Callable[[torch.Tensor, torch.Tensor], None]) -> list[float]:
     """One epoch of the user's loop; returns the seconds each step spent in the loader's `next()`."""
     waits = []
@@ -131,6 +159,8 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", choices=tuple(WORKLOADS), required=True)
     p.add_argument("--data", required=True, help="the data set root (bundled CIFAR-10 or Tiny-ImageNet format)")
+    p.add_argument("--shards", help="train from these WebDataset tar shards (a brace pattern) instead: "
+                                    "dpu.webdataset for --loader dpu, webdataset's own pipeline for torch")
     p.add_argument("--loader", choices=("dpu", "torch"), required=True)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=16)
@@ -150,13 +180,17 @@ def main() -> None:
     make_data, make_model = WORKLOADS[args.workload]
     data = make_data(args.data)
     classes = len(data.classes)
-    if args.train_subset is not None:
+    if args.shards:
+        data = dpu.webdataset(args.shards, shard_augment())
+    elif args.train_subset is not None:
         data = Subset(data, range(args.train_subset))
     torch.manual_seed(args.seed)
     model = make_model(classes)
     if args.loader == "dpu":
         loader = job.loader(data, batch_size=args.batch_size, seed=args.seed)
         batches, steps = loader.epoch, len(loader)
+    elif args.shards:
+        batches, steps = wds_loader(args.shards, args)
     else:
         batches, steps = torch_loader(data, args, job.rank, job.size)
     step = make_step(model, args.lr, args.step_sleep)

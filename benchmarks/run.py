@@ -8,7 +8,7 @@ throttled with `--dpu-speed`. Every comparison is measured side by side inside o
 Each benchmark NAME writes `<results>/<NAME>.json` and its PNG plots into `<results>/`; the run
 appends one section with the machine description and every table to the markdown file.
 
-Benchmarks (default: all but `modes` (15+ min on 2 cores), `baseline` (3 min), `own_loop` (12 min),
+Benchmarks (default: all but `modes` (15+ min on 2 cores), `baseline` (3 min), `own_loop` (12 min), `streams`,
 `multinode` and `netmodel` (root) and `gpu` (a GPU node)):
   workloads  phase shares, the DataLoader peer, the ideal bounds of da and mv, prediction error
   augweight  light -> heavy augmentation: none / da / mv / peer at each weight
@@ -19,6 +19,8 @@ Benchmarks (default: all but `modes` (15+ min on 2 cores), `baseline` (3 min), `
   baseline   idle DPU rank cost, Horovod vs torch.distributed, MPI waits yielding vs spinning
   startup    wall time of a tiny dpurun job vs a plain torchvision + DataLoader script, and where it goes
   own_loop   a user's own script: torch's DataLoader on the spare core vs job.loader with a DPU rank there
+  streams    the same JPEGs as an ImageFolder and as tar shards on the DPU rank; training from shards,
+             job.loader vs webdataset's own pipeline in a DataLoader worker (3 min)
   multinode  none / da / mv / hybrid across 2 emulated nodes and their DPUs (TCP between machines; root)
   netmodel   the performance model's allreduce term vs measurement across emulated machines, unshaped and
              shaped links (fitted link, training's allreduce per step, ring-model prediction; root)
@@ -45,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import RESULTS, ROOT, Section, machine, machine_line, table  # noqa: E402
 
 BENCHMARKS = ("workloads", "augweight", "sweep", "transport", "interference", "startup", "fanin", "modes", "baseline",
-              "own_loop", "multinode", "netmodel", "gpu")
+              "own_loop", "streams", "multinode", "netmodel", "gpu")
 DEFAULT = ("workloads", "augweight", "sweep", "transport", "interference", "startup", "fanin")
 TITLES = {"workloads": "Phases, the DataLoader peer, ideal bounds and prediction error",
           "augweight": "Augmentation weight sweep", "sweep": "Thread and batch sweeps",
@@ -56,6 +58,7 @@ TITLES = {"workloads": "Phases, the DataLoader peer, ideal bounds and prediction
           "startup": "Start-up: a tiny dpurun job vs a plain torchvision script",
           "own_loop": "Own loop: a user's script, DataLoader worker vs job.loader",
           "fanin": "Fan-in: K worker processes building one host rank's batches (--dpu-workers)",
+          "streams": "Streams: the same JPEGs as an ImageFolder and as tar shards",
           "multinode": "Offload modes on 2 emulated nodes (TCP between machines)",
           "netmodel": "The model's network term vs measurement on emulated machines",
           "gpu": "GPU host ranks fed by DPU cores and host cores"}

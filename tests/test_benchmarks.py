@@ -213,6 +213,20 @@ def test_modes_benchmark_quick(tmp_path):
 
 
 @pytest.mark.mpi
+def test_streams_benchmark_quick(tmp_path):
+    out = tmp_path / "streams.json"
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "streams.py"), "--quick", "--out", str(out)],
+                         capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=600)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(out.read_text())["report"]
+    folder, shards = report["read"]["sources"]["imagefolder"], report["read"]["sources"]["shards"]
+    assert folder["samples_per_epoch"] == shards["samples_per_epoch"] == 1497  # the same JPEGs, both ways
+    assert folder["files_per_epoch"] >= 1497 and shards["files_per_epoch"] <= 12  # a file per sample / per shard
+    assert report["train"]["steps_per_epoch"] == 16 and report["train"]["ratio_api_vs_peer"]["median"] > 0
+    assert "shards / ImageFolder samples/s" in res.stdout
+
+
+@pytest.mark.mpi
 @pytest.mark.timeout(900)
 def test_transport_benchmark_quick(quick_suite):
     out, md = quick_suite

@@ -15,7 +15,7 @@ The contract (docs/batches.md, "Streams"):
   handed out greedily to the host rank with the fewest samples so far (ties: the lowest rank), as
   webdataset's `split_by_node` does but balanced for uneven shards. A host rank's samples are its
   shards' records in that order, through a bounded shuffle buffer (`buffered_shuffle`, seeded by
-  seed, epoch, rank): the buffer holds records, never all of them.
+  seed, epoch, rank): the buffer holds records, never all of them, and emits from its 100th on.
 - **Equal epochs.** Every host rank trains `ceil(total / host ranks)` samples per epoch, as
   `DistributedSampler` pads: a rank whose shards hold fewer repeats its first ones, a rank whose
   shards hold more leaves its last ones for that epoch. `ShardPlan.balance` counts both; the epoch
@@ -40,6 +40,7 @@ from __future__ import annotations
 import bisect
 import collections
 import copy
+import itertools
 import random
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence, TypeVar
@@ -95,19 +96,28 @@ def _rng(seed: int, epoch: int, salt: int) -> random.Random:
     return random.Random(sample_seed(seed, epoch, salt))
 
 
-def buffered_shuffle(items: Iterable[T], size: int, rng: random.Random) -> Iterator[T]:
-    """webdataset's shuffle: fill a buffer of `size`, then emit a random one for each new item; the
-    rest shuffled at the end. At most `size` items are held."""
+def buffered_shuffle(items: Iterable[T], size: int, rng: random.Random, initial: int = 100) -> Iterator[T]:
+    """webdataset's shuffle (`webdataset.filters._shuffle`): a buffer of at most `size` items, filled
+    two items per item emitted, emitting a random one from `initial` items on (so the first batch
+    does not wait for a full buffer); the rest in random order at the end."""
+    it = iter(items)
+    initial = min(initial, size)
     buf: list[T] = []
-    for item in items:
+    for item in it:
+        buf.append(item)
         if len(buf) < size:
-            buf.append(item)
-            continue
-        k = rng.randrange(size)
-        yield buf[k]
-        buf[k] = item
-    rng.shuffle(buf)
-    yield from buf
+            for more in itertools.islice(it, 1):
+                buf.append(more)
+        if len(buf) >= initial:
+            yield _pick(buf, rng)
+    while buf:
+        yield _pick(buf, rng)
+
+
+def _pick(buf: list[T], rng: random.Random) -> T:
+    k = rng.randrange(len(buf))
+    buf[k], buf[-1] = buf[-1], buf[k]
+    return buf.pop()
 
 
 @dataclass(frozen=True)
