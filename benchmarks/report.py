@@ -230,7 +230,8 @@ def auto_vs_best_resolution() -> str:
 def targets_rows() -> list[list[str]]:
     """Every target of the issues, its latest measurement and verdict, and the file it comes from."""
     return [*workload_targets(), transport_target(), netmodel_target(), *checkpoint_targets(), *clone_targets(),
-            *recovery_targets(), own_loop_target(), wire_target(), crossarch_target(), startup_target()]
+            *recovery_targets(), own_loop_target(), *streams_targets(), wire_target(), crossarch_target(),
+            startup_target()]
 
 
 def workload_targets() -> list[list[str]]:
@@ -335,6 +336,16 @@ def own_loop_target() -> list[str]:
             " / ".join(f"{v:.3f}" for v in ratios) + f" ({models(o['report'])}); time in next() "
             + " / ".join(f"{v:.0f}" for v in per_step) + " µs", met([v <= o["target"] for v in ratios]),
             "own_loop.json"]
+
+
+def streams_targets() -> list[list[str]]:
+    r = load("streams.json")["report"]
+    read, train = r["read"], r["train"]["ratio_api_vs_peer"]["median"]
+    samples, first = read["ratio_samples_per_s"]["median"], read["ratio_first_batch"]["median"]
+    return [["streams: tar shards ≥ 1.00 × ImageFolder samples/s on the DPU rank; first batch ≤ 1.00 ×",
+             f"{samples:.3f}; first batch {first:.2f}", met([samples >= 1.0, first <= 1.0]), "streams.json"],
+            ["streams: `da` from shards ≤ 1.00 × webdataset's pipeline in a DataLoader worker, same script",
+             f"{train:.3f}", met([train <= 1.0]), "streams.json"]]
 
 
 def wire_target() -> list[str]:
