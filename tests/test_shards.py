@@ -215,3 +215,30 @@ def test_a_truncated_jpeg_in_an_imagefolder_is_named_with_its_index_and_file(tmp
     assert line.startswith(f"SampleError: training sample 1 ({tmp_path}/c/1.jpg) could not be loaded: OSError: "), line
     assert "truncated" in line.lower()
     assert "(at " in line and "PIL" in line  # where it was raised: PIL's loader
+
+
+class Augmenting(Counting):
+    """A source whose records are finished samples, drawn as they are read (a user's pipeline)."""
+
+    seeded_records = True
+
+    def open_shard(self, shard):
+        self.opens += 1
+        return ((torch.rand(2), o) for o in range(self.lengths[shard]))
+
+    def sample(self, record):
+        return record
+
+
+def test_records_built_as_they_are_read_get_their_own_seeds_whatever_read_them():
+    def build(order):
+        data = PerSampleSeeded(ShardedSet(Augmenting(), shuffle_buffer=16), seed=3)
+        data.set_epoch(1)
+        return {i: data[i][0] for i in order}
+
+    straight, backwards = build(range(0, 60)), build(range(59, -1, -1))
+    assert all(torch.equal(straight[i], backwards[i]) for i in range(60))
+    assert not torch.equal(straight[3], straight[4])
+    other_epoch = PerSampleSeeded(ShardedSet(Augmenting(), shuffle_buffer=16), seed=3)
+    other_epoch.set_epoch(2)
+    assert not torch.equal(other_epoch[3][0], straight[3])

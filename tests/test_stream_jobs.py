@@ -47,7 +47,7 @@ def walks(tmp_path_factory) -> dict[str, list]:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("kind", ["wds", "own", "hf", "hfstream"])
+@pytest.mark.parametrize("kind", ["wds", "wdspipe", "own", "hf", "hfstream"])
 def test_stream_batches_built_on_dpu_ranks_equal_the_hosts_own(walks, kind):
     for rank in (0, 1):
         none = walks["none"][rank][kind]

@@ -33,6 +33,13 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     return _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ epoch) ^ index) >> 1
 
 
+def reseed(s: int) -> None:
+    """torch's, Python's and numpy's global RNGs from one sample seed (what a sample is built under)."""
+    torch.default_generator.manual_seed(s)
+    random.seed(s)
+    np.random.seed(s & 0xFFFFFFFF)
+
+
 class PerSampleSeeded(Dataset):
     """Wrap a map-style dataset so item i of epoch e is produced under `sample_seed(seed, e, i)`.
 
@@ -45,9 +52,18 @@ class PerSampleSeeded(Dataset):
         self.dataset = dataset
         self.seed = seed
         self.epoch = 0
+        self._bind()
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+        self._bind()
+
+    def _bind(self) -> None:
+        """A data set that builds samples while it reads ahead (a stream over a user's pipeline,
+        `common.data.shards`) seeds each one itself: it is told the seed and the epoch."""
+        bind = getattr(self.dataset, "bind_sample_seeds", None)
+        if bind is not None:
+            bind(self.seed, self.epoch)
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
@@ -61,10 +77,7 @@ class PerSampleSeeded(Dataset):
         try:
             out = []
             for index in indices:
-                s = sample_seed(self.seed, self.epoch, int(index))
-                gen.manual_seed(s)
-                random.seed(s)
-                np.random.seed(s & 0xFFFFFFFF)
+                reseed(sample_seed(self.seed, self.epoch, int(index)))
                 try:
                     out.append(self.dataset[index])
                 except (ConfigError, IndexError):

@@ -32,7 +32,9 @@ A stream must provide (`ShardSource`): `shards` (the shard names, in a fixed ord
 name)` (the shard's records, in order, cheap to hold: bytes, a path, a row) and `sample(record)`
 (decode and augment one record; random draws allowed, they run under the sample's seeds). The
 records must come out the same every time a shard is opened. `shard_length(name)` is optional
-(otherwise each shard is iterated once to count it).
+(otherwise each shard is iterated once to count it). A source whose records are finished samples,
+augmented as they are read (a user's webdataset pipeline, `tarshards.PipelineShards`), says
+`seeded_records = True`: the reader then builds each record under that sample's seeds.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequen
 
 from torch.utils.data import Dataset
 
-from dpuoffload.common.data.sampling import sample_seed
+from dpuoffload.common.data.sampling import reseed, sample_seed
 from dpuoffload.common.errors import ConfigError, SampleError
 
 SHUFFLE_BUFFER = 1000          # records in a host rank's shuffle buffer (webdataset's usual size)
@@ -216,6 +218,8 @@ class ShardedSet(Dataset):
         self.sizes = tuple(int(n) for n in sizes) if sizes is not None else self._count()
         self.starts = ShardPlan(self.sizes, 1, 0).starts
         self._reader: Optional[ShardReader] = None
+        self.seeded_reads = bool(getattr(source, "seeded_records", False))  # records built (augmented) as read
+        self.seeds = (0, 0)   # (seed, epoch) a seeded read builds its record under (`bind_sample_seeds`)
         if len(self) == 0:
             raise ConfigError(f"{self.name}: its {len(self.shards)} shard(s) hold no samples")
 
@@ -244,6 +248,14 @@ class ShardedSet(Dataset):
 
     def __len__(self) -> int:
         return self.starts[-1] + self.sizes[-1]
+
+    def bind_sample_seeds(self, seed: int, epoch: int) -> None:
+        """(`PerSampleSeeded`) The seeds a source whose records are built as they are read (a user's
+        pipeline) builds record `id` under: sample_seed(seed, epoch, id), whichever request read it.
+        Records read ahead in another epoch are dropped."""
+        if self.seeded_reads and self.seeds != (seed, epoch):
+            self._reader = None
+        self.seeds = (seed, epoch)
 
     def head(self, n: int) -> "ShardedSet":
         """The first `n` samples in shard order (`--train-subset` on a stream): the shards that hold
@@ -355,11 +367,15 @@ class ShardReader:
 
     def _next(self, shard: int, cursor: _Cursor) -> Any:
         name = self.data.shards[shard]
+        if self.data.seeded_reads:  # (the pipeline augments as it reads: under this record's own seeds)
+            reseed(sample_seed(*self.data.seeds, self.data.starts[shard] + cursor.offset))
         try:
             record = next(cursor.it)
         except StopIteration:
+            hint = getattr(self.data.source, "short_hint", "")
             raise ShardError(f"{self.data.name}: shard {name} ended after {cursor.offset} record(s), but held "
-                             f"{self.data.sizes[shard]} when counted: shards must not change during a run") from None
+                             f"{self.data.sizes[shard]} when counted: shards must not change during a run"
+                             f"{hint}") from None
         except ConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - a truncated or corrupt shard, named

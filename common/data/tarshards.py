@@ -234,8 +234,34 @@ class TarShards:
         return (self.transform(image) if self.transform is not None else image), label
 
 
+class PipelineShards:
+    """A `ShardSource` over a user's own webdataset pipeline, made per shard by `pipeline(name)`:
+    its samples are the records, built (decoded, augmented) as they are read, each under its own
+    seeds (`seeded_records`). The pipeline must give one sample per tar record, in order: no
+    shuffle, select or batching stage (the stream's shard order and buffer are the loader's)."""
+
+    seeded_records = True
+    short_hint = ("; a pipeline must give one sample per record, and read its shard whole: make it with "
+                  "wds.WebDataset(name, shardshuffle=False, nodesplitter=None, workersplitter=None) (webdataset "
+                  "otherwise splits its shards over DataLoader workers) and no select or shuffle stage")
+
+    def __init__(self, pattern: Union[str, Sequence[str]], pipeline: Callable[[str], Any]) -> None:
+        self.shards = expand(pattern)
+        self.pipeline = pipeline
+
+    def shard_length(self, shard: str) -> int:
+        return count_records(shard)
+
+    def open_shard(self, shard: str) -> Iterator[Any]:
+        return iter(self.pipeline(shard))
+
+    def sample(self, record: Any) -> Any:
+        return record
+
+
 def webdataset(pattern: Union[str, Sequence[str]], transform: Optional[Callable[[Any], Any]] = None, *,
                decode: Optional[Callable[[Record], tuple[Any, int]]] = None,
+               pipeline: Optional[Callable[[str], Any]] = None,
                shuffle_buffer: int = SHUFFLE_BUFFER) -> ShardedSet:
     """WebDataset tar shards as a training stream for `job.loader` (public API: `dpuoffload.webdataset`).
 
@@ -246,12 +272,24 @@ def webdataset(pattern: Union[str, Sequence[str]], transform: Optional[Callable[
             Compose: the uint8 wire splits it, the numerics check traces it).
         decode: record (member bytes by extension) -> (image, label); default: the first image
             member (jpg, png, ...) as PIL RGB and the `cls` member as an int.
+        pipeline: instead of `transform` and `decode`, your own webdataset pipeline for one shard,
+            `pipeline(name)` -> an iterable of (sample, label), e.g. `wds.WebDataset(name,
+            shardshuffle=False, nodesplitter=None, workersplitter=None).decode("pil").to_tuple("jpg",
+            "cls").map_tuple(augment, int)`, from a module-level function (it is pickled to the DPU
+            rank); one sample per tar record, in order, each built under its own seeds.
         shuffle_buffer: records in each host rank's shuffle buffer.
 
     Returns:
         A `ShardedSet`: its shards counted (headers only), walked in the stream order of docs/batches.md.
     """
-    return ShardedSet(TarShards(pattern, transform, decode), shuffle_buffer, name=f"webdataset {_short(pattern)}")
+    if pipeline is not None:
+        if transform is not None or decode is not None:
+            raise ConfigError("dpuoffload.webdataset: give either pipeline= or transform=/decode=, not both (a "
+                              "pipeline decodes and augments itself)")
+        source: Any = PipelineShards(pattern, pipeline)
+    else:
+        source = TarShards(pattern, transform, decode)
+    return ShardedSet(source, shuffle_buffer, name=f"webdataset {_short(pattern)}")
 
 
 def _short(pattern: Union[str, Sequence[str]]) -> str:

@@ -1,7 +1,8 @@
 """A user script that trains from streams of shards (tests/test_stream_jobs.py runs it under dpurun).
 
-Four loaders over the same kind of data: WebDataset tar shards (`dpuoffload.webdataset`, with a
-torchvision augmentation the uint8 wire splits), a stream of the user's own (`JsonShards`, below:
+Five loaders over the same kind of data: WebDataset tar shards (`dpuoffload.webdataset`, with a
+torchvision augmentation the uint8 wire splits), the same shards through the user's own webdataset
+pipeline (`pipeline=`: it augments as it reads), a stream of the user's own (`JsonShards`, below:
 the shard protocol, defined in this script so the DPU rank imports it from here), a Hugging Face
 Arrow data set (map-style, `set_transform`) and the same tar files streamed by Hugging Face. For each
 it records a sha256 per batch of epochs 0, 1 and 2 and of epoch 2 again from step 2 (a resumed epoch), so a
@@ -43,6 +44,14 @@ def augment() -> T.Compose:
                       T.Normalize((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))])
 
 
+def wds_pipeline(name: str):
+    """The user's own webdataset pipeline for one shard (it augments as it reads)."""
+    import webdataset as wds
+
+    return (wds.WebDataset(name, shardshuffle=False, nodesplitter=None, workersplitter=None, empty_check=False)
+            .decode("pil").to_tuple("jpg", "cls").map_tuple(augment(), int))
+
+
 def hf_row_transform(batch: dict) -> dict:
     """Hugging Face `set_transform`: batch of rows in, batch out; draws from torch's RNG."""
     tf = augment()
@@ -58,6 +67,9 @@ def loaders(job, data: str, which: list[str]) -> dict:
     shards = os.path.join(data, "train-{000000..000006}.tar")
     if "wds" in which:
         out["wds"] = job.loader(dpu.webdataset(shards, augment(), shuffle_buffer=24), batch_size=8, seed=5)
+    if "wdspipe" in which:
+        out["wdspipe"] = job.loader(dpu.webdataset(shards, pipeline=wds_pipeline, shuffle_buffer=24), batch_size=8,
+                                    seed=6)
     if "own" in which:
         out["own"] = job.loader(JsonShards(os.path.join(data, "json")), batch_size=4, seed=2)
     if "hf" in which or "hfstream" in which:
@@ -81,7 +93,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--which", default="wds,own,hf,hfstream")
+    p.add_argument("--which", default="wds,wdspipe,own,hf,hfstream")
     args = p.parse_args()
     job = dpu.init()
     seen: dict[str, dict[str, list[str]]] = {}
