@@ -77,6 +77,9 @@ class PeerFeed:
     def steps(self) -> int:
         return len(self.batches)
 
+    def skipped(self, epoch: int) -> int:
+        return 0
+
     def global_samples(self, step: int) -> Optional[int]:
         return None
 

@@ -115,6 +115,7 @@ class RunConfig:
     num_classes: Optional[int] = flag(None, Concern.DATA, resume=OnResume.FATAL)
     train_subset: Optional[int] = flag(None, Concern.DATA, clone=InClone.OVERRIDE)
     val_subset: Optional[int] = flag(None, Concern.DATA, clone=InClone.OVERRIDE)
+    skip_corrupt: int = flag(0, Concern.DATA, script=True, resume=OnResume.FREE)
     # -- model and training: the model, the optimizer, and where the host ranks compute
     model: str = flag("resnet20", Concern.TRAINING, resume=OnResume.FATAL)
     epochs: int = flag(3, Concern.TRAINING, clone=InClone.OVERRIDE)
@@ -197,6 +198,11 @@ class RunConfig:
         for name in ("epochs", "batch_size", "val_batch_size", "da_buffers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+        if self.skip_corrupt < 0:
+            raise ConfigError(f"--skip-corrupt must be >= 0, got {self.skip_corrupt}")
+        if self.skip_corrupt and self.mode is Mode.NAIVE:
+            raise ConfigError("--skip-corrupt with --mode naive: its replicas' batches are dealt by size from one "
+                              "plan, which a left-out sample would break; use --mode none, da, mv or hybrid")
         for name in ("train_subset", "val_subset", "num_classes"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -472,6 +478,9 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
     p.add_argument("--data", default=S, metavar="DIR", help="dataset root directory")
     p.add_argument("--download", action="store_true", default=S,
                    help="let torchvision download the dataset where it supports it")
+    p.add_argument("--skip-corrupt", type=int, default=S, metavar="N",
+                   help="leave out of its batch a training sample that fails to load (a corrupt file), each named in "
+                        "a line, at most N per epoch and host rank; 0 (default): the first one stops the job")
     p.add_argument("--num-classes", type=int, default=S,
                    help="number of classes for a user dataset without a .classes attribute")
     p.add_argument("--epochs", type=int, default=S, help="training epochs")

@@ -32,7 +32,6 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.batches import FLAG_POLL, BatchBuffer, BatchLayout, stamp_flags
 from dpuoffload.common.data.loaders import RankLoader, probe_layout, unfit_samples
 from dpuoffload.common.data.numerics import fingerprint, step_output
-from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.data.streams import STOP, NumericsQuery, OpenLoader, Plan, Recipe, StepSplit, decode, stream_tag
 from dpuoffload.common.data.workers import WorkerPool, cores_note
 from dpuoffload.common.errors import PeerError, PeerLost
@@ -179,7 +178,7 @@ class Stream:
         self.on_epoch_end, self.on_batch = on_epoch_end, on_batch
         dataset = _prebuilt_or_none(opened, prebuilt or {})
         dataset = opened.wire_view(opened.materialize() if dataset is None else dataset)
-        train = PerSampleSeeded(dataset, opened.sampling.seed)
+        train = opened.sampling.seeded(dataset)
         self.loader = RankLoader(opened.sampling, train, collate=False)
         self.layout = probe_layout(train, opened.sampling)
         self.steps = len(self.loader)

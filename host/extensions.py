@@ -83,6 +83,9 @@ class LoaderFeed:
     def global_samples(self, step: int) -> Optional[int]:
         return None
 
+    def skipped(self, epoch: int) -> int:
+        return self.loader.skipped_in(epoch)
+
     def epoch(self, epoch: int, start: int = 0, stop: Optional[int] = None) -> Iterator[Batch]:
         return self.loader.epoch(epoch, start, stop)
 

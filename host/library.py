@@ -167,7 +167,8 @@ class Job:
         dataset = check_dataset(dataset, batch_size)
         if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
             raise ConfigError(f"job.loader: epochs must be an integer >= 1 or None, got {epochs!r}")
-        sampling = Sampling(batch_size, self.size, self.rank, seed, shuffle, drop_last)
+        sampling = Sampling(batch_size, self.size, self.rank, seed, shuffle, drop_last,
+                            self.cfg.skip_corrupt if self.cfg is not None else 0)
         if not self.offloaded:
             made = local_loader(dataset, sampling, epochs)
         else:

@@ -17,13 +17,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from typing import TYPE_CHECKING, Iterator, Optional, Protocol
+from typing import TYPE_CHECKING, Iterator, Optional, Protocol, cast
 
 import torch
 
 from dpuoffload.common.data.batches import FLAG_POLL, BatchBuffer, BatchKind, BatchLayout
 from dpuoffload.common.data.loaders import RankLoader, Sampling, probe_layout, unfit_samples
-from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.data.shards import as_stream
 from dpuoffload.common.data.streams import STOP, OpenLoader, Plan, StepSplit, encode, stream_tag
 from dpuoffload.common.data.wire import Chosen, HostSteps
@@ -273,7 +272,7 @@ class HostPart:
 
     def __init__(self, dataset: object, sampling: Sampling, split: StepSplit, workers: int,
                  epochs: Optional[int] = None) -> None:
-        train = PerSampleSeeded(dataset, sampling.seed)  # type: ignore[arg-type]
+        train = sampling.seeded(dataset)
         self.dataset, self.loader = dataset, RankLoader(sampling, train)
         self.split, self.end = split, STOP if epochs is None else epochs
         self.layout = probe_layout(train, sampling)
@@ -386,6 +385,8 @@ class DpuLoader:
         self.where = where               # "DPU rank 0 (world rank 2, node n0)" or "this process"
         self.batch_size = sampling.batch_size
         self._epochs = itertools.count()
+        self.skipped: dict[tuple[int, int], int] = {}  # (epoch, step) -> samples left out (--skip-corrupt)
+        self._sizes = sampling.batch_sizes(dataset) if sampling.skip_corrupt else None
 
     def __len__(self) -> int:
         """Batches per epoch on this host rank (the same on every host rank)."""
@@ -402,7 +403,25 @@ class DpuLoader:
         if self.epochs is not None and epoch >= self.epochs:
             raise ConfigError(f"loader.epoch({epoch}): this loader was made for epochs=0..{self.epochs - 1} "
                               f"(job.loader(..., epochs={self.epochs})); raise epochs or leave it unset")
-        return self.source.batches(epoch, start, stop)
+        batches = self.source.batches(epoch, start, stop)
+        return batches if self._sizes is None else self._counted(epoch, start, batches)
+
+    def skipped_in(self, epoch: int) -> int:
+        """Samples of `epoch` this rank's batches left out (`--skip-corrupt`): short batches, whoever built them."""
+        return sum(n for (e, _), n in self.skipped.items() if e == epoch)
+
+    def _counted(self, epoch: int, start: int, batches: Iterator[Batch]) -> Iterator[Batch]:
+        """`--skip-corrupt`: count what each batch lacks, and stop past the budget. Counted here, on
+        the batches' sizes, so every builder (this process, its workers, a DPU rank) counts alike."""
+        sizes, budget = cast(list[int], self._sizes), self.sampling.skip_corrupt
+        for step, (x, y) in enumerate(batches, start=start):
+            if len(y) < sizes[step]:
+                self.skipped[(epoch, step)] = sizes[step] - len(y)
+                if self.skipped_in(epoch) > budget:
+                    raise ConfigError(f"{self.skipped_in(epoch)} training samples of epoch {epoch} failed to load "
+                                      f"for this host rank, more than --skip-corrupt {budget} allows (the lines "
+                                      "above name them): fix or remove those files, or raise --skip-corrupt")
+            yield x, y
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next plain `for x, y in loader` iterate epoch `epoch` (as `DistributedSampler.set_epoch`)."""
@@ -430,7 +449,7 @@ class DpuLoader:
 
 def local_loader(dataset: object, sampling: Sampling, epochs: Optional[int] = None) -> DpuLoader:
     """Loading in this process, as the DPU rank would (the fallback and `--mode none`)."""
-    loader = RankLoader(sampling, PerSampleSeeded(dataset, sampling.seed))  # type: ignore[arg-type]
+    loader = RankLoader(sampling, sampling.seeded(dataset))
     return DpuLoader(LocalSource(loader), sampling, len(loader), dataset, "this process", epochs)
 
 

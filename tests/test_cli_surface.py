@@ -20,7 +20,7 @@ LAUNCHER_FLAGS = {
 
 TRAINING_FLAGS = {
     "-h", "--help",
-    "--preset", "--mode", "--model", "--dataset", "--data", "--download", "--num-classes",
+    "--preset", "--mode", "--model", "--dataset", "--data", "--download", "--num-classes", "--skip-corrupt",
     "--epochs", "--batch-size", "--val-batch-size", "--drop-last", "--train-subset", "--val-subset",
     "--lr", "--momentum", "--weight-decay", "--lr-schedule", "--seed", "--allreduce", "--device", "--amp",
     "--channels-last", "--log-dir",
@@ -112,7 +112,7 @@ def test_make_data_subcommand_dispatches(monkeypatch):
 # the code consults are derived from those declarations. Frozen here: changing what a field means (applies
 # to scripts, may change on resume, may differ in clones) must be a deliberate edit, as adding a flag is.
 CONCERNS = {
-    "data": {"dataset", "data", "download", "num_classes", "train_subset", "val_subset"},
+    "data": {"dataset", "data", "download", "num_classes", "train_subset", "val_subset", "skip_corrupt"},
     "model and training": {"model", "epochs", "batch_size", "val_batch_size", "drop_last", "lr", "momentum",
                            "weight_decay", "lr_schedule", "seed", "allreduce", "device", "amp", "channels_last"},
     "offload": {"mode", "da_buffers", "dpu_workers", "da_host_share", "da_host_workers", "numerics",
@@ -128,13 +128,13 @@ CONCERNS = {
 SCRIPT_FIELDS = {"mode", "script", "da_buffers", "dpu_workers", "da_host_share", "da_host_workers", "numerics",
                  "numerics_samples", "wire", "log_dir", "peer_timeout", "progress", "mv_dpu_fraction", "dpu_da_ranks",
                  "dpu_mv_ranks", "da_fanout", "ckpt_dir", "ckpt_keep", "ckpt_copy", "ckpt_errors", "resume",
-                 "clone_at", "device"}
+                 "clone_at", "device", "skip_corrupt"}
 FREE_ON_RESUME = {"resume", "ckpt_dir", "ckpt_every", "ckpt_every_epoch", "ckpt_keep", "ckpt_mem_keep", "ckpt_copy",
                   "stop_at_step", "dpu_failure", "recovery", "reassign", "log_dir", "trace", "save_weights",
                   "progress", "peer_timeout", "digest_batches", "clone_at", "clone_override", "inject",
                   "inject_simulate", "simulate_recovery", "mode", "da_buffers", "dpu_workers", "da_host_share",
                   "da_host_workers", "mv_dpu_fraction", "dpu_da_ranks", "dpu_mv_ranks", "da_fanout", "val_batch_size",
-                  "allreduce", "device", "amp", "channels_last", "download", "data"}
+                  "allreduce", "device", "amp", "channels_last", "download", "data", "skip_corrupt"}
 FATAL_ON_RESUME = {"model", "dataset", "num_classes"}
 CLONE_OVERRIDES = {"lr": float, "momentum": float, "weight_decay": float, "lr_schedule": str, "seed": int,
                    "epochs": int, "batch_size": int, "train_subset": int, "val_subset": int, "drop_last": "bool",

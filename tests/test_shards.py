@@ -242,3 +242,42 @@ def test_records_built_as_they_are_read_get_their_own_seeds_whatever_read_them()
     other_epoch = PerSampleSeeded(ShardedSet(Augmenting(), shuffle_buffer=16), seed=3)
     other_epoch.set_epoch(2)
     assert not torch.equal(other_epoch[3][0], straight[3])
+
+
+# ------------------------------------------------------------------------------------ --skip-corrupt
+class Flaky(torch.utils.data.Dataset):
+    """Samples 5 and 9 fail to load, as a truncated file would."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        if i in (5, 9):
+            raise OSError(f"image file is truncated (sample {i})")
+        return torch.rand(3), i
+
+
+def test_skip_corrupt_leaves_samples_out_of_their_batch_and_counts_them(capsys):
+    from dpuoffload.host.loader import local_loader
+
+    loader = local_loader(Flaky(), Sampling(4, skip_corrupt=2, shuffle=False))
+    batches = list(loader.epoch(0))
+    assert [len(y) for _, y in batches] == [4, 3, 3, 4, 4, 4]
+    assert 5 not in torch.cat([y for _, y in batches]).tolist() and loader.skipped_in(0) == 2
+    out = capsys.readouterr().out
+    assert "--skip-corrupt: left out of its batch in epoch 0: training sample 5 could not be loaded: OSError: " \
+           "image file is truncated (sample 5)" in out
+    strict = local_loader(Flaky(), Sampling(4, skip_corrupt=1, shuffle=False))
+    with pytest.raises(ConfigError, match=r"2 training samples of epoch 0 failed to load for this host rank, more "
+                                          r"than --skip-corrupt 1 allows"):
+        list(strict.epoch(0))
+    with pytest.raises(ConfigError, match="training sample 5 could not be loaded: OSError"):
+        list(local_loader(Flaky(), Sampling(4, shuffle=False)).epoch(0))
+
+
+def test_batch_sizes_of_an_epoch_for_map_style_sets_and_streams():
+    assert Sampling(4, replicas=2).batch_sizes(Flaky()) == [4, 4, 4]
+    assert Sampling(5, replicas=2).batch_sizes(Flaky()) == [5, 5, 2]
+    assert Sampling(5, replicas=2, drop_last=True).batch_sizes(Flaky()) == [5, 5]
+    data = ShardedSet(Counting(), shuffle_buffer=16)  # 255 samples: 128 per host rank
+    assert Sampling(50, replicas=2).batch_sizes(data) == [50, 50, 28]

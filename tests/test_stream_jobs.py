@@ -162,3 +162,50 @@ def test_a_stream_rolled_back_to_a_spare_goes_on_to_the_bit(trainer):
     [rec] = [r for r in rollback["metrics"] if r["event"] == "recovery"]
     assert rec["strategy"] == "rollback" and rec["samples_lost"] == 0
     assert_same_training(rollback, trainer["mpi"])
+
+
+# ----------------------------------------------------------------------------- bad input, map-style too
+BAD = ["--preset", "debug", "--no-progress", "--dataset", "tinyimagenet", "--train-subset", "96", "--val-subset",
+       "32", "--epochs", "2", "--batch-size", "16"]
+
+
+@pytest.fixture(scope="module")
+def truncated(bundled_data, tmp_path_factory):
+    """The bundled Tiny ImageNet with one training JPEG cut short (sample 9 in ImageFolder's order)."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("truncated") / "tinyimagenet"
+    shutil.copytree(bundled_data / "tinyimagenet", root, ignore=shutil.ignore_patterns("shards"))
+    first_class = sorted((root / "train").iterdir())[0]
+    victim = sorted(first_class.iterdir())[9]
+    victim.write_bytes(victim.read_bytes()[:300])
+    return root, victim
+
+
+@pytest.mark.mpi
+def test_a_truncated_jpeg_stops_the_job_naming_its_sample_and_file(truncated, tmp_path):
+    root, victim = truncated
+    r = dpurun(["--host-ranks", "1", "--dpu-ranks", "1", "--oversubscribe"],
+               [*BAD, "--data", str(root), "--mode", "da", "--log-dir", str(tmp_path)], timeout=200)
+    assert r.returncode != 0
+    assert (f"failed first: SampleError: training sample 9 ({victim}) could not be loaded: OSError: ") in r.stderr, \
+        r.stderr
+
+
+@pytest.mark.mpi
+def test_skip_corrupt_leaves_it_out_the_same_in_none_and_da(truncated, tmp_path):
+    root, victim = truncated
+    runs = {}
+    for mode in ("none", "da"):
+        r = dpurun(["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe"],
+                   [*BAD, "--data", str(root), "--mode", mode, "--skip-corrupt", "1",
+                    "--log-dir", str(tmp_path / mode)],
+                   timeout=200)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"--skip-corrupt: left out of its batch in epoch 1: training sample 9 ({victim}) could not be " \
+               "loaded: OSError: " in r.stdout
+        runs[mode] = {m["epoch"]: m for m in read_jsonl(tmp_path / mode / "metrics.jsonl") if m["event"] == "epoch"}
+    for e in (0, 1):
+        assert runs["da"][e]["skipped_corrupt"] == runs["none"][e]["skipped_corrupt"] == 1
+        for key in ("step_losses", "weights_sha256"):
+            assert runs["da"][e][key] == runs["none"][e][key], (e, key)

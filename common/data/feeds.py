@@ -21,6 +21,9 @@ class Feed(Protocol):
     def epoch(self, epoch: int, start: int = 0, stop: Optional[int] = None) -> Iterator[Batch]:
         """Yield batches [start, stop) of this epoch in order (a resumed or stopped run trains part)."""
 
+    def skipped(self, epoch: int) -> int:
+        """Samples of `epoch` this replica's batches left out (`--skip-corrupt`; 0 without it)."""
+
     def global_samples(self, step: int) -> Optional[int]:
         """Samples in step `step` summed over all replicas when they differ per replica (gradients
         are then weighted by n_i / total and summed), or None: equal batches, plain average."""

@@ -35,11 +35,22 @@ class Sampling:
     seed: int = 0
     shuffle: bool = True
     drop_last: bool = False
+    skip_corrupt: int = 0  # --skip-corrupt: samples that fail to load, left out of their batch (per epoch, at most)
 
     @classmethod
     def of(cls, cfg: RunConfig, replicas: int, rank: int) -> "Sampling":
         """The built-in trainer's sampling (always shuffled) from its flags."""
-        return cls(cfg.batch_size, replicas, rank, cfg.seed, True, cfg.drop_last)
+        return cls(cfg.batch_size, replicas, rank, cfg.seed, True, cfg.drop_last, cfg.skip_corrupt)
+
+    def seeded(self, dataset: Any) -> PerSampleSeeded:
+        """`dataset` under per-sample seeds as this loader builds it (`--skip-corrupt`: leaving out
+        samples that fail to load)."""
+        return PerSampleSeeded(dataset, self.seed, skip_corrupt=self.skip_corrupt > 0)
+
+    def batch_sizes(self, dataset: Any) -> list[int]:
+        """Every step's batch size on this rank, as built with no sample left out."""
+        per_rank, b = samples_per_rank(dataset, self), self.batch_size
+        return [min(b, per_rank - s * b) for s in range(steps_for(dataset, self))]
 
 
 class RankLoader:
@@ -101,12 +112,17 @@ def epoch_order(dataset: Any, s: Sampling, epoch: int, rank: Optional[int] = Non
     return list(sampler)
 
 
+def samples_per_rank(dataset: Any, s: Sampling) -> int:
+    """Samples each host rank's epoch walks: `DistributedSampler`'s ceil(n / replicas), or a stream's plan's."""
+    stream = sharded_of(dataset)
+    if stream is not None:
+        return stream.plan(s.replicas, s.seed, s.shuffle).per_rank
+    return -(-len(dataset) // s.replicas)
+
+
 def steps_for(dataset: Any, s: Sampling) -> int:
     """Batches per epoch of every host rank, for a map-style set or a stream."""
-    stream = sharded_of(dataset)
-    per_rank = stream.plan(s.replicas, s.seed, s.shuffle).per_rank if stream is not None else None
-    if per_rank is None:
-        return steps_per_epoch(len(dataset), s.replicas, s.batch_size, s.drop_last)
+    per_rank = samples_per_rank(dataset, s)
     return per_rank // s.batch_size if s.drop_last else -(-per_rank // s.batch_size)
 
 

@@ -112,10 +112,15 @@ def fingerprint(dataset: Any, seed: int, count: int) -> Fingerprint:
     t0 = time.perf_counter()
     steps = transform_steps(dataset)
     traces = []
+    from dpuoffload.common.errors import SampleError
+
     for index in range(min(count, len(dataset))):
         outputs: list[Any] = []
-        sample = _build(dataset, seed, index, outputs.append)
-        traces.append(SampleTrace(index, tuple(digest(x) for x in outputs), digest(sample)))
+        try:
+            sample = digest(_build(dataset, seed, index, outputs.append))
+        except SampleError as e:  # (a corrupt file: the same on both sides; training names it, or --skip-corrupt)
+            sample = f"failed to load: {type(e.__cause__ or e).__name__}"
+        traces.append(SampleTrace(index, tuple(digest(x) for x in outputs), sample))
     return Fingerprint(Platform.here(), tuple(_name(t) for t in steps), tuple(traces), time.perf_counter() - t0)
 
 

@@ -48,10 +48,13 @@ class PerSampleSeeded(Dataset):
     three cheap re-seeds (~15 us in all; `torch.manual_seed` is avoided, it costs ~0.25 ms here).
     """
 
-    def __init__(self, dataset: Dataset, seed: int) -> None:
+    def __init__(self, dataset: Dataset, seed: int, skip_corrupt: bool = False) -> None:
+        """`skip_corrupt` (`--skip-corrupt`): a sample that fails to load is left out of its batch
+        (`__getitems__`), with a line that names it; its loader counts and bounds them."""
         self.dataset = dataset
         self.seed = seed
         self.epoch = 0
+        self.skip_corrupt = skip_corrupt
         self._bind()
 
     def set_epoch(self, epoch: int) -> None:
@@ -69,7 +72,26 @@ class PerSampleSeeded(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> Any:
-        return self.__getitems__([index])[0]
+        """Sample `index` of the set epoch, never left out (`--skip-corrupt` acts on whole batches)."""
+        gen = torch.default_generator
+        saved = gen.get_state(), random.getstate(), np.random.get_state()
+        try:
+            reseed(sample_seed(self.seed, self.epoch, int(index)))
+            return self._load(int(index))
+        finally:
+            gen.set_state(saved[0])
+            random.setstate(saved[1])
+            np.random.set_state(saved[2])
+
+    def _load(self, index: int) -> Any:
+        """The data set's sample `index` (under the seeds already set); a failure named as a `SampleError`."""
+        try:
+            return self.dataset[index]
+        except (ConfigError, IndexError):
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's data set: say which sample
+            raise SampleError(f"training {describe_sample(self.dataset, index)} could not be loaded: "
+                              f"{type(e).__name__}: {e}") from e
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         gen = torch.default_generator
@@ -79,12 +101,15 @@ class PerSampleSeeded(Dataset):
             for index in indices:
                 reseed(sample_seed(self.seed, self.epoch, int(index)))
                 try:
-                    out.append(self.dataset[index])
-                except (ConfigError, IndexError):
-                    raise
-                except Exception as e:  # noqa: BLE001 - the user's data set: say which sample
-                    raise SampleError(f"training {describe_sample(self.dataset, int(index))} could not be "
-                                      f"loaded: {type(e).__name__}: {e}") from e
+                    out.append(self._load(int(index)))
+                except SampleError as e:
+                    if not self.skip_corrupt:
+                        raise
+                    print(f"[dpuoffload] --skip-corrupt: left out of its batch in epoch {self.epoch}: {e}", flush=True)
+            if not out and indices:
+                raise SampleError(f"--skip-corrupt: every sample of a batch failed to load (samples "
+                                  f"{', '.join(str(int(i)) for i in indices)} of epoch {self.epoch}); a batch cannot "
+                                  "be left empty: fix or remove the files")
             return out
         finally:
             gen.set_state(saved[0])

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import DatasetPair
 from dpuoffload.common.data.feeds import Batch, Feed
+from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.data.shards import sharded_of
 from dpuoffload.common.faults import inject
@@ -189,6 +190,7 @@ class Trainer:
         self.optimizer = build_optimizer(cfg, self.model)
         self.feed = job.feed
         self.stream = sharded_of(job.train)  # a stream of shards: its epochs' padding and drops go in the records
+        self.train_set = job.train.dataset    # (--skip-corrupt: an epoch's full sample count)
         self.total_steps = cfg.epochs * self.feed.steps()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(cfg.lr_schedule, s, self.total_steps))
@@ -287,7 +289,8 @@ class Trainer:
         self.phase_log.write({"epoch": epoch, "world_rank": self.topo.world_rank, "role": self.topo.role.name.lower(),
                               "epoch_time": epoch_time, "steps": span.stop - span.start,
                               "phases": dict(self.timer.totals), "batch_digest": batch_digest,
-                              "samples": samples, "first_global_step": self.global_step - len(self.step_times) + 1,
+                              "samples": samples, "skipped_corrupt": self.feed.skipped(epoch),
+                              "first_global_step": self.global_step - len(self.step_times) + 1,
                               "step_times": self.step_times})
 
     def dpu_share(self, train_time: float) -> float:
@@ -503,7 +506,17 @@ class Trainer:
                 "samples_per_s": float(train_sums[2]) / train_time if train_time > 0 else 0.0,
                 "lr": self.scheduler.get_last_lr()[0], "val_dpu_share": share,
                 "phase_shares": self.timer.shares(epoch_time), "step_losses": losses,
-                "weights_sha256": state_digest(self.model), **self.stream_balance(epoch)}
+                "weights_sha256": state_digest(self.model), **self.stream_balance(epoch),
+                **self.left_out(train_sums)}
+
+    def left_out(self, train_sums: np.ndarray) -> dict[str, Any]:
+        """`--skip-corrupt`: the epoch's samples no host rank trained on, over all of them (the epoch's
+        full count minus the trained one); each rank's own count is in its phase log."""
+        if not self.cfg.skip_corrupt or self.recovery is not None:  # (with recovery a lost rank's samples would count)
+            return {}
+        hosts = len(self.topo.host_ranks)
+        full = sum(Sampling.of(self.cfg, hosts, 0).batch_sizes(self.train_set)) * hosts
+        return {"skipped_corrupt": full - int(train_sums[2])}
 
     def stream_balance(self, epoch: int) -> dict[str, Any]:
         """A stream's epoch: the samples its host ranks repeated to train equal epochs (padded) and

@@ -64,6 +64,9 @@ class NaiveFeed:
     def global_samples(self, step: int) -> Optional[int]:
         return self.totals[step]
 
+    def skipped(self, epoch: int) -> int:
+        return 0  # (--skip-corrupt is refused with --mode naive)
+
     def epoch(self, epoch: int, start: int = 0, stop: Optional[int] = None) -> Iterator[Batch]:
         """(`start`/`stop` exist for the Feed protocol; naive runs never resume mid-epoch.)"""
         plan = naive_plan(len(self.dataset), self.cfg.seed, epoch, self.batch_sizes, self.cfg.drop_last)

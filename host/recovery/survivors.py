@@ -37,7 +37,6 @@ from torch.utils.data import default_collate
 
 from dpuoffload.common.data.feeds import Batch
 from dpuoffload.common.data.loaders import Sampling, epoch_order
-from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import PeerLost
 from dpuoffload.common.faults.abort import PREFIX
 from dpuoffload.common.faults.policy import Recovery
@@ -282,7 +281,7 @@ class Takeover:
 
     def __init__(self, dataset: Any, sampling: Sampling, dead: tuple[int, ...], rank: int, survivors: int) -> None:
         self.sampling, self.dead, self.rank, self.survivors = sampling, dead, rank, survivors
-        self.train = PerSampleSeeded(dataset, sampling.seed)  # its own: the feed's may be mid-epoch
+        self.train = sampling.seeded(dataset)  # its own: the feed's may be mid-epoch
 
     def mine(self, epoch: int, step: int, rank: Optional[int] = None) -> list[int]:
         """The ids survivor `rank` (default: this one) trains at (epoch, step) for the dead ranks."""
