@@ -209,3 +209,37 @@ def test_skip_corrupt_leaves_it_out_the_same_in_none_and_da(truncated, tmp_path)
         assert runs["da"][e]["skipped_corrupt"] == runs["none"][e]["skipped_corrupt"] == 1
         for key in ("step_losses", "weights_sha256"):
             assert runs["da"][e][key] == runs["none"][e][key], (e, key)
+
+
+@pytest.mark.mpi
+def test_a_truncated_training_shard_is_named_at_start_up(tmp_path):
+    data = tmp_path / "shards"
+    data.mkdir()
+    for split, sizes in (("train", (20, 20, 20)), ("val", (10,))):
+        for s, n in enumerate(sizes):
+            members = [(f"{s}{k:04d}", jpeg(k, side=16), k % 3) for k in range(n)]
+            (data / f"{split}-{s:06d}.tar").write_bytes(_tar(members))
+    broken = data / "train-000001.tar"
+    broken.write_bytes(broken.read_bytes()[:5000])
+    r = dpurun(["--host-ranks", "1", "--dpu-ranks", "1", "--oversubscribe"],
+               [*TRAINER[:3], "--epochs", "1", "--mode", "da",
+                "--dataset", f"webdataset:{data}/train-{{000000..000002}}.tar"],
+               timeout=120)
+    assert r.returncode != 0
+    assert f"shard {broken} cannot be read: ReadError: unexpected end of data in " in r.stdout + r.stderr
+
+
+@pytest.mark.mpi
+def test_the_streams_example_from_shards_and_from_an_arrow_folder(bundled_data, tmp_path):
+    """examples/streams_loop.py: its losses in da equal none's, from tar shards and from an Arrow folder."""
+    shards = f"{bundled_data}/tinyimagenet/shards/train-{{000000..000001}}.tar"
+    arrow = ["--arrow", str(tmp_path / "arrow"),
+             "--arrow-from", f"{bundled_data}/tinyimagenet/shards/train-00000[01].tar"]
+    for source in (["--shards", shards], arrow):
+        lines = {}
+        for mode in ("da", "none"):
+            r = dpurun(["--oversubscribe"], ["--mode", mode, "examples/streams_loop.py", *source, "--epochs", "1"],
+                       timeout=200)
+            assert r.returncode == 0, r.stdout + r.stderr
+            lines[mode] = [line for line in r.stdout.splitlines() if line.startswith("epoch 0: mean loss")]
+        assert lines["da"] == lines["none"] and lines["da"][0].endswith("(16 steps)"), lines

@@ -18,17 +18,24 @@ import json
 import os
 
 import torch
+from torch.utils.data import IterableDataset
 from torchvision import transforms as T
 
 import dpuoffload as dpu
 
 
-class JsonShards:
-    """The user's own stream: each shard a JSON-lines file of {"value", "label"}; the sample draws noise."""
+class JsonShards(IterableDataset):
+    """The user's own stream, an IterableDataset: each shard a JSON-lines file of {"value", "label"},
+    the sample draws noise. Iterated as it is, it reads every shard in order; `job.loader` takes it
+    by its shard protocol (`shards`, `open_shard`, `sample`)."""
 
     def __init__(self, folder: str) -> None:
         self.shards = sorted(glob.glob(os.path.join(folder, "*.jsonl")))
         self.transform = None
+
+    def __iter__(self):
+        for shard in self.shards:
+            yield from map(self.sample, self.open_shard(shard))
 
     def open_shard(self, shard: str):
         with open(shard) as f:
