@@ -37,6 +37,7 @@ from torch.utils.data import default_collate
 
 from dpuoffload.common.data.feeds import Batch
 from dpuoffload.common.data.loaders import Sampling, epoch_order
+from dpuoffload.common.data.shards import sharded_of
 from dpuoffload.common.errors import PeerLost
 from dpuoffload.common.faults.abort import PREFIX
 from dpuoffload.common.faults.policy import Recovery
@@ -269,7 +270,9 @@ def _order(dataset: Any, sampling: Sampling, rank: int, epoch: int) -> tuple[int
 def batch_ids(dataset: Any, sampling: Sampling, epoch: int, step: int, rank: int) -> list[int]:
     """Sample ids of host rank `rank`'s batch at `step` of `epoch` (the failure-free run's)."""
     b = sampling.batch_size
-    return list(_order(dataset, sampling, rank, epoch)[step * b: (step + 1) * b])
+    stream = sharded_of(dataset)
+    key = stream if stream is not None else range(len(dataset))  # (what the order depends on, hashable: cached)
+    return list(_order(key, sampling, rank, epoch)[step * b: (step + 1) * b])
 
 
 class Takeover:
