@@ -74,6 +74,14 @@ _OWN_FAILURE = ((re.compile(r"^\[dpuoffload\] " + _LABEL + r" failed: (.*)$"), "
                 # --dpu-failure fallback (common/faults/watch.py): a death the run does not survive
                 (re.compile(r"^\[dpuoffload\] " + _LABEL + r" died; (.*: ending the job)$"), "died"))
 _OWN_SUMMARY = re.compile(r"^\[dpuoffload\] (checkpoints: .*)$")
+# PRTE's banner when it loses a remote daemon: that machine went down (power, kernel, every process
+# killed) or was cut off from the network; the job ends, and mpirun may exit 0 all the same:
+#   PRTE has lost communication with a remote daemon.
+#     HNP daemon   : [prterun-h0-1234@0,0] on node h0
+#     Remote daemon: [prterun-h0-1234@0,2] on node h1
+_DAEMON_LOST = re.compile(r"[OP]RTE has lost communication with a remote daemon\. HNP daemon : \S+ on node \S+ "
+                          r"Remote daemon: \S+ on node (\S+)")
+MACHINE_LOST = "its machine was lost"
 # Open MPI's TCP banner when a peer hangs up ("An MPI communication peer process has unexpectedly
 # disconnected"): it names the peer's machine, which names the rank when that machine ran one.
 _PEER_HOST = re.compile(r"^Peer host:\s+(\S+)$")
@@ -149,6 +157,7 @@ class FailureScanner:
         #                                                             and "noticed": mpirun's first death report
         self.peer_hosts: list[str] = []   # machines whose rank hung up on another (Open MPI over TCP)
         self.known_cause: Optional[str] = None  # _KNOWN_CAUSES: why the job could not start
+        self.lost_machines: list[str] = []  # machines whose Open MPI daemon mpirun lost (_DAEMON_LOST)
 
     @property
     def failures(self) -> list[RankFailure]:
@@ -192,6 +201,10 @@ class FailureScanner:
         for kind, pattern in _PATTERNS:
             for m in pattern.finditer(text):
                 self._record(_failure(kind, m))
+        for m in _DAEMON_LOST.finditer(text):
+            if m[1] not in self.lost_machines:
+                self.lost_machines.append(m[1])
+                self.events.setdefault("noticed", (time.monotonic(), ()))
 
     def _record(self, new: RankFailure) -> None:
         old = self._seen.get(new.world_rank)
@@ -331,7 +344,12 @@ def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None
     summary = scanners[1].summary or scanners[0].summary
     failures = ([reported] if reported else []) + scanners[1].failures + scanners[0].failures
     failures = name_lost_peer(failures, scanners[1].peer_hosts + scanners[0].peer_hosts, machines or {})
+    lost = list(dict.fromkeys(scanners[1].lost_machines + scanners[0].lost_machines))
+    failures = machine_losses(lost, machines or {}) + failures
+    code = lost_code(code, lost)
     known_cause = scanners[1].known_cause or scanners[0].known_cause
+    for host in lost:
+        print(lost_machine_line(host, machines or {}, host_ranks, dpu_ranks, standby), file=sys.stderr, flush=True)
     _report(failures, host_ranks, dpu_ranks, mpirun_code, bool(forwarder.received), summary, standby, known_cause)
     if code != 0 and ckpt_dir and not summary:
         print(last_checkpoint_line(ckpt_dir), file=sys.stderr, flush=True)
@@ -636,6 +654,29 @@ def name_lost_peer(failures: list[RankFailure], peer_hosts: Sequence[str],
                                                  "the rank or its machine went down", host)
             return [gone] + [f for f in failures if f.world_rank != ranks[0]]
     return failures
+
+
+def machine_losses(lost: Sequence[str], machines: Mapping[str, tuple[int, ...]]) -> list[RankFailure]:
+    """The ranks that were on each lost machine, as deaths (`dpurun --restarts` relaunches after a
+    death); a machine this launch did not map (one box: no machines) gives none: its line says it."""
+    return [RankFailure(rank, "died", f"{MACHINE_LOST} (Open MPI lost contact with its daemon there: the machine "
+                                      "went down, or was cut off from the network)", host)
+            for host in lost for rank in machines.get(host, ())]
+
+
+def lost_machine_line(host: str, machines: Mapping[str, tuple[int, ...]], host_ranks: int,
+                      dpu_ranks: Optional[int], standby: Role = Role.CLONE) -> str:
+    """One lost machine and the ranks that were on it, in one line."""
+    ranks = machines.get(host, ())
+    on_it = ("; on it: " + ", ".join(describe_rank(r, host_ranks, dpu_ranks, standby) for r in ranks)) if ranks else ""
+    return (f"{PREFIX} machine {host} lost: Open MPI lost contact with its daemon there (the machine went down, or "
+            f"was cut off from the network), so the job ended{on_it}")
+
+
+def lost_code(code: int, lost: Sequence[str]) -> int:
+    """Never 0 after a lost machine: Open MPI's mpirun exited 0 when every process of a remote machine
+    pair was killed (its daemon lost, the job terminated), and a batch script took the run for done."""
+    return 1 if code == 0 and lost else code
 
 
 def _report(failures: list[RankFailure], host_ranks: int, dpu_ranks: Optional[int], code: int,

@@ -471,3 +471,40 @@ def test_a_session_directory_whose_dpurun_was_killed_outright_goes_with_the_next
         assert not dead.exists() and alive.exists() and elsewhere.exists() and other.exists()
     assert not Path(session).exists()
     assert supervise.remove_stale_sessions(tmp_path) == []
+
+
+# PRTE's banner when a remote machine's daemon is gone (issue 57: every process of h1 and d1 killed)
+PRTE_DAEMON_LOST = """--------------------------------------------------------------------------
+PRTE has lost communication with a remote daemon.
+
+  HNP daemon   : [prterun-h0-4242@0,0] on node h0
+  Remote daemon: [prterun-h0-4242@0,2] on node h1
+
+This is usually due to either a failure of the TCP network
+connection to the node, or possibly an internal failure of
+the daemon itself. We cannot recover from this failure, and
+therefore will terminate the job.
+--------------------------------------------------------------------------
+"""
+
+
+@pytest.mark.parametrize("chunk", [0, 7])
+def test_a_lost_daemon_names_its_machine_and_the_ranks_on_it_and_never_exits_0(chunk):
+    scanner = FailureScanner()
+    for piece in [PRTE_DAEMON_LOST[i:i + chunk] for i in range(0, len(PRTE_DAEMON_LOST), chunk)] if chunk \
+            else [PRTE_DAEMON_LOST]:
+        scanner.feed(piece)
+    assert scanner.lost_machines == ["h1"] and "noticed" in scanner.events
+    machines = {"h0": (0,), "h1": (1,), "d0": (2,), "d1": (3,)}
+    (lost,) = supervise.machine_losses(scanner.lost_machines, machines)
+    assert (lost.world_rank, lost.verb, lost.node) == (1, "died", "h1")
+    assert supervise.format_failure(lost, 2, 2) == (
+        "dpurun: world rank 1 = host rank 1 (host program) on node h1 died: its machine was lost (Open MPI lost "
+        "contact with its daemon there: the machine went down, or was cut off from the network)")
+    assert supervise.lost_machine_line("h1", {**machines, "h1": (1, 3)}, 2, 2) == (
+        "dpurun: machine h1 lost: Open MPI lost contact with its daemon there (the machine went down, or was cut "
+        "off from the network), so the job ended; on it: world rank 1 = host rank 1 (host program), world rank 3 = "
+        "DPU rank 1 (DPU program)")
+    assert supervise.lost_code(0, ["h1"]) == 1 and supervise.lost_code(0, []) == 0
+    assert supervise.lost_code(143, ["h1"]) == 143
+    assert supervise.machine_losses(["h9"], machines) == []  # (a machine this launch did not map: its line says it)
