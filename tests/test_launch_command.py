@@ -114,9 +114,13 @@ def test_local_mpich_has_no_openmpi_flags():
 NODE_MAP = "DPUOFFLOAD_NODE_MAP=n1-bf=n1,n2-bf=n2"
 
 
+KEEPALIVE = ["--prtemca", "oob_tcp_keepalive_time", "15", "--prtemca", "oob_tcp_keepalive_intvl", "5",
+             "--prtemca", "oob_tcp_keepalive_probes", "3"]  # (a lost machine noticed within 30 s)
+
+
 def test_cluster_openmpi_per_app_context_hosts_and_node_map():
     assert build_command(cluster_spec()) == [
-        MPIRUN, "--bind-to", "none",
+        MPIRUN, "--bind-to", "none", *KEEPALIVE,
         "-np", "16", "--host", "n1:8,n2:8",
         "env", "OMP_NUM_THREADS=2", "DPUOFFLOAD_THREADS=2", NODE_MAP, YIELD, *HOST_TAIL,
         ":", "-np", "4", "--host", "n1-bf:2,n2-bf:2",
@@ -379,3 +383,11 @@ def test_the_users_opt_outs_reach_every_rank_on_every_node(monkeypatch):
     for context in contexts:
         assert "DPUOFFLOAD_FAST_EXIT=0 DPUOFFLOAD_IMPORT_AHEAD=0 " in context, context
         assert "DPUOFFLOAD_MALLOC" not in context and "DPUOFFLOAD_GC_FREEZE" not in context
+
+
+def test_a_users_keepalive_setting_wins_and_one_box_sets_none():
+    spec = cluster_spec(extra_args=("--prtemca", "oob_tcp_keepalive_time", "60"))
+    cmd = build_command(spec)
+    assert cmd.count("oob_tcp_keepalive_time") == 1 and cmd[cmd.index("oob_tcp_keepalive_time") + 1] == "60"
+    assert "oob_tcp_keepalive_intvl" in cmd
+    assert "oob_tcp_keepalive_time" not in build_command(local_spec())

@@ -196,6 +196,84 @@ def test_a_killed_dpu_rank_on_another_machine_ends_the_job_naming_it(nodes, bund
         assert "lost its connection to another rank (Open MPI: 'Socket closed')" in said, err
 
 
+def started(bundled_data, env: dict[str, str], log: Path, *extra: str,
+            launcher: tuple[str, ...] = ()) -> subprocess.Popen:
+    """A da job across the four machines, returned once host rank 0 finished an epoch (training under way)."""
+    proc = subprocess.Popen(cluster_argv(bundled_data, log, "da", "--epochs", "60", *extra, launcher=launcher),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    deadline = time.monotonic() + (600 if DPU_ARCH == "aarch64" else 180)
+    while not (log / "phases-rank0.jsonl").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not (log / "phases-rank0.jsonl").exists():
+        proc.kill()
+        raise AssertionError(f"training never got under way (exit code {proc.poll()}): {proc.communicate()}")
+    return proc
+
+
+def job_processes(env: dict[str, str], *machines: str) -> list[str]:
+    """This job's live processes (ranks and Open MPI daemons) on the machines named, zombies aside."""
+    import psutil
+
+    out = []
+    for machine in machines:
+        for pid in machine_pids(env, machine):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p = psutil.Process(pid)
+                line = " ".join(p.cmdline())
+                if p.status() != psutil.STATUS_ZOMBIE and ("dpuoffload" in line or "prted" in line):
+                    out.append(f"{machine}: {pid} {' '.join(p.cmdline()[:4])}")
+    return out
+
+
+def test_a_lost_machine_pair_is_named_and_restarted_from_dpu_memory(nodes, bundled_data, tmp_path):
+    """Every process of h1 and its DPU d1 killed (their daemons, host rank 1, DPU rank 1): Open MPI loses
+    its daemon there and ends the job (mpirun then exited 0, and so did dpurun: issue 57); dpurun names
+    the machine and the ranks on it, and `--restarts 1` relaunches from DPU memory."""
+    proc = started(bundled_data, nodes, tmp_path, "--epochs", "12", "--ckpt-dir", str(tmp_path / "ck"),
+                   "--ckpt-every", "2", launcher=("--restarts", "1"))
+    try:
+        for pid in machine_pids(nodes, "h1") + machine_pids(nodes, "d1"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        _, err = proc.communicate(timeout=JOB_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lost = [m for m in ("h1", "d1") if f"dpurun: machine {m} lost: Open MPI lost contact with its daemon there" in err]
+    assert lost, err
+    assert "its machine was lost" in err and "dpurun: restart 1 of 1: relaunching with --resume latest" in err, err
+    assert proc.returncode == 0, err
+    assert next(m for m in read_jsonl(tmp_path / "metrics.jsonl") if m["event"] == "end")["global_step"] == 12 * 4
+
+
+def test_a_machine_cut_off_ends_the_job_named_in_bounded_time_with_nothing_left_running(nodes, bundled_data,
+                                                                                      tmp_path):
+    """h1's link cut (`ip link set eth0 down` in its namespace) mid-training: nothing fails on its own and
+    TCP would wait minutes, so the job hung until killed (issue 57). Open MPI's daemons now probe their
+    connections (`launch.command._keepalive_args`): the job ends within the bound, non-zero, naming h1,
+    and no rank or daemon is left on any machine, the cut-off one included."""
+    from dpuoffload.launch.command import LOST_MACHINE_BOUND_S
+
+    link = ["ip", "netns", "exec", f"{nodes['DPUOFFLOAD_NETNS_PREFIX']}-h1", "ip", "link", "set", "eth0"]
+    proc = started(bundled_data, nodes, tmp_path)
+    try:
+        subprocess.run([*link, "down"], check=True)
+        cut_at = time.monotonic()
+        _, err = proc.communicate(timeout=LOST_MACHINE_BOUND_S + 90)
+        took = time.monotonic() - cut_at
+        time.sleep(2)  # (the cut-off machine's own ranks and daemon end when they notice, at the same bound)
+        left = job_processes(nodes, *NODES)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run([*link, "up"], check=True)
+    print(f"the job ended {took:.1f} s after the cut")
+    assert proc.returncode != 0 and took < LOST_MACHINE_BOUND_S + 30, (took, err)
+    assert "dpurun: machine h1 lost: Open MPI lost contact with its daemon there" in err, err
+    assert "world rank 1 = host rank 1 (host program)" in err
+    assert not left, left
+
+
 def test_mpich_across_machines_pairs_each_host_with_its_own_dpu_and_equals_none(nodes, bundled_data, tmp_path):
     """The same cluster-mode job under MPICH (`.venv-mpich`, Hydra's mpiexec, started on the other
     machines through the same agent: `scripts/nodes.sh` sets Hydra's variables): Hydra's host syntax
