@@ -82,6 +82,9 @@ _OWN_SUMMARY = re.compile(r"^\[dpuoffload\] (checkpoints: .*)$")
 _DAEMON_LOST = re.compile(r"[OP]RTE has lost communication with a remote daemon\. HNP daemon : \S+ on node \S+ "
                           r"Remote daemon: \S+ on node (\S+)")
 MACHINE_LOST = "its machine was lost"
+# ... and when a daemon it started on a machine never called back (a relaunch onto a machine still cut off)
+_DAEMON_SILENT = re.compile(r"A daemon failed to report back after being spawned\. .*? Local host: \S+ "
+                            r"Remote host: (\S+)")
 # Open MPI's TCP banner when a peer hangs up ("An MPI communication peer process has unexpectedly
 # disconnected"): it names the peer's machine, which names the rank when that machine ran one.
 _PEER_HOST = re.compile(r"^Peer host:\s+(\S+)$")
@@ -158,6 +161,7 @@ class FailureScanner:
         self.peer_hosts: list[str] = []   # machines whose rank hung up on another (Open MPI over TCP)
         self.known_cause: Optional[str] = None  # _KNOWN_CAUSES: why the job could not start
         self.lost_machines: list[str] = []  # machines whose Open MPI daemon mpirun lost (_DAEMON_LOST)
+        self.unreached: list[str] = []      # machines whose daemon never called back (_DAEMON_SILENT)
 
     @property
     def failures(self) -> list[RankFailure]:
@@ -205,6 +209,10 @@ class FailureScanner:
             if m[1] not in self.lost_machines:
                 self.lost_machines.append(m[1])
                 self.events.setdefault("noticed", (time.monotonic(), ()))
+        for m in _DAEMON_SILENT.finditer(text):
+            if m[1] not in self.unreached:
+                self.unreached.append(m[1])
+                self.known_cause = self.known_cause or unreached_cause(m[1])
 
     def _record(self, new: RankFailure) -> None:
         old = self._seen.get(new.world_rank)
@@ -671,6 +679,14 @@ def lost_machine_line(host: str, machines: Mapping[str, tuple[int, ...]], host_r
     on_it = ("; on it: " + ", ".join(describe_rank(r, host_ranks, dpu_ranks, standby) for r in ranks)) if ranks else ""
     return (f"{PREFIX} machine {host} lost: Open MPI lost contact with its daemon there (the machine went down, or "
             f"was cut off from the network), so the job ended{on_it}")
+
+
+def unreached_cause(host: str) -> str:
+    """Why a job could not start when a machine's daemon never called back (the machine is up: its
+    daemon started, through ssh or the agent, but it cannot reach this one over the network)."""
+    return (f"Open MPI started its daemon on {host}, but the daemon could not connect back to this machine: {host} "
+            "is cut off from the network (or a firewall blocks it); leave it out of --hosts/--dpus, or bring its "
+            "network back")
 
 
 def lost_code(code: int, lost: Sequence[str]) -> int:

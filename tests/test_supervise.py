@@ -508,3 +508,32 @@ def test_a_lost_daemon_names_its_machine_and_the_ranks_on_it_and_never_exits_0(c
     assert supervise.lost_code(0, ["h1"]) == 1 and supervise.lost_code(0, []) == 0
     assert supervise.lost_code(143, ["h1"]) == 143
     assert supervise.machine_losses(["h9"], machines) == []  # (a machine this launch did not map: its line says it)
+
+
+# Open MPI's words when a relaunch starts a daemon on a machine still cut off (seen on h1, link down)
+PRTE_DAEMON_SILENT = """------------------------------------------------------------
+A daemon failed to report back after being spawned. This could
+be due to several factors, including inability to find the
+daemon executable, or the executable was unable to find its
+required supporting libraries. In some cases, the daemon was
+able to execute, but was unable to complete a TCP connection
+back to prterun:
+
+  Local host:    h0
+  Remote host:   h1
+  Daemon exit status: 213
+
+This may also be caused by a firewall on the remote host. Please
+check that any firewall (e.g., iptables) has been disabled and
+try again.
+------------------------------------------------------------
+"""
+
+
+def test_a_daemon_that_never_called_back_names_the_cut_off_machine():
+    scanner = FailureScanner()
+    scanner.feed(PRTE_DAEMON_SILENT)
+    assert scanner.unreached == ["h1"] and scanner.failures == []
+    assert scanner.known_cause == (
+        "Open MPI started its daemon on h1, but the daemon could not connect back to this machine: h1 is cut off "
+        "from the network (or a firewall blocks it); leave it out of --hosts/--dpus, or bring its network back")
