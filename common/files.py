@@ -28,7 +28,7 @@ def fsync_dir(path: Union[str, os.PathLike]) -> None:
 
 
 def write_atomic(path: Union[str, os.PathLike], content: Union[Data, Writer], *, sync_dir: bool = True,
-                 parents: bool = False) -> Path:
+                 parents: bool = False, mode: int = 0o666) -> Path:
     """Write `content` to `path` durably and atomically; return the path.
 
     Args:
@@ -38,6 +38,7 @@ def write_atomic(path: Union[str, os.PathLike], content: Union[Data, Writer], *,
         sync_dir: fsync the directory after the rename. Off when many files go into one directory
             that the caller fsyncs once after the last (a checkpoint's shards before its commit).
         parents: create missing parent directories first.
+        mode: the new file's permissions (less the umask); 0o600 for what only its owner may read.
 
     Raises:
         OSError: the write, fsync or rename failed; the temporary file is removed, the target untouched.
@@ -48,7 +49,7 @@ def write_atomic(path: Union[str, os.PathLike], content: Union[Data, Writer], *,
     # unique per process and thread: two writers of one target never share a temporary file
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb", opener=lambda name, flags: os.open(name, flags, mode)) as f:
             if callable(content):
                 content(f)
             else:

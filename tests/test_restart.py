@@ -12,14 +12,16 @@ Real jobs (2 host + 2 DPU ranks, da, checkpoints every 2 steps, host rank 0 kill
 """
 
 import json
+import os
 import re
 import shutil
+import stat
 
 import numpy as np
 import pytest
 
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind
-from dpuoffload.common.state.memstore import MemoryStore, restart_step
+from dpuoffload.common.state.memstore import MemoryStore, memory_root, restart_step
 from dpuoffload.launch import restart
 from dpuoffload.launch.supervise import JobOutcome, RankFailure
 from tests.mpijobs import dpurun, read_jsonl
@@ -48,6 +50,21 @@ def test_memory_store_keeps_the_newest_complete_steps(tmp_path):
     assert store.steps() == [4, 6]
     store.clear()
     assert store.steps() == []
+
+
+def test_dpu_memory_is_its_owners_alone(tmp_path, monkeypatch):
+    """The hand-offs hold the model and optimizer state: 0700 directories, 0600 files (they were 0755 /
+    0644, readable by every user of the DPU); a user directory made before is closed on the next write."""
+    monkeypatch.setenv("DPUOFFLOAD_MEM_DIR", str(tmp_path))
+    root = memory_root(str(tmp_path / "ck"))
+    root.parent.mkdir(mode=0o755)
+    os.chmod(root.parent, 0o755)  # (as an older version left it)
+    store = MemoryStore(root, keeper=0, keep=1)
+    store.put(2, [handoff(0, 2, 10)])
+    step = root / "keeper-000" / "step-000000002"
+    for d in (root.parent, root, root / "keeper-000", step):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    assert {stat.S_IMODE(f.stat().st_mode) for f in step.iterdir()} == {0o600}
 
 
 @pytest.mark.parametrize("held, disk, expected", [

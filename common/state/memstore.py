@@ -58,6 +58,18 @@ def memory_root(ckpt_dir: str) -> Path:
     return Path(base) / f"dpuoffload-mem-{os.getuid()}" / key
 
 
+def private_dirs(keeper_dir: Path) -> None:
+    """Make `<base>/dpuoffload-mem-<uid>/<run>/keeper-NNN` with every level ours alone (0700): DPU memory
+    holds the model and optimizer state, which other users of the machine must not read (its files are
+    0600 too). A user directory made before this rule (0755) is closed now."""
+    user_dir = keeper_dir.parent.parent
+    user_dir.parent.mkdir(parents=True, exist_ok=True)  # (the base: /dev/shm, or $DPUOFFLOAD_MEM_DIR)
+    for d in (user_dir, keeper_dir.parent, keeper_dir):
+        d.mkdir(mode=0o700, exist_ok=True)
+        if d.stat().st_uid == os.getuid() and d.stat().st_mode & 0o077:
+            os.chmod(d, 0o700)
+
+
 class MemoryStore:
     """One keeper's hand-offs of its newest checkpoints (see the module docstring for the layout)."""
 
@@ -81,13 +93,14 @@ class MemoryStore:
         final = self._step_dir(step)
         tmp = self.dir / f".{final.name}.partial-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        private_dirs(self.dir)
+        tmp.mkdir(mode=0o700)
         written = 0
         for head, small, shared in handoffs:
             sender = CKPT_HEADER.unpack(head)["sender"]
             for part, data in (("head", head), ("small", small), ("shared", shared)):
                 files.write_atomic(tmp / f"{part}-{sender:05d}.bin", memoryview(np.ascontiguousarray(data)).cast("B"),
-                                   sync_dir=False)
+                                   sync_dir=False, mode=0o600)
                 written += data.nbytes
         shutil.rmtree(final, ignore_errors=True)  # (a step received again after a restart)
         os.replace(tmp, final)
