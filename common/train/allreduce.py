@@ -21,6 +21,7 @@ from torch import nn
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.runtime.env import horovod_available
 from dpuoffload.common.runtime.hostgroup import HostGroup, generation
+from dpuoffload.common.train.mpibuild import horovod_mismatch
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -68,14 +69,16 @@ class Passenger(Protocol):
 
 
 def resolve_backend(requested: str) -> str:
-    """'auto' means Horovod when it imports, torch.distributed otherwise."""
+    """'auto' means Horovod when it imports and was built against this job's MPI, torch.distributed otherwise."""
     if requested == "auto":
-        return "horovod" if horovod_available() else "torch"
+        return "horovod" if horovod_available() and horovod_mismatch() is None else "torch"
     if requested == "mpi":
         return requested
     if requested == "horovod" and not horovod_available():
         raise ConfigError("--allreduce horovod: Horovod is not installed; run scripts/setup.sh (it builds "
                           "Horovod for this platform) or use --allreduce torch")
+    if requested == "horovod" and (why := horovod_mismatch()) is not None:
+        raise ConfigError(f"--allreduce horovod: {why}")
     return requested
 
 
