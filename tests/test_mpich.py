@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from dpuoffload.common.errors import ConfigError
 from tests.mpijobs import REPO, job_env, read_jsonl
 from tests.test_fastexit import leave_fast_beside_a_slower_rank
 
@@ -78,3 +79,27 @@ def test_a_rank_leaving_fast_does_not_kill_the_ranks_still_finishing(mpich_dpuru
                                                     str(VENV / "bin" / "python"), env, tmp_path)
     assert res.returncode == 0 and "BAD TERMINATION" not in res.stdout, res.stdout + res.stderr
     assert finished, res.stdout + res.stderr
+
+
+def test_horovod_built_against_another_mpi_is_refused_in_one_line_and_auto_takes_torch(monkeypatch):
+    """The MPICH venv sees the main venv's Horovod (linked against Open MPI's libmpi.so.40): `hvd.init`
+    there died with Open MPI's 'MPI_Comm_dup() ... before MPI_INIT', the job ending unnamed."""
+    import glob
+    import os
+
+    import mpi4py
+
+    from dpuoffload.common.train import allreduce, mpibuild
+
+    mpi4py_lib = glob.glob(os.path.join(os.path.dirname(mpi4py.__file__), "MPI*.so"))[0]
+    assert "libmpi.so.40" in mpibuild.needed(mpi4py_lib)  # (this venv's mpi4py: Open MPI's soname, read from its ELF)
+    assert mpibuild.needed(__file__) == []                 # (not an ELF file: nothing, no error)
+    monkeypatch.setattr(mpibuild, "horovod_mpi", lambda: "Open MPI")
+    monkeypatch.setattr(mpibuild, "running_mpi", lambda: "MPICH")
+    monkeypatch.setattr(allreduce, "horovod_available", lambda: True)
+    with pytest.raises(ConfigError, match=r"--allreduce horovod: this Horovod was built against Open MPI, but this "
+                                          r"job runs MPICH: .* use --allreduce torch \(or mpi\)"):
+        allreduce.resolve_backend("horovod")
+    assert allreduce.resolve_backend("auto") == "torch"
+    monkeypatch.setattr(mpibuild, "running_mpi", lambda: "Open MPI")
+    assert allreduce.resolve_backend("horovod") == "horovod" and allreduce.resolve_backend("auto") == "horovod"
