@@ -210,7 +210,21 @@ def machine() -> dict[str, Any]:
         info["mpi"] = MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
     except Exception:  # noqa: BLE001
         info["mpi"] = None
+    info["commit"] = code_commit()
     return info
+
+
+def code_commit() -> Optional[str]:
+    """The commit the measured code is at (`+dirty` with uncommitted changes under the code folders),
+    so a results file says what it measured; None outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "api", "common", "host", "dpu", "launch",
+                                "benchmarks/*.py"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty.strip() else "")
 
 
 def machine_speed(seconds: float = 20.0, core: int = 0) -> dict[str, Any]:

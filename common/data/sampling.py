@@ -9,8 +9,9 @@ randomness is unaffected by data loading — in every mode, `none` included.
 
 from __future__ import annotations
 
+import contextlib
 import random
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -38,6 +39,20 @@ def reseed(s: int) -> None:
     torch.default_generator.manual_seed(s)
     random.seed(s)
     np.random.seed(s & 0xFFFFFFFF)
+
+
+@contextlib.contextmanager
+def callers_rng() -> Iterator[None]:
+    """Leave torch's, Python's and numpy's global RNG states as the caller had them: data loading
+    reseeds them per sample and must not change training-side randomness."""
+    gen = torch.default_generator
+    saved = gen.get_state(), random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        gen.set_state(saved[0])
+        random.setstate(saved[1])
+        np.random.set_state(saved[2])
 
 
 class PerSampleSeeded(Dataset):
@@ -73,15 +88,9 @@ class PerSampleSeeded(Dataset):
 
     def __getitem__(self, index: int) -> Any:
         """Sample `index` of the set epoch, never left out (`--skip-corrupt` acts on whole batches)."""
-        gen = torch.default_generator
-        saved = gen.get_state(), random.getstate(), np.random.get_state()
-        try:
+        with callers_rng():
             reseed(sample_seed(self.seed, self.epoch, int(index)))
             return self._load(int(index))
-        finally:
-            gen.set_state(saved[0])
-            random.setstate(saved[1])
-            np.random.set_state(saved[2])
 
     def _load(self, index: int) -> Any:
         """The data set's sample `index` (under the seeds already set); a failure named as a `SampleError`."""
@@ -94,9 +103,7 @@ class PerSampleSeeded(Dataset):
                               f"{type(e).__name__}: {e}") from e
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        gen = torch.default_generator
-        saved = gen.get_state(), random.getstate(), np.random.get_state()
-        try:
+        with callers_rng():
             out = []
             for index in indices:
                 reseed(sample_seed(self.seed, self.epoch, int(index)))
@@ -111,10 +118,6 @@ class PerSampleSeeded(Dataset):
                                   f"{', '.join(str(int(i)) for i in indices)} of epoch {self.epoch}); a batch cannot "
                                   "be left empty: fix or remove the files")
             return out
-        finally:
-            gen.set_state(saved[0])
-            random.setstate(saved[1])
-            np.random.set_state(saved[2])
 
 
 def describe_sample(dataset: Any, index: int) -> str:
