@@ -152,6 +152,8 @@ class RunConfig:
     ckpt_every_epoch: bool = flag(False, Concern.CHECKPOINT, resume=OnResume.FREE, clone=InClone.RESET)
     ckpt_keep: int = flag(2, Concern.CHECKPOINT, script=True, resume=OnResume.FREE)
     ckpt_mem_keep: int = flag(0, Concern.CHECKPOINT, resume=OnResume.FREE)
+    ckpt_mem_replicas: Optional[int] = flag(None, Concern.CHECKPOINT, resume=OnResume.FREE)
+    ckpt_mem_budget: Optional[int] = flag(None, Concern.CHECKPOINT, resume=OnResume.FREE)
     ckpt_copy: str = flag("staged", Concern.CHECKPOINT, script=True, resume=OnResume.FREE)
     ckpt_errors: str = flag("continue", Concern.CHECKPOINT, script=True)
     resume: Optional[str] = flag(None, Concern.CHECKPOINT, script=True, resume=OnResume.FREE, clone=InClone.RESET)
@@ -321,6 +323,10 @@ class RunConfig:
             raise ConfigError(f"--ckpt-keep must be >= 1, got {self.ckpt_keep}")
         if self.ckpt_mem_keep < 0:
             raise ConfigError(f"--ckpt-mem-keep must be >= 0 (0: off), got {self.ckpt_mem_keep}")
+        if self.ckpt_mem_replicas is not None and self.ckpt_mem_replicas < 0:
+            raise ConfigError(f"--ckpt-mem-replicas must be >= 0 (0: no partner copies), got {self.ckpt_mem_replicas}")
+        if self.ckpt_mem_budget is not None and self.ckpt_mem_budget < 1:
+            raise ConfigError(f"--ckpt-mem-budget must be a size above 0 (e.g. 512M, 4G), got {self.ckpt_mem_budget}")
         if self.ckpt_mem_keep and not self.ckpt_dir:
             raise ConfigError("--ckpt-mem-keep keeps copies of the checkpoints in DPU memory: add --ckpt-dir DIR "
                               "(the disk copy, used when DPU memory is lost too)")
@@ -599,6 +605,20 @@ def _append_defaults(p: argparse.ArgumentParser) -> None:
         action.help += f" (default: {value})"
 
 
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'512M', '4G', '1.5G', '2048' (bytes) -> bytes; binary units (K = 1024), an optional trailing B."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in _UNITS and t[-1:] else ""
+    try:
+        value = float(t[: len(t) - len(unit)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: write e.g. 512M, 4G or a number of bytes") from None
+    return int(value * _UNITS[unit])
+
+
 def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
     S = argparse.SUPPRESS
     g = p.add_argument_group("checkpoints and clones (state goes host -> DPU in slices; DPU ranks write it)")
@@ -615,6 +635,14 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
                    help="DPU ranks also keep the K newest checkpoints in their memory (/dev/shm, it outlives "
                         "the job), so `--resume latest` after a failure restarts from DPU memory without "
                         "reading the disk; 0 = off (dpurun --restarts sets 2)")
+    g.add_argument("--ckpt-mem-replicas", type=int, default=S, metavar="R",
+                   help="with --ckpt-mem-keep: each DPU also keeps a copy of the hand-offs of the DPUs of R "
+                        "other nodes (a ring by node), so a restart after a whole node is lost still finds "
+                        "every shard in DPU memory; default 1 with DPU ranks on >= 2 nodes, else 0")
+    g.add_argument("--ckpt-mem-budget", type=parse_size, default=S, metavar="SIZE",
+                   help="with --ckpt-mem-keep: the most this run keeps in one DPU's memory (its own "
+                        "hand-offs and the copies it holds), e.g. 512M or 4G; a step over it is kept on "
+                        "disk only (said once); default a quarter of the DPU's RAM")
     g.add_argument("--ckpt-copy", choices=CKPT_COPIES, default=S,
                    help="staged: host ranks copy their slice into a send buffer and go on (blocks for the "
                         "copy); zero: send straight from the weights and wait for the send before the next "

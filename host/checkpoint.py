@@ -39,6 +39,7 @@ from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import wait, wait_all, wait_object
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.ckptfiles import Received
+from dpuoffload.common.state.memstore import MemoryPoint
 from dpuoffload.common.state.meta import Slicing
 from dpuoffload.common.state.resume import ResumePoint, config_dict
 from dpuoffload.common.state.sharding import DEFAULT_THRESHOLD, byte_buffer, pack_pieces, packed_nbytes, plan_shards
@@ -66,7 +67,7 @@ def resume_trainer(trainer: Any, point: ResumePoint, topo: Topology) -> None:
     memory, the state comes from the keepers instead of the disk (same slicing)."""
     t0 = time.perf_counter()
     if point.memory is not None:
-        source = state_from_memory(topo, point.memory.step, trainer.cfg.peer_timeout)
+        source = state_from_memory(topo, point.memory, trainer.cfg.peer_timeout)
     else:
         source = StateSource.of_checkpoint(ckptfiles.load(point.path, point.verified))
         point.verified.clear()  # (the bytes are in tensors now)
@@ -74,7 +75,7 @@ def resume_trainer(trainer: Any, point: ResumePoint, topo: Topology) -> None:
     loaded = load_state(source, Live.of(trainer), reader)
     trainer.resume_at(loaded.start, loaded.progress, loaded.seats)
     if topo.side_rank == 0:
-        report_resume(point, loaded, time.perf_counter() - t0, source.nbytes)
+        report_resume(point, loaded, time.perf_counter() - t0, source.nbytes, topo)
     if point.memory is not None:
         trainer.metrics_log.write({"event": "restart", "source": "dpu-memory", "global_step": point.memory.step,
                                    "transfer_s": time.perf_counter() - t0, "bytes": source.nbytes})
@@ -101,28 +102,31 @@ def report_end(cfg: RunConfig, topo: Topology, trainer: Any) -> int:
     return handoff.exit_code() if handoff is not None else 0
 
 
-def report_resume(point: ResumePoint, loaded: Loaded, seconds: float, nbytes: int) -> None:
+def report_resume(point: ResumePoint, loaded: Loaded, seconds: float, nbytes: int, topo: Topology) -> None:
     for note in point.skipped:
         print(f"[dpuoffload] warning: --resume latest {note}", flush=True)
     was = loaded.meta.slicing
     how = "exactly" if loaded.exact else f"re-sliced from {was.host_ranks} host rank(s) x batch {was.batch_size}"
     if point.memory is not None:
+        copies = "".join(f"; {topo.describe(k)}'s part from its partner copy on {topo.describe(h)}"
+                         for k, h in point.memory.from_copies)
         print(f"[dpuoffload] restarting from DPU memory: the state of step {point.memory.step} "
               f"({nbytes / 1e6:.1f} MB) came back from {len(point.memory.keepers)} keeper(s) in "
-              f"{seconds * 1e3:.0f} ms; the checkpoint disk was not read", flush=True)
+              f"{seconds * 1e3:.0f} ms{copies}; the checkpoint disk was not read", flush=True)
     print(f"[dpuoffload] resuming from {point.path} ({how}): {describe_position(loaded.start)}", flush=True)
     if point.changed:
         print(f"[dpuoffload] note: the checkpoint's run had other values for: {', '.join(point.changed)}",
               flush=True)
 
 
-def state_from_memory(topo: Topology, step: int, timeout: float) -> StateSource:
-    """Every host rank's hand-off of `step`, from the keepers' DPU memory: this rank receives its
-    own from its keeper, the host ranks all-gather them (as clone ranks do) and rebuild the state."""
+def state_from_memory(topo: Topology, point: MemoryPoint, timeout: float) -> StateSource:
+    """Every host rank's hand-off of the agreed step, from DPU memory: this rank receives its own
+    from its keeper (or, that keeper's memory lost, from the holder of its partner copy), the host
+    ranks all-gather them (as clone ranks do) and rebuild the state."""
     from dpuoffload.host.clone import handoff_source  # (clone imports the trainer)
 
-    keeper = StateAssignment.of(topo).keeper_of(topo.world_rank)
-    mine = receive_restore(topo, keeper, step, topo.side_comm, timeout)
+    server = point.server_of(StateAssignment.of(topo).keeper_of(topo.world_rank))
+    mine = receive_restore(topo, server, point.step, topo.side_comm, timeout)
     return handoff_source(topo.side_comm, [mine])
 
 

@@ -71,8 +71,8 @@ def state_kept(ckpt_dir: str) -> bool:
     from dpuoffload.common.state.ckptdirs import committed
     from dpuoffload.common.state.memstore import memory_root
 
-    return bool(committed(ckpt_dir)) or any(p.name.startswith("step-") for p in
-                                            memory_root(ckpt_dir).glob("keeper-*/step-*"))
+    root = memory_root(ckpt_dir)  # (this machine's: on a cluster the DPUs' memory is theirs, and the ranks decide)
+    return bool(committed(ckpt_dir)) or any(root.glob("keeper-*/step-*")) or any(root.glob("copies/keeper-*/step-*"))
 
 
 def refusal(outcome: JobOutcome) -> Optional[str]:

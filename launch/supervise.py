@@ -48,6 +48,7 @@ from dpuoffload.common.runtime.roles import Role
 from dpuoffload.launch.command import MpiFlavor
 
 PREFIX = "dpurun:"
+PREFIX_RANKS = "[dpuoffload]"  # how the ranks' own lines start (once one is seen, the job got under way)
 _PROC_NAME = r"\[(?:\[[^\]]*\]|[^\],\s]*),(\d+)\]"  # [prterun-vm-3891@1,3] or [[35763,1],3]
 _PATTERNS = (
     ("signal", re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)"
@@ -162,6 +163,7 @@ class FailureScanner:
         self.known_cause: Optional[str] = None  # _KNOWN_CAUSES: why the job could not start
         self.lost_machines: list[str] = []  # machines whose Open MPI daemon mpirun lost (_DAEMON_LOST)
         self.unreached: list[str] = []      # machines whose daemon never called back (_DAEMON_SILENT)
+        self.ran = False                    # the ranks printed (the job got under way)
 
     @property
     def failures(self) -> list[RankFailure]:
@@ -183,6 +185,7 @@ class FailureScanner:
                 self._match(" ".join(" ".join(self._lines).split()))
 
     def _own(self, line: str) -> None:
+        self.ran = self.ran or line.startswith(PREFIX_RANKS)
         for pattern, verb in _OWN_FAILURE:
             m = pattern.match(line)
             if m and self.reported is None:
@@ -212,7 +215,7 @@ class FailureScanner:
         for m in _DAEMON_SILENT.finditer(text):
             if m[1] not in self.unreached:
                 self.unreached.append(m[1])
-                self.known_cause = self.known_cause or unreached_cause(m[1])
+                self.events.setdefault("noticed", (time.monotonic(), ()))
 
     def _record(self, new: RankFailure) -> None:
         old = self._seen.get(new.world_rank)
@@ -352,10 +355,11 @@ def run_job(cmd: Sequence[str], host_ranks: int, dpu_ranks: Optional[int] = None
     summary = scanners[1].summary or scanners[0].summary
     failures = ([reported] if reported else []) + scanners[1].failures + scanners[0].failures
     failures = name_lost_peer(failures, scanners[1].peer_hosts + scanners[0].peer_hosts, machines or {})
-    lost = list(dict.fromkeys(scanners[1].lost_machines + scanners[0].lost_machines))
+    lost, unreached = lost_and_unreached(scanners)
     failures = machine_losses(lost, machines or {}) + failures
-    code = lost_code(code, lost)
-    known_cause = scanners[1].known_cause or scanners[0].known_cause
+    code = lost_code(code, lost + unreached)
+    known_cause = scanners[1].known_cause or scanners[0].known_cause or \
+        next((unreached_cause(h) for h in unreached), None)
     for host in lost:
         print(lost_machine_line(host, machines or {}, host_ranks, dpu_ranks, standby), file=sys.stderr, flush=True)
     _report(failures, host_ranks, dpu_ranks, mpirun_code, bool(forwarder.received), summary, standby, known_cause)
@@ -679,6 +683,19 @@ def lost_machine_line(host: str, machines: Mapping[str, tuple[int, ...]], host_r
     on_it = ("; on it: " + ", ".join(describe_rank(r, host_ranks, dpu_ranks, standby) for r in ranks)) if ranks else ""
     return (f"{PREFIX} machine {host} lost: Open MPI lost contact with its daemon there (the machine went down, or "
             f"was cut off from the network), so the job ended{on_it}")
+
+
+def lost_and_unreached(scanners: Sequence[FailureScanner]) -> tuple[list[str], list[str]]:
+    """The machines lost during the job, and those whose daemon never called back at its start.
+
+    Open MPI says "A daemon failed to report back after being spawned" both when a daemon never
+    connected (a machine cut off before the job) and, in some runs, when every process of a machine
+    was killed mid-job (its daemon's launcher then exits, 'Daemon exit status: 0'). Once the ranks
+    printed, the job was under way: that machine was lost, as with the banner of a lost daemon."""
+    ran = any(s.ran for s in scanners)
+    lost = list(dict.fromkeys(h for s in reversed(scanners) for h in s.lost_machines))
+    silent = list(dict.fromkeys(h for s in reversed(scanners) for h in s.unreached if h not in lost))
+    return (lost + silent, []) if ran else (lost, silent)
 
 
 def unreached_cause(host: str) -> str:

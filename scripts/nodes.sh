@@ -22,7 +22,9 @@
 #   ranks for co-located and hangs);
 # - MPI messages and the runtime's own wire-up both use the machines' subnet (btl tcp, prte_if_include).
 # Every machine shares this box's file system (data, venv, logs, checkpoints), like a cluster's
-# shared file system. Knobs: DPUOFFLOAD_NETNS_PREFIX (default dpuo), DPUOFFLOAD_NETNS_SUBNET
+# shared file system, except /dev/shm: each machine sees its own (/run/PREFIX-shm/NAME, bound there in
+# a mount namespace of its own), as each node and each DPU has its own RAM; so the DPU memory a
+# machine keeps checkpoints in is its alone, and emptying that directory emulates the machine's loss. Knobs: DPUOFFLOAD_NETNS_PREFIX (default dpuo), DPUOFFLOAD_NETNS_SUBNET
 # (default 10.77.0; a /24 that nothing else on this box uses), and the links (default: unshaped):
 # - DPUOFFLOAD_NETNS_RATE (e.g. 25gbit): a tbf qdisc on every machine's eth0, so each direction of a
 #   host<->DPU path crosses one;
@@ -55,6 +57,7 @@ NODE_DELAY=${DPUOFFLOAD_NETNS_NODE_DELAY:-$DELAY}
 STATE=/run/$PREFIX-nodes   # the machine names, in `up` order (the first one runs mpirun)
 DELAYLINE=/run/$PREFIX-delayline   # .pid and .log of the delay line, while links have a delay
 ARM=/run/$PREFIX-aarch64   # the aarch64 machines and their venv, sysroot, CPU (read by nodes-agent.sh)
+SHM=/run/$PREFIX-shm       # SHM/NAME: machine NAME's own /dev/shm (its RAM file system: DPU memory; read by nodes-agent.sh)
 VENV=${DPUOFFLOAD_VENV:-$ROOT/.venv}
 AVENV=${DPUOFFLOAD_AARCH64_VENV:-$ROOT/.venv-aarch64}
 ASYSROOT=${DPUOFFLOAD_AARCH64_ROOT:-$ROOT/.cache/aarch64}/sysroot
@@ -99,6 +102,7 @@ up() {
     { echo "127.0.0.1 localhost"; i=0
       for other in "$@"; do i=$((i + 1)); echo "$SUBNET.$i $other"; done; } > "/etc/netns/$PREFIX-$name/hosts"
   done
+  for name in "$@"; do mkdir -p "$SHM/$name" && chmod 1777 "$SHM/$name"; done
   printf '%s\n' "$@" > "$STATE"
   if [ ${#arm[@]} -gt 0 ]; then
     { printf 'machine %s\n' "${arm[@]}"; echo "venv $AVENV"; echo "sysroot $ASYSROOT"
@@ -188,6 +192,8 @@ down() {
     rm -rf "/etc/netns/$PREFIX-$name"
   done
   ip netns del "$SWITCH" 2>/dev/null || true
+  for name in "${names[@]}"; do rm -rf "${SHM:?}/$name"; done
+  rmdir "$SHM" 2>/dev/null || true
   rm -f "$STATE" "$ARM"
 }
 
@@ -196,10 +202,8 @@ is_aarch64() { [ -f "$ARM" ] && grep -qx "machine $1" "$ARM"; }
 run_on() {
   local name=$1; shift
   grep -q "^$PREFIX-$name\b" <<<"$(ip netns list)" || die "no machine $name (bash scripts/nodes.sh up ... first)"
-  if is_aarch64 "$name"; then  # (the agent knows how to enter an aarch64 machine: one place for it)
-    DPUOFFLOAD_AGENT_ARGV=1 DPUOFFLOAD_NETNS_PREFIX=$PREFIX exec sh "$AGENT" "$name" "$@"
-  fi
-  exec ip netns exec "$PREFIX-$name" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" "$@"
+  # (the agent knows how to enter a machine: its hostname, its own /dev/shm, an aarch64 venv; one place for it)
+  DPUOFFLOAD_AGENT_ARGV=1 DPUOFFLOAD_NETNS_PREFIX=$PREFIX exec sh "$AGENT" "$name" "$@"
 }
 
 mpi_flags() {  # what mpirun needs across these machines (the ranks' environment comes from mpirun's)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -244,6 +246,66 @@ def test_a_lost_machine_pair_is_named_and_restarted_from_dpu_memory(nodes, bundl
     assert "its machine was lost" in err and "dpurun: restart 1 of 1: relaunching with --resume latest" in err, err
     assert proc.returncode == 0, err
     assert next(m for m in read_jsonl(tmp_path / "metrics.jsonl") if m["event"] == "end")["global_step"] == 12 * 4
+
+
+def machine_memory(env: dict[str, str], machine: str) -> Path:
+    """A machine's own /dev/shm (scripts/nodes.sh): its DPU memory, this box's user 0's part of it."""
+    return Path(f"/run/{env['DPUOFFLOAD_NETNS_PREFIX']}-shm/{machine}/dpuoffload-mem-{os.getuid()}")
+
+
+def test_a_whole_node_lost_restarts_from_its_partner_copy_without_the_disk(nodes, run, bundled_data, tmp_path):
+    """Node h1 lost whole: every process of h1 and of its DPU d1 killed once step 8 is committed, and d1's
+    DPU memory gone with it (its /dev/shm emptied, as a replacement machine comes up). With the disk
+    checkpoints deleted too, `--resume latest` restarts from DPU memory alone: keeper 1's part from the
+    partner copy d0 holds (`--ckpt-mem-replicas` defaults to 1 on two nodes), to the bit as the
+    uninterrupted run. Then the same again with that copy damaged and the disk back: a warning, a line
+    saying why, and the disk, to the same bits."""
+    ck, d0 = tmp_path / "ck", machine_memory(nodes, "d0")
+    flags = ("--epochs", "6", "--ckpt-dir", str(ck), "--ckpt-every", "2", "--ckpt-mem-keep", "2")
+    straight = run("da6", "da", "--epochs", "6")
+    proc = subprocess.Popen(cluster_argv(bundled_data, tmp_path / "l1", "da", *flags), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=nodes, cwd=REPO)
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while not (ck / "step-000000008" / "COMMITTED").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for pid in machine_pids(nodes, "h1") + machine_pids(nodes, "d1"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        shutil.rmtree(machine_memory(nodes, "d1"))
+        _, err = proc.communicate(timeout=JOB_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and any(f"dpurun: machine {m} lost" in err for m in ("h1", "d1")), err  # (PRTE names one)
+    shutil.copytree(ck, tmp_path / "ck-saved")
+    shutil.copytree(d0, tmp_path / "d0-saved")
+    shutil.rmtree(ck)
+
+    def resume(log: str) -> tuple[str, list[dict]]:
+        res = subprocess.run(cluster_argv(bundled_data, tmp_path / log, "da", *flags, "--resume", "latest"),
+                             capture_output=True, text=True, env=nodes, cwd=REPO, timeout=JOB_TIMEOUT)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return res.stdout + res.stderr, read_jsonl(tmp_path / log / "metrics.jsonl")
+
+    out, metrics = resume("l2")
+    step = int(re.search(r"restarting from DPU memory: the state of step (\d+) ", out)[1])
+    assert step >= 6 and ("; DPU rank 1 (world rank 3, node h1)'s part from its partner copy on DPU rank 0 (world "
+                          "rank 2, node h0); the checkpoint disk was not read") in out, out
+    assert next(m for m in metrics if m["event"] == "end")["weights_sha256"] == straight["end"]["weights_sha256"]
+
+    for d in (d0, ck):  # (as the failure left them: d0's memory, and the disk back)
+        shutil.rmtree(d)
+    shutil.copytree(tmp_path / "d0-saved", d0)
+    shutil.copytree(tmp_path / "ck-saved", ck)
+    for part in d0.glob("*/copies/keeper-001/step-*/shared-00001.bin"):
+        os.truncate(part, 1000)  # (every copy of keeper 1's part cut short)
+    out, metrics = resume("l3")
+    assert "shared-00001.bin has 1000 bytes, its header says" in out, out
+    assert ("--resume latest: no part of DPU rank 1 (world rank 3, node h1) survives in DPU memory (its own memory and "
+            "every copy of it are gone); reading the checkpoint disk") in out, out
+    assert f"resuming from {ck}/step-" in out
+    assert next(m for m in metrics if m["event"] == "end")["weights_sha256"] == straight["end"]["weights_sha256"]
 
 
 def test_a_machine_cut_off_ends_the_job_named_in_bounded_time_with_nothing_left_running(nodes, bundled_data,

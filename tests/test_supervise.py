@@ -534,6 +534,18 @@ def test_a_daemon_that_never_called_back_names_the_cut_off_machine():
     scanner = FailureScanner()
     scanner.feed(PRTE_DAEMON_SILENT)
     assert scanner.unreached == ["h1"] and scanner.failures == []
-    assert scanner.known_cause == (
+    assert supervise.lost_and_unreached([scanner, FailureScanner()]) == ([], ["h1"])  # (before the job started)
+    assert supervise.unreached_cause("h1") == (
         "Open MPI started its daemon on h1, but the daemon could not connect back to this machine: h1 is cut off "
         "from the network (or a firewall blocks it); leave it out of --hosts/--dpus, or bring its network back")
+
+
+def test_the_same_banner_mid_job_is_a_lost_machine():
+    """Every process of h1 and d1 killed mid-job: Open MPI said its daemon 'failed to report back' with
+    'Daemon exit status: 0', mpirun exited 0, and dpurun did too (seen with each machine in a mount
+    namespace of its own). Once the ranks had printed, it is a lost machine: named, never exit 0."""
+    out, err = FailureScanner(), FailureScanner()
+    out.feed("[dpuoffload] checkpoint step 8 committed: /tmp/ck/step-000000008 (2.2 MB, written in 0.03 s)\n")
+    out.feed(PRTE_DAEMON_SILENT.replace("213", "0"))
+    assert supervise.lost_and_unreached([out, err]) == (["h1"], [])
+    assert supervise.lost_code(0, ["h1"]) == 1

@@ -29,6 +29,8 @@ class Tag(IntEnum):
     CKPT_SUMMARY = 36  # keeper 0 -> host rank 0 after the last hand-off: checkpoints taken/failed, newest intact
     RESTORE = 37       # keeper DPU rank -> host rank, once at start-up when restarting from DPU memory: CKPT_HEADER
                        # (kind RESTORE) then the two payloads of that host rank's hand-off, as kept
+    MEM_COPY = 38      # keeper -> the keepers holding its partner copies (--ckpt-mem-replicas): COPY_HEADER, then
+                       # per host rank kept its CKPT_HEADER (as received) and the two payloads, as kept
     LOADER = 40        # public API loaders, host -> its feeder DPU rank: pickled `common.data.streams` messages
     VALIDATOR = 41     # public API `job.validate`, host rank 0 -> every DPU validation rank, once: a pickled
                        # `common.data.streams.ValidatorSetup` (the model and the validation set)
@@ -119,6 +121,12 @@ class StateKind(IntEnum):
 CKPT_HEADER = HeaderLayout("ckpt", Tag.CKPT, ("kind", "global_step", "sender", "senders", "meta_nbytes",
                                               "small_nbytes", "shared_nbytes", "shared_parts", "lost_keepers",
                                               "seat", "to_me", "leader"))
+
+# The MEM_COPY message: after a keeper kept a checkpoint's hand-offs in its DPU memory, it sends them to
+# each keeper holding its partner copy (`memstore.place_copies`): this header (`keeper`: the sender's
+# keeper index; `parts`: how many host ranks' hand-offs follow), then per part the CKPT_HEADER array and
+# the `small_nbytes` and `shared_nbytes` payloads. `done` 1 (parts 0): no more copies from this keeper.
+COPY_HEADER = HeaderLayout("copy", Tag.MEM_COPY, ("global_step", "keeper", "parts", "done"))
 
 # The METRICS message: float64 [epoch, loss sum, correct, count] over the DPU ranks' validation part.
 METRICS_FIELDS = ("epoch", "loss_sum", "correct", "count")

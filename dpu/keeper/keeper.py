@@ -107,6 +107,7 @@ class Keeper:
                 self.inbox.warm_up(real)
                 self.clone.pass_sizes(real)
                 continue
+            self.memory.flush()  # (the partner copies in flight are sent from these buffers)
             self.inbox.recycle(self.latest)
             self.latest = real
             if kind is StateKind.CHECKPOINT:
@@ -126,13 +127,14 @@ class Keeper:
 
     def end(self, handoff: Handoff) -> None:
         """END: no more state. The clone ranks' stand-by ends, the committer settles what is left
-        and sends the summary, and the DPU memory is cleared (the run is over: nothing to restart from)."""
+        and sends the summary, and the DPU memory (partner copies too) is cleared (the run is over: nothing
+        to restart from)."""
         self.clone.stop_beating()
         committer = self.route.living(handoff.head)[0]
         for torn in self.route.finish(committer):
             self.committer.commit(torn.meta, torn.reports)
         self.committer.send_summary(committer, self.route.summary_to(handoff.head))
-        self.memory.clear()
+        self.memory.finish()
 
     def check_injection(self, step: int, real: list[Received]) -> None:
         """`--inject dpu:R@STEP` on a keeper: fail on getting the first checkpoint at or after STEP,
