@@ -9,6 +9,10 @@ so every weight pays the JPEG decode; they differ only in the training transform
 - `heavy`:  `randaug` + ColorJitter + GaussianBlur (a SimCLR-style pipeline)
 
 Validation is Resize + CenterCrop for all. The factory signature is `fn(root, train, download)`.
+
+Also a model factory (`--model benchmarks.augfactories:vgg11`, `fn(num_classes)`): torchvision's VGG-11,
+about 130M parameters (most in its classifier), the checkpoint benchmark's ~100M-parameter case: its
+state is 5x resnet50's while a 64x64 step stays cheap on a CPU.
 """
 
 from __future__ import annotations
@@ -55,3 +59,9 @@ def randaug(root, train, download):
 
 def heavy(root, train, download):
     return _build("heavy", root, train)
+
+
+def vgg11(num_classes: int):
+    import torchvision
+
+    return torchvision.models.vgg11(weights=None, num_classes=num_classes)

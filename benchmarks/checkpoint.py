@@ -1,7 +1,12 @@
 """Checkpoint cost on the host: ours (slices handed to the DPU, staged or zero-copy) vs host ranks
-saving with `torch.save` themselves (rank 0 saves everything, or every rank its slice).
+saving with `torch.save` themselves (rank 0 saves everything, or every rank its slice) and vs
+PyTorch's own asynchronous checkpoint, `torch.distributed.checkpoint.async_save` (DCP).
 
-    python benchmarks/checkpoint.py [--quick] [--reps 2] [--models resnet20 resnet50]
+    python benchmarks/checkpoint.py [--quick] [--reps 3] [--host-ranks 2] [--models resnet50 vgg11]
+
+With 2 host ranks (the default) the state is really split: ours hands each host rank's half to its
+keeper, slices and DCP write from both ranks. Every method runs with `--allreduce torch` (DCP needs
+a torch.distributed process group), so the ordinary steps are alike.
 
 DeepFreeze's metrics, measured side by side in one run (methods interleaved, repetition by
 repetition), on the emulated node (host rank on core 0; for ours a DPU rank on core 1 at
@@ -39,37 +44,41 @@ from benchmarks.harness import (  # noqa: E402
     write_json,
 )
 
-METHODS = ("ours-staged", "ours-zero", "rank0-torch.save", "slices-torch.save")
-QUICK_METHODS = ("ours-zero", "rank0-torch.save")  # --quick: our hand-off and the reference it is compared with
+METHODS = ("ours-staged", "ours-zero", "rank0-torch.save", "slices-torch.save", "dcp-async_save")
+QUICK_METHODS = ("ours-zero", "rank0-torch.save", "dcp-async_save")  # --quick: ours and the two references
 MODELS = {
     "resnet20": ["--preset", "debug", "--dataset", "cifar10", "--data", "@cifar10", "--batch-size", "16"],
     "resnet50": ["--preset", "debug", "--model", "resnet50", "--dataset", "tinyimagenet", "--data", "@tinyimagenet",
                  "--batch-size", "8"],
+    "vgg11": ["--preset", "debug", "--model", "benchmarks.augfactories:vgg11", "--dataset", "tinyimagenet",
+              "--data", "@tinyimagenet", "--batch-size", "8"],  # (~130M parameters)
 }
 
 
-def command(method: str, training: list[str], log: Path, every: int, speed: float) -> list[str]:
+def command(method: str, training: list[str], log: Path, every: int, speed: float, hosts: int) -> list[str]:
     ck = str(log / "ck")
+    training = [*training, "--allreduce", "torch"]
     if method.startswith("ours"):
         copy = method.split("-")[1]
-        return [str(BIN / "dpurun"), *emulated_node(1, speed), "--", *training, "--log-dir", str(log),
+        return [str(BIN / "dpurun"), *emulated_node(hosts, speed, hosts), "--", *training, "--log-dir", str(log),
                 "--ckpt-dir", ck, "--ckpt-every", str(every), "--ckpt-keep", "1", "--ckpt-copy", copy]
-    how = "rank0" if method.startswith("rank0") else "slices"
-    return [str(BIN / "mpirun"), "--oversubscribe", "--bind-to", "none", "-np", "1", "env", "OMP_NUM_THREADS=1",
+    how = method.split("-")[0]
+    return [str(BIN / "mpirun"), "--oversubscribe", "--bind-to", "none", "-np", str(hosts), "env", "OMP_NUM_THREADS=1",
             "DPUOFFLOAD_THREADS=1", "taskset", "-c", "0", sys.executable, str(Path(__file__).with_name("ckpt_host.py")),
             "--how", how, "--every", str(every), "--dir", ck, "--", *training, "--log-dir", str(log)]
 
 
-def measure(method: str, training: list[str], every: int, speed: float) -> dict[str, Any]:
+def measure(method: str, training: list[str], every: int, speed: float, hosts: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="dpubench-ckpt-") as tmp:
         log = Path(tmp)
-        cmd = command(method, training, log, every, speed)
+        cmd = command(method, training, log, every, speed, hosts)
         res = subprocess.run(cmd, capture_output=True, text=True, env=job_env(), cwd=ROOT, timeout=1800)
         if res.returncode != 0:
             sys.exit(f"checkpoint benchmark run failed ({method}):\n{res.stdout[-1500:]}\n{res.stderr[-3000:]}")
         phases = [json.loads(x) for x in (log / "phases-rank0.jsonl").read_text().splitlines() if x.strip()]
         handoffs = [json.loads(x) for x in (log / "handoff-rank0.jsonl").read_text().splitlines() if x.strip()]
-    return summarize(phases, handoffs)
+        nbytes = sum(f.stat().st_size for f in (log / "ck").rglob("*") if f.is_file())
+    return {**summarize(phases, handoffs), "bytes_on_disk": nbytes}
 
 
 def summarize(phases: list[dict[str, Any]], handoffs: list[dict[str, Any]], warmup: int = 2) -> dict[str, Any]:
@@ -95,10 +104,11 @@ def run(args: Any) -> dict[str, Any]:
         for model in args.models:
             batch = int(MODELS[model][MODELS[model].index("--batch-size") + 1])
             training = [str(data / a[1:]) if a.startswith("@") else a for a in MODELS[model]]
-            training += ["--epochs", "1", "--train-subset", str(steps * batch), "--val-subset", "16", "--no-progress"]
+            training += ["--epochs", "1", "--train-subset", str(steps * batch * args.host_ranks), "--val-subset", "16",
+                         "--no-progress"]
             for method in methods:
                 t0 = time.perf_counter()
-                results[model][method].append(measure(method, training, every, args.dpu_speed))
+                results[model][method].append(measure(method, training, every, args.dpu_speed, args.host_ranks))
                 print(f"[checkpoint] rep {rep + 1}/{args.reps} {model} {method}: {time.perf_counter() - t0:.0f} s",
                       flush=True)
     return {"settings": settings(args), "machine": machine(), "results": results}
@@ -109,26 +119,35 @@ def med(runs: list[dict[str, Any]], key: str) -> float:
 
 
 def markdown(payload: dict[str, Any]) -> str:
+    hosts = payload["settings"].get("host_ranks", 1)
     out = [f"## Checkpoint cost on the host (`benchmarks/checkpoint.py`, {time.strftime('%Y-%m-%d')})", "",
-           machine_line(payload["machine"]), ""]
+           machine_line(payload["machine"]), "",
+           f"{hosts} host rank(s) on core 0, for ours {hosts} DPU rank(s) on core 1; every method with "
+           "`--allreduce torch`. Ratios are against rank-0 `torch.save` and against DCP `async_save`.", ""]
     for model, by in payload["results"].items():
         ref_b, ref_o = med(by["rank0-torch.save"], "blocked_s"), med(by["rank0-torch.save"], "overhead_s")
+        dcp = by.get("dcp-async_save")
+        dcp_b, dcp_o = (med(dcp, "blocked_s"), med(dcp, "overhead_s")) if dcp else (None, None)
         rows = []
         for method, runs in by.items():
             b, o = med(runs, "blocked_s"), med(runs, "overhead_s")
+            mb = statistics.median(r.get("bytes_on_disk", 0) for r in runs) / 1e6
             rows.append([method, f"{b * 1e3:.1f}", f"{o * 1e3:.1f}", f"{ref_b / b:.1f}x" if b > 0 else "-",
                          f"{ref_o / o:.1f}x" if o > 0 else "(no overhead)",
-                         f"{statistics.median(r['ordinary_step_s'] for r in runs) * 1e3:.0f}"])
+                         f"{b / dcp_b:.2f}x" if dcp_b else "-", f"{o / dcp_o:.2f}x" if dcp_o and dcp_o > 0 else "-",
+                         f"{statistics.median(r['ordinary_step_s'] for r in runs) * 1e3:.0f}", f"{mb:.0f}"])
         out += [f"**{model}** (medians over every checkpoint of every repetition)", "",
                 table(["method", "blocking ms/ckpt", "overhead ms/ckpt", "less blocking than rank0",
-                       "less overhead than rank0", "ordinary step ms"], rows), ""]
+                       "less overhead than rank0", "blocking / DCP's", "overhead / DCP's", "ordinary step ms",
+                       "MB on disk (kept)"], rows), ""]
     return "\n".join(out)
 
 
 def main() -> None:
     p = bench_parser(__doc__, "checkpoint", "tiny runs (12 steps), ours-zero and rank0-torch.save only (tests)",
                      epochs=False, plots=False)
-    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
+    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["resnet50", "vgg11"])
+    p.add_argument("--host-ranks", type=int, default=2, help="host ranks (2: the state is really split)")
     args = p.parse_args()
     payload = run(args)
     write_json(args.out, payload)

@@ -173,6 +173,10 @@ def check_ranks(cfg: RunConfig, facts: LaunchFacts) -> None:
     if facts.spare_ranks and not cfg.recovery_policy.uses_spares:
         raise ConfigError(f"--spare-ranks {facts.spare_ranks} without --recovery rollback: the spares would only "
                           "stand by; add --recovery rollback after '--'")
+    if not facts.cluster and cfg.ckpt_mem_keep and cfg.ckpt_mem_replicas:  # (across machines: the ranks check it)
+        from dpuoffload.common.state.memstore import place_copies
+
+        place_copies(["this machine"], cfg.ckpt_mem_replicas)
 
 
 def check_injections(cfg: RunConfig, facts: LaunchFacts) -> None:

@@ -258,9 +258,10 @@ def test_checkpoint_benchmark_quick(tmp_path):
                          capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     by = json.loads(out.read_text())["results"]["resnet20"]
-    assert set(by) == {"ours-zero", "rank0-torch.save"}  # (--quick: ours and the reference)
+    assert set(by) == {"ours-zero", "rank0-torch.save", "dcp-async_save"}  # (--quick: ours and the references)
     assert all(r[0]["checkpoints"] == 3 and all(b > 0 for b in r[0]["blocked_s"]) for r in by.values())
-    assert "| ours-zero |" in res.stdout
+    assert "| ours-zero |" in res.stdout and "| dcp-async_save |" in res.stdout
+    assert all(r[0]["bytes_on_disk"] > 1e6 for r in by.values())  # (2 host ranks: each method's files, kept)
 
 
 def test_clone_metrics_from_step_times_and_wall_clock_stamps():
