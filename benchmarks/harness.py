@@ -120,7 +120,8 @@ def emulated_node(dpu_ranks: int, dpu_speed: float, host_ranks: int = 1) -> list
     """Launcher flags of the emulated node: host rank(s) on core 0, DPU rank(s) on core 1, throttled.
     `--skip-checks`: the benchmarks' own data-set factories (`augfactories`) are not dry-imported
     before every job (3-5 s each, outside the epochs they measure)."""
-    return ["--host-ranks", str(host_ranks), "--dpu-ranks", str(dpu_ranks), "--dpu-cores", "1", "--dpu-speed", str(dpu_speed),
+    return ["--host-ranks", str(host_ranks), "--dpu-ranks", str(dpu_ranks), "--dpu-cores", "1",
+            "--dpu-speed", str(dpu_speed),
             "--host-threads", "1", "--dpu-threads", "1", "--oversubscribe", "--skip-checks"]
 
 

@@ -267,7 +267,8 @@ def test_a_whole_node_lost_restarts_from_its_partner_copy_without_the_disk(nodes
                             stderr=subprocess.PIPE, text=True, env=nodes, cwd=REPO)
     try:
         deadline = time.monotonic() + JOB_TIMEOUT
-        while not (ck / "step-000000008" / "COMMITTED").exists() and proc.poll() is None and time.monotonic() < deadline:
+        committed = ck / "step-000000008" / "COMMITTED"
+        while not committed.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         for pid in machine_pids(nodes, "h1") + machine_pids(nodes, "d1"):
             with contextlib.suppress(ProcessLookupError):
@@ -277,7 +278,7 @@ def test_a_whole_node_lost_restarts_from_its_partner_copy_without_the_disk(nodes
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode != 0 and any(f"dpurun: machine {m} lost" in err for m in ("h1", "d1")), err  # (PRTE names one)
+    assert proc.returncode != 0 and any(f"dpurun: machine {m} lost" in err for m in ("h1", "d1")), err  # (one named)
     shutil.copytree(ck, tmp_path / "ck-saved")
     shutil.copytree(d0, tmp_path / "d0-saved")
     shutil.rmtree(ck)

@@ -12,8 +12,16 @@ import pytest
 
 from dpuoffload.common.config import parse_size
 from dpuoffload.common.errors import ConfigError
-from dpuoffload.common.state.memstore import (Held, MemoryBudget, MemoryStore, RunLock, place_copies, reclaim,
-                                              restart_plan, why_the_disk)
+from dpuoffload.common.state.memstore import (
+    Held,
+    MemoryBudget,
+    MemoryStore,
+    RunLock,
+    place_copies,
+    reclaim,
+    restart_plan,
+    why_the_disk,
+)
 from tests.mpijobs import dpurun
 from tests.test_restart import handoff
 
@@ -85,8 +93,8 @@ def test_the_budget_counts_what_the_run_keeps_on_this_machine(tmp_path):
     budget = MemoryBudget(held + 500, chosen=True)
     assert budget.refusal(tmp_path, 500) is None
     assert budget.refusal(tmp_path, 501) == (
-        f"0.0 MB more beside the 0.0 MB this run keeps here is over the DPU memory budget of 0.0 MB "
-        f"(--ckpt-mem-budget)")
+        "0.0 MB more beside the 0.0 MB this run keeps here is over the DPU memory budget of 0.0 MB "
+        "(--ckpt-mem-budget)")
     default = MemoryBudget.of(None)
     assert not default.chosen and default.limit > 0
     assert "25% of this DPU's RAM" in MemoryBudget(1, False).refusal(tmp_path, 1)
@@ -153,6 +161,6 @@ def test_a_step_over_the_budget_is_kept_on_disk_only_and_dead_runs_memory_is_rec
         "over the DPU memory budget of 0.0 MB (--ckpt-mem-budget); this and later steps over the budget are kept on "
         "disk only (said once)"), res.stderr
     assert res.stdout.count("committed") == 4  # (64 samples, batch 16: 4 steps, each checkpointed)
-    assert "DPU rank 0 (world rank 1, node " in res.stdout and \
-        "): freed 0.2 MB of DPU memory that 1 earlier run(s) left (no job held them, unused for over 10 min)" in res.stdout
+    freed = "): freed 0.2 MB of DPU memory that 1 earlier run(s) left (no job held them, unused for over 10 min)"
+    assert "DPU rank 0 (world rank 1, node " in res.stdout and freed in res.stdout
     assert not dead.exists() and recent.exists()

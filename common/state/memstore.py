@@ -285,7 +285,8 @@ class MemoryBudget:
         held = tree_bytes(root)
         if held + incoming <= self.limit:
             return None
-        source = "--ckpt-mem-budget" if self.chosen else f"{BUDGET_SHARE:.0%} of this DPU's RAM; --ckpt-mem-budget sets it"
+        source = ("--ckpt-mem-budget" if self.chosen else
+                  f"{BUDGET_SHARE:.0%} of this DPU's RAM; --ckpt-mem-budget sets it")
         return (f"{incoming / 1e6:.1f} MB more beside the {held / 1e6:.1f} MB this run keeps here is over the DPU "
                 f"memory budget of {self.limit / 1e6:.1f} MB ({source})")
 

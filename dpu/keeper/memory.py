@@ -23,8 +23,17 @@ from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.runtime.messages import CKPT_HEADER, COPY_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.waits import wait, wait_all
 from dpuoffload.common.state.ckptfiles import Received
-from dpuoffload.common.state.memstore import (MemoryBudget, MemoryPoint, MemoryStore, Placement, RunLock,
-                                              keeper_ranks, memory_placement, memory_root, reclaim)
+from dpuoffload.common.state.memstore import (
+    MemoryBudget,
+    MemoryPoint,
+    MemoryStore,
+    Placement,
+    RunLock,
+    keeper_ranks,
+    memory_placement,
+    memory_root,
+    reclaim,
+)
 from dpuoffload.dpu.keeper.inbox import SLICE_POLL_MAX_SLEEP
 
 if TYPE_CHECKING:
