@@ -136,10 +136,6 @@ class MemoryStore:
                 return f"{path.name} has {'no file' if have is None else f'{have} bytes'}, its header says {want}"
         return None
 
-    def nbytes(self) -> int:
-        """The bytes this store holds."""
-        return tree_bytes(self.dir)
-
     def put(self, step: int, handoffs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> int:
         """Keep `(header, small, shared)` of every host rank this keeper keeps for `step`, then drop
         all but the `keep` newest steps. Returns the bytes written. The step appears complete or not

@@ -85,10 +85,8 @@ class CopyReceiver:
         self.cfg, self.topo, self.keepers, self.keeping = cfg, topo, keepers, keeping
         self.pending = {k: None for k in sources}
         self.root = memory_root(cfg.ckpt_dir or "")
-        self.received = 0
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._main, name="dpuoffload-copies", daemon=True)
-        self.error: Optional[BaseException] = None
 
     def start(self) -> None:
         self.thread.start()
@@ -115,7 +113,6 @@ class CopyReceiver:
             for r in reqs.values():  # (stopped: a source that never said done, e.g. a dead keeper)
                 r.Cancel()
         except BaseException as e:  # noqa: BLE001 - a lost copy costs a restart's fast path, not the run
-            self.error = e
             _warn(f"{self.topo.describe()}: stopped keeping partner copies ({type(e).__name__}: {e}); a restart "
                   "after a whole node is lost will read the disk")
 
@@ -131,8 +128,7 @@ class CopyReceiver:
                      self.cfg.peer_timeout, what, max_sleep=SLICE_POLL_MAX_SLEEP)
             parts.append((ckpt, small, shared))
         store = MemoryStore(self.root, keeper, self.cfg.ckpt_mem_keep, copy=True)
-        if self.keeping.put(store, head["global_step"], parts, f"keeper {keeper}'s partner copy"):
-            self.received += 1
+        self.keeping.put(store, head["global_step"], parts, f"keeper {keeper}'s partner copy")
 
 
 class DpuMemory:
@@ -249,7 +245,7 @@ class DpuMemory:
 
     def clear(self) -> None:
         """Forget every checkpoint kept here and every partner copy held (the run is over, or a new one starts)."""
-        if self.store is not None:
+        if self.store is not None and self.root is not None:
             self.store.clear()
             for k in self.placement.sources(self.index) if self.placement.holders else ():
-                MemoryStore(self.store.dir.parent, k, 1, copy=True).clear()
+                MemoryStore(self.root, k, 1, copy=True).clear()
