@@ -503,7 +503,7 @@ def build_parser(prog: str = "dpuoffload") -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, default=S, help="SGD weight decay")
     p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=S,
                    help="per-step learning-rate schedule")
-    p.add_argument("--seed", type=int, default=S, help="seed for weights, sampler and augmentation")
+    p.add_argument("--seed", type=int, default=S, help="seed for weights, sampler, augmentation and dropout")
     p.add_argument("--allreduce", choices=ALLREDUCE_BACKENDS, default=S,
                    help="gradient allreduce: horovod, torch (torch.distributed gloo), mpi (one MPI allreduce "
                         "through host memory) or auto = horovod when it imports (mpi under --recovery)")

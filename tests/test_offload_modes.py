@@ -57,6 +57,17 @@ def assert_same_training(a: dict, b: dict, hosts: int) -> None:
     assert a["end"]["weights_sha256"] == b["end"]["weights_sha256"]
 
 
+def test_a_model_with_dropout_trains_to_the_bit_alike_in_none_da_and_mv(run):
+    """Dropout draws from the global RNG: each training rank seeds it from --seed, and the DataLoaders
+    a host rank starts in one mode and not in another (its own batches in none, its validation in none
+    and da) draw from generators of their own, not from it."""
+    dropout = ("--model", "tests.user_factories:dropout_model", "--train-subset", "128", "--val-subset", "64")
+    none, da, mv = (run(mode, 2, 2, *dropout) for mode in ("none", "da", "mv"))
+    for other in (da, mv):
+        assert [e["step_losses"] for e in other["epochs"]] == [e["step_losses"] for e in none["epochs"]]
+        assert other["end"]["weights_sha256"] == none["end"]["weights_sha256"]
+
+
 def val_sums(r: dict) -> list[tuple]:
     return [(e["val_loss_sum"], e["val_correct"], e["val_count"]) for e in r["epochs"]]
 

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.batches import BatchLayout, layout_for
-from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.data.sampling import PerSampleSeeded, loader_generator
 from dpuoffload.common.data.shards import sharded_of
 from dpuoffload.common.errors import ConfigError
 
@@ -94,7 +94,8 @@ class RankLoader:
         chunks = [order[i: i + b] for i in range(0, len(self) * b, b)]
         steps = range(len(chunks))[start:stop]
         chosen = [chunks[s] for s in steps if keep is None or keep(s)]
-        loader = DataLoader(self.dataset, batch_sampler=chosen, num_workers=0, collate_fn=self.collate)
+        loader = DataLoader(self.dataset, batch_sampler=chosen, num_workers=0, collate_fn=self.collate,
+                            generator=loader_generator())
         return iter(loader)
 
 

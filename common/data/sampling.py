@@ -34,6 +34,33 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     return _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ epoch) ^ index) >> 1
 
 
+def training_seed(seed: int, rank: int) -> int:
+    """The seed of a training rank's own randomness (dropout, stochastic depth: the global RNGs the
+    model draws from), from `--seed` and its rank among the training ranks (pure). Separate from
+    the samples' seeds (`sample_seed`: epochs are >= 0, this mixes in -1 - rank)."""
+    return sample_seed(seed, -1 - rank, 0)
+
+
+def seed_training(seed: int, rank: int) -> None:
+    """Seed torch's (every device's), Python's and numpy's global RNGs for training. Without it
+    torch starts from a random seed in each process, so a model with dropout trained twice, or in
+    `none` and in `da`, would differ; a resume, a clone or a spare then restores the RNG states
+    the checkpoint carried, over this."""
+    s = training_seed(seed, rank)
+    torch.manual_seed(s)
+    random.seed(s)
+    np.random.seed(s & 0xFFFFFFFF)
+
+
+def loader_generator() -> torch.Generator:
+    """A `DataLoader`'s own generator. Each iterator a DataLoader starts draws a base seed for its
+    workers from its generator, by default the global one that dropout draws from: a host rank that
+    loads its own batches (`none`, its validation) would take one more draw per epoch than one fed
+    by its DPU rank, and a model with dropout would train differently in `da`. (The base seed is
+    unused here: our samples are seeded by index, `PerSampleSeeded`.)"""
+    return torch.Generator()
+
+
 def reseed(s: int) -> None:
     """torch's, Python's and numpy's global RNGs from one sample seed (what a sample is built under)."""
     torch.default_generator.manual_seed(s)

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from dpuoffload.common.data.batches import BatchLayout
 from dpuoffload.common.data.loaders import RankLoader
-from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.data.sampling import PerSampleSeeded, loader_generator
 from dpuoffload.common.data.streams import STOP
 from dpuoffload.common.errors import WorkerError
 
@@ -116,7 +116,7 @@ class WorkerPool:
         with _quiet_about_cores():
             self.loader = DataLoader(Packing(train, layout), batch_sampler=self.keys,  # type: ignore[arg-type]
                                      num_workers=workers, collate_fn=_as_is, persistent_workers=True,
-                                     prefetch_factor=prefetch)
+                                     prefetch_factor=prefetch, generator=loader_generator())
 
     def batches(self, epoch: int, start: int, end: int = STOP) -> Iterator[Union[torch.Tensor, ValueError]]:
         """The plan's batches, in order; a previous plan's prefetched batches are dropped."""

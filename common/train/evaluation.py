@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from dpuoffload.common.data.sampling import loader_generator
 from dpuoffload.common.runtime.hostgroup import HostGroup, generation
 from dpuoffload.common.train.device import model_device
 
@@ -38,7 +39,8 @@ def evaluate_sums(model: nn.Module, dataset: Dataset, indices: Sequence[int], ba
     sums = np.zeros(3, dtype=np.float64)
     if len(indices) == 0:
         return sums
-    loader = DataLoader(Subset(dataset, list(indices)), batch_size=batch_size, shuffle=False)
+    loader = DataLoader(Subset(dataset, list(indices)), batch_size=batch_size, shuffle=False,
+                        generator=loader_generator())
     device = model_device(model)
     for x, y in loader:
         x, y = x.to(device), y.to(device)

@@ -29,7 +29,7 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import DatasetPair
 from dpuoffload.common.data.feeds import Batch, Feed
 from dpuoffload.common.data.loaders import Sampling
-from dpuoffload.common.data.sampling import PerSampleSeeded
+from dpuoffload.common.data.sampling import PerSampleSeeded, seed_training
 from dpuoffload.common.data.shards import sharded_of
 from dpuoffload.common.faults import inject
 from dpuoffload.common.faults.simulate import FailureSimulator, StepFailure, lose_gradients
@@ -179,6 +179,7 @@ class Trainer:
         `joining`: a spare rank taking a dead host rank's seat mid-run (`--recovery rollback`): the
         run's logs are appended to, and its weights come with the state, not from a broadcast."""
         self.cfg, self.topo, self.sync, self.faults = cfg, topo, sync, faults
+        seed_training(cfg.seed, topo.side_rank)  # (a resume, a clone's or a spare's state restores its own later)
         self.comm: HostGroup = topo.side_comm if group is None else group  # all training replicas (a SurvivorGroup
         # under --recovery lossy-forward: fewer once a host rank died)
         self.model = job.model
