@@ -21,12 +21,13 @@ variant logs the same records as ours (hand-off `blocked_s`/`wall_time`, clone `
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -80,12 +81,8 @@ class PointToPointHandoff(StateHandoff):
         if self.rank >= len(clones):
             self.prepared = True
             return
-        saved = self.size, self.rank, self.keeper
-        self.size, self.rank, self.keeper = 1, 0, clones[self.rank]
-        try:
+        with self.alone(clones[self.rank]):
             super()._prepare()
-        finally:
-            self.size, self.rank, self.keeper = saved
 
     def send(self, kind: StateKind, pos: Position, progress: Any) -> None:
         if kind is not StateKind.CLONE:
@@ -93,12 +90,21 @@ class PointToPointHandoff(StateHandoff):
         clones = self.topo.clone_ranks
         if self.rank >= len(clones):
             return
-        saved = self.size, self.rank, self.keeper
-        self.size, self.rank, self.keeper = 1, 0, clones[self.rank]  # one sender, whole tensors, to the clone
-        try:
+        with self.alone(clones[self.rank]):  # one sender, whole tensors, to the clone
             super().send(kind, pos, progress)
+
+    @contextlib.contextmanager
+    def alone(self, clone: int) -> Iterator[None]:
+        """For the block, this rank is the only sender (its own communicator: the whole state is its
+        slice) and `clone` is its keeper."""
+        from mpi4py import MPI
+
+        saved = self.comm, self.keeper
+        self.comm, self.keeper = MPI.COMM_SELF, clone
+        try:
+            yield
         finally:
-            self.size, self.rank, self.keeper = saved
+            self.comm, self.keeper = saved
 
 
 def receive_direct(topo: Topology, timeout: float) -> list[Received]:

@@ -19,6 +19,7 @@ position (epoch + 1, 0), so a resumed run never has to redo half of an epoch's e
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import sys
 import time
@@ -33,12 +34,12 @@ from dpuoffload.common.faults.abort import EXIT_CHECKPOINT_FAILED, PREFIX
 from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.runtime.hostgroup import HostGroup
-from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
+from dpuoffload.common.runtime.messages import CKPT_HEADER, STAGED_CHUNK_BYTES, StateKind, Tag
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import wait, wait_all, wait_object
 from dpuoffload.common.state import ckptfiles
-from dpuoffload.common.state.ckptfiles import Received
+from dpuoffload.common.state.ckptfiles import Received, chunk_sizes, part_bounds
 from dpuoffload.common.state.memstore import MemoryPoint
 from dpuoffload.common.state.meta import Slicing
 from dpuoffload.common.state.resume import ResumePoint, config_dict
@@ -306,17 +307,16 @@ class StateHandoff:
                        config=config_dict(self.cfg), config_hash=self.cfg.config_hash(), user=user).encode()
         small = np.frombuffer(meta + capture_local(self.model, progress), dtype=np.uint8)
         shared_nbytes = packed_nbytes(list(tensors.values()), pieces)
+        zero = self.cfg.ckpt_copy == "zero"
+        chunks = chunk_sizes(shared_nbytes, STAGED_CHUNK_BYTES)
         self._post(self.header(kind, pos.global_step, meta_nbytes=len(meta), small_nbytes=small.nbytes,
-                               shared_nbytes=shared_nbytes,
-                               shared_parts=len(pieces) if self.cfg.ckpt_copy == "zero" else 1))
+                               shared_nbytes=shared_nbytes, shared_parts=len(pieces) if zero else len(chunks),
+                               chunk_bytes=0 if zero else STAGED_CHUNK_BYTES))
         self._post(small)
-        if self.cfg.ckpt_copy == "zero":
+        if zero:
             self._send_zero_copy(list(tensors.values()), pieces)
         else:
-            if self.staging is None or self.staging.nbytes < shared_nbytes:
-                self.staging = byte_buffer(shared_nbytes)
-            pack_pieces(list(tensors.values()), pieces, self.staging)
-            self._post(self.staging[:shared_nbytes])
+            self._send_staged(list(tensors.values()), pieces, chunks)
         blocked = time.perf_counter() - t0
         self.blocked.append(blocked)
         self.log.write({"kind": kind.name.lower(), "global_step": pos.global_step, "epoch": pos.epoch,
@@ -336,6 +336,21 @@ class StateHandoff:
         if self.cfg.ckpt_copy == "staged":
             self.staging = byte_buffer(nbytes, touch=True)
         self._post(self.header(StateKind.PREPARE, -1, shared_nbytes=nbytes))
+
+    def _send_staged(self, tensors: list, pieces: tuple, chunks: list[int]) -> None:
+        """Pack the slice into the staging buffer and send each chunk as soon as it is packed: the
+        keeper pulls chunk i while this rank packs chunk i+1 (and a clone's keeper passes it on)."""
+        nbytes = sum(chunks)
+        if self.staging is None or self.staging.nbytes < nbytes:
+            self.staging = byte_buffer(nbytes)
+        unsent = collections.deque(part_bounds(chunks))
+
+        def send_packed(upto: int) -> None:
+            while unsent and unsent[0][1] <= upto:
+                a, b = unsent.popleft()
+                self._post(self.staging[a:b])
+
+        pack_pieces(tensors, pieces, self.staging, send_packed)
 
     def _send_zero_copy(self, tensors: list, pieces: tuple) -> None:
         """One message per piece, straight from tensor memory (contiguous, so large pieces take

@@ -34,7 +34,7 @@ from dpuoffload.common.runtime.heartbeat import interval_for
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import wait, wait_all
-from dpuoffload.common.state.ckptfiles import Received, plan_for
+from dpuoffload.common.state.ckptfiles import Received, part_bounds, part_sizes, plan_for
 from dpuoffload.common.state.meta import CheckpointMeta, Slicing
 from dpuoffload.common.state.sharding import Piece, byte_buffer
 from dpuoffload.common.state.trainstate import dtype_of, numel, parse_local
@@ -78,9 +78,11 @@ def receive_handoff(topo: Topology, source: int, tag: int, sender: int, timeout:
     shared = warm.pop(sender, None)
     if shared is None or shared.nbytes != head["shared_nbytes"]:
         shared = byte_buffer(head["shared_nbytes"])
-    reqs = [topo.world.Irecv(buf, source=source, tag=tag) for buf in (small, shared)]
+    wait(topo.world.Irecv(small, source=source, tag=tag), timeout, what, max_sleep=RECEIVE_POLL_MAX_SLEEP)
+    got = Received(head, small, shared)
+    reqs = [topo.world.Irecv(shared[a:b], source=source, tag=tag) for a, b in part_bounds(part_sizes(got))]
     wait_all(reqs, timeout, what, max_sleep=RECEIVE_POLL_MAX_SLEEP)
-    return Received(head, small, shared)
+    return got
 
 
 def stand_by(topo: Topology, source: int, tag: int, silence: Optional[float], what: str,

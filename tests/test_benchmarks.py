@@ -269,12 +269,15 @@ def test_clone_metrics_from_step_times_and_wall_clock_stamps():
 
     phases = [{"first_global_step": 1, "step_times": [9.0, 9.0, 1.0, 1.0, 4.0, 2.0, 1.0, 1.0]}]
     handoffs = [{"kind": "clone", "global_step": 5, "blocked_s": 0.5, "wall_time": 100.5}]
-    start = {"standby_s": 7.0, "ready_time": 100.75, "state_sha256": "ab"}
-    s = clone.summarize(phases, handoffs, start)
+    start = {"standby_s": 7.0, "ready_time": 100.75, "rebuild_s": 0.125, "state_sha256": "ab"}
+    s = clone.summarize(phases, handoffs, start, {"received_time": 100.5625})
     assert s["ordinary_step_s"] == 1.0            # steps 3, 4, 7, 8 (1-2 warm-up, 5-6 clone step and next)
     assert s["overhead_s"] == 2.0                 # (4 + 2) / 2 - 1
     assert s["readiness_s"] == 0.75               # ready at 100.75, hand-off began at 100.5 - 0.5
     assert (s["blocked_s"], s["standby_s"], s["clone_step"]) == (0.5, 7.0, 5)
+    # where it went: packing 0.5, then the clone had every byte at 100.625 (the keeper at 100.5625), rebuild
+    assert (s["after_pack_s"], s["at_keeper_s"], s["rebuild_s"]) == (0.125, 0.0625, 0.125)
+    assert clone.summarize(phases, handoffs, start)["at_keeper_s"] is None   # (no keeper on the path)
 
 
 @pytest.mark.mpi
@@ -286,7 +289,7 @@ def test_clone_benchmark_quick(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     payload = json.loads(out.read_text())
     by = payload["results"]["resnet20"]
-    assert set(by) == {"ours-zero", "file"}  # (--quick: ours and the reference)
+    assert set(by) == {"ours-zero", "p2p", "file"}  # (--quick: ours, relayed piece by piece, and both references)
     assert all(r[0]["clone_step"] == 6 and r[0]["readiness_s"] > 0 and r[0]["standby_s"] > 0 for r in by.values())
     assert payload["same_state"]["resnet20"], "the methods forked different states"
     assert "| ours-zero |" in res.stdout and "identical across methods" in res.stdout

@@ -19,6 +19,7 @@ import torch
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.models.zoo import build_model
+from dpuoffload.common.runtime.messages import STAGED_CHUNK_BYTES
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.sharding import state_digest
 from dpuoffload.common.train.loop import build_optimizer
@@ -204,6 +205,31 @@ def test_clone_starts_from_the_same_state_and_trains_identically(job, root):
     handed = [h for h in read_jsonl(r["log"] / "handoff-rank0.jsonl") if h["kind"] == "clone"]
     assert [h["global_step"] for h in handed] == [3]
     assert 0 < start["ready_time"] - handed[0]["wall_time"] < 60  # readiness: hand-off end -> clones ready
+
+
+def test_a_clone_state_of_many_chunks_goes_on_part_by_part_and_arrives_to_the_bit(job, root):
+    """The staged hand-off in chunks (a 10 MB tensor wider than one): the host sends each chunk as it is
+    packed, the keeper passes each on to the clone rank as it lands (cut-through), and the clone's state
+    is the original's to the bit (the checkpoint of the same step, written from the same chunks)."""
+    ck = str(root / "wide-ck")
+    r = ok(job("clone-wide", ("--host-ranks", "1", "--dpu-ranks", "1", "--clone-ranks", "1"),
+               "--model", "tests.user_factories:wide_model", "--epochs", "1", "--train-subset", "96",
+               "--clone-at", "2", "--ckpt-dir", ck, "--ckpt-every", "2", "--ckpt-keep", "5"))
+    start = r["clone"][0]
+    assert start["global_step"] == 2
+    cfg = RunConfig(model="tests.user_factories:wide_model")
+    plain = torch.load(_export(str(ckptfiles.step_dir(ck, 2)), root / "wide2.pt"), weights_only=True)
+    model = build_model(cfg, 10)
+    opt = build_optimizer(cfg, model)
+    model.load_state_dict(plain["model"])
+    opt.load_state_dict(plain["optimizer"])
+    assert state_sha256(model, opt) == start["state_sha256"]
+    handed = next(h for h in read_jsonl(r["log"] / "handoff-rank0.jsonl") if h["kind"] == "clone")
+    n_bytes = handed["shared_bytes"]
+    forwarded = next(k for k in read_jsonl(r["log"] / "keeper-rank1.jsonl") if "forwarded_step" in k)
+    assert forwarded["relayed_parts"] == -(-n_bytes // STAGED_CHUNK_BYTES) >= 3
+    clone_losses = next(m for m in r["clone"] if m["event"] == "epoch")["step_losses"]
+    assert clone_losses == r["epochs"][0]["step_losses"]   # (no overrides: the clone trains on identically)
 
 
 def test_clone_overrides_change_only_the_clone(job):

@@ -259,3 +259,36 @@ def test_states_of_a_shrunk_group_and_a_notice_unpack_whole():
     heads = unpack_states(np.concatenate(messages[::-1]), dst)
     assert [h["sender"] for h in heads] == [2, 1, -1, 0]
     assert all(torch.equal(a, b) for a, b in zip(src, dst))
+
+
+# ------------------------------------------------------------------ staged hand-offs in chunks
+def test_a_staged_buffer_is_cut_into_chunks_the_last_one_shorter():
+    from dpuoffload.common.state.ckptfiles import chunk_sizes, part_bounds
+
+    assert chunk_sizes(25, 10) == [10, 10, 5]
+    assert chunk_sizes(20, 10) == [10, 10]
+    assert chunk_sizes(0, 10) == []
+    assert part_bounds([10, 10, 5]) == [(0, 10), (10, 20), (20, 25)]
+
+
+def test_packing_reports_its_progress_so_chunks_can_go_as_they_are_packed():
+    tensors = [torch.arange(6, dtype=torch.float32), torch.arange(3, dtype=torch.int64)]
+    plan = plan_shards([t.numel() for t in tensors], 1, threshold=1)
+    out, seen = np.zeros(packed_nbytes(tensors, plan.rank_pieces(0)), dtype=np.uint8), []
+    pack_pieces(tensors, plan.rank_pieces(0), out, seen.append)
+    assert seen == [24, 48]   # after each piece: the bytes packed so far
+    assert out[:24].view(np.float32).tolist() == list(range(6))
+
+
+@pytest.mark.parametrize("parts, chunk, ok", [(3, 10, True), (2, 10, False), (1, 0, True)])
+def test_a_hand_off_header_names_how_its_shared_bytes_come(parts, chunk, ok):
+    from dpuoffload.common.runtime.messages import CKPT_HEADER
+    from dpuoffload.common.state.ckptfiles import CheckpointError, Received, part_sizes
+
+    head = CKPT_HEADER.unpack(CKPT_HEADER.pack(sender=0, shared_nbytes=25, shared_parts=parts, chunk_bytes=chunk))
+    got = Received(dict(head), np.zeros(0, np.uint8), np.zeros(25, np.uint8))
+    if not ok:
+        with pytest.raises(CheckpointError, match=r"sent 2 parts / 25 bytes, 10-byte chunks give\(s\) 3 / 25"):
+            part_sizes(got)
+        return
+    assert part_sizes(got) == ([10, 10, 5] if chunk else [25])

@@ -48,6 +48,20 @@ def tiny_model(num_classes):
                                torch.nn.Linear(4, num_classes))
 
 
+def dropout_model(num_classes):
+    """A model that draws from the global RNG while training (dropout): trains to the bit only if every
+    rank seeds it alike and nothing else draws from it in one mode and not in another."""
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(),
+                               torch.nn.Dropout(0.5), torch.nn.Linear(128, num_classes))
+
+
+def wide_model(num_classes):
+    """A model whose state spans several staged chunks (`STAGED_CHUNK_BYTES`): a 2.6M-parameter
+    linear layer (10 MB, wider than one chunk) on a small convolution; ~21 MB with momentum."""
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.AdaptiveAvgPool2d(8), torch.nn.Flatten(),
+                               torch.nn.Linear(512, 5000), torch.nn.ReLU(), torch.nn.Linear(5000, num_classes))
+
+
 class _FailsOnHostRank1(torch.nn.Module):
     """Raises in forward on world rank 1 at its 3rd training step: a user bug mid-training."""
 

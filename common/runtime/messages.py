@@ -109,8 +109,11 @@ class StateKind(IntEnum):
 # position, tensor catalog, optimizer groups, scheduler, config; identical from every host rank) followed by
 # the sender's local state (a safetensors blob: BatchNorm buffers, RNG states, epoch progress), then
 # `shared_nbytes` bytes: the sender's pieces of the sharded tensors (`common.sharding`, catalog order), in
-# `shared_parts` messages: 1 (staged: one packed buffer) or one per piece (zero-copy: each piece straight from
-# tensor memory, so Open MPI's single-copy path lets the receiver pull it while the sender computes).
+# `shared_parts` messages: staged, the packed buffer in `chunk_bytes` chunks (the last one shorter; the host
+# sends each as soon as it is packed, and a keeper forwarding a clone state passes each on as soon as it
+# landed: cut-through, `dpu.keeper.clone`); zero-copy (`chunk_bytes` 0), one per piece, each straight from
+# tensor memory, so Open MPI's single-copy path lets the receiver pull it while the sender computes; 1 with
+# `chunk_bytes` 0: one buffer (a restore from DPU memory).
 # `lost_keepers`: the keepers the host ranks agreed are dead (`StateAssignment.lost_mask`), which routes
 # this hand-off (`--dpu-failure fallback`; 0 otherwise). `sender` is the sender's rank among the `senders`
 # host ranks handing this state over and `seat` the host rank whose place it trains in (they differ once
@@ -120,7 +123,8 @@ class StateKind(IntEnum):
 # Under --recovery rollback a spare that takes a seat first sends the seat's keeper a JOIN header.
 CKPT_HEADER = HeaderLayout("ckpt", Tag.CKPT, ("kind", "global_step", "sender", "senders", "meta_nbytes",
                                               "small_nbytes", "shared_nbytes", "shared_parts", "lost_keepers",
-                                              "seat", "to_me", "leader"))
+                                              "seat", "to_me", "leader", "chunk_bytes"))
+STAGED_CHUNK_BYTES = 8 << 20  # staged hand-offs: the size of one message (a pipeline stage: pack, send, forward)
 
 # The MEM_COPY message: after a keeper kept a checkpoint's hand-offs in its DPU memory, it sends them to
 # each keeper holding its partner copy (`memstore.place_copies`): this header (`keeper`: the sender's

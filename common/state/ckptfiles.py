@@ -16,6 +16,7 @@ reason). Reading verifies every file's checksum and names the file that is missi
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,17 +128,39 @@ def plan_for(meta: Meta) -> ShardPlan:
     return plan_shards([numel(s) for _, _, s in meta.catalog], meta.writers, threshold)
 
 
-def part_sizes(meta: Meta, sender: int, parts: int, nbytes: int) -> list[int]:
-    """Byte sizes of the messages a sender's shared slice came in (1 packed, or one per piece)."""
-    if parts == 1:
+def part_sizes(handoff: Received) -> list[int]:
+    """Byte sizes of the messages a hand-off's shared slice comes in, from its header (and, for
+    zero-copy's one message per piece, its meta): `common.runtime.messages`' CKPT layout.
+
+    Raises:
+        CheckpointError: the header's part count does not fit its sizes or its slice plan.
+    """
+    head = handoff.head
+    parts, nbytes, chunk = head["shared_parts"], head["shared_nbytes"], head["chunk_bytes"]
+    if chunk:
+        sizes = chunk_sizes(nbytes, chunk)
+    elif parts == 1:
         return [nbytes]
-    meta = CheckpointMeta.of(meta)
-    sizes = [(p.stop - p.start) * torch.empty((), dtype=dtype_of(meta.catalog[p.tensor][1])).element_size()
-             for p in plan_for(meta).rank_pieces(sender)]
+    else:
+        meta = CheckpointMeta.of(handoff.meta)
+        sizes = [(p.stop - p.start) * torch.empty((), dtype=dtype_of(meta.catalog[p.tensor][1])).element_size()
+                 for p in plan_for(meta).rank_pieces(head["sender"])]
     if len(sizes) != parts or sum(sizes) != nbytes:
-        raise CheckpointError(f"host rank {sender} sent {parts} parts / {nbytes} bytes, its slice plan has "
+        how = f"{chunk}-byte chunks" if chunk else "its slice plan"
+        raise CheckpointError(f"host rank {head['sender']} sent {parts} parts / {nbytes} bytes, {how} give(s) "
                               f"{len(sizes)} / {sum(sizes)}")
     return sizes
+
+
+def chunk_sizes(nbytes: int, chunk: int) -> list[int]:
+    """A staged buffer of `nbytes` in messages of `chunk` bytes, the last one shorter (none if empty)."""
+    return [min(chunk, nbytes - a) for a in range(0, nbytes, chunk)]
+
+
+def part_bounds(sizes: list[int]) -> list[tuple[int, int]]:
+    """(start, stop) byte offsets of consecutive parts of these sizes."""
+    stops = list(itertools.accumulate(sizes))
+    return list(zip([0, *stops[:-1]], stops))
 
 
 # ------------------------------------------------------------------------------------------ reading

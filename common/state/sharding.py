@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -120,13 +120,17 @@ def byte_buffer(nbytes: int, touch: bool = False) -> np.ndarray:
     return buf
 
 
-def pack_pieces(tensors: Sequence[torch.Tensor], pieces: Sequence[Piece], out: np.ndarray) -> int:
-    """Copy `pieces` of `tensors` into the uint8 buffer `out` (the staging copy); return bytes used."""
+def pack_pieces(tensors: Sequence[torch.Tensor], pieces: Sequence[Piece], out: np.ndarray,
+                packed: Optional[Callable[[int], None]] = None) -> int:
+    """Copy `pieces` of `tensors` into the uint8 buffer `out` (the staging copy); return bytes used.
+    `packed(n)`: called after each piece with the bytes packed so far (a sender sends what is ready)."""
     offset = 0
     for p in pieces:
         src = to_host(tensors[p.tensor].reshape(-1)[p.start: p.stop]).numpy().view(np.uint8)  # (a GPU's: a copy)
         out[offset: offset + src.nbytes] = src
         offset += src.nbytes
+        if packed is not None:
+            packed(offset)
     return offset
 
 

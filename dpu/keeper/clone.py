@@ -1,19 +1,23 @@
-"""A keeper's clone side: forward each host rank's hand-off, as received, to its clone rank (host rank
-k's slice to clone rank k mod M), never touching disk (DeepClone's forwarding). Until the clone is
+"""A keeper's clone side: forward each host rank's hand-off to its clone rank (host rank k's slice to
+clone rank k mod M), part by part as it arrives (cut-through), never touching disk (DeepClone's
+forwarding). Until the clone is
 served, the keeper sends its clone ranks a heartbeat every peer_timeout/4 s while it waits
 (`common.runtime.heartbeat`), so their stand-by can have a deadline without one of its own.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
+from dpuoffload.common.errors import PeerError
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.runtime.heartbeat import Heartbeat, interval_for
 from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.waits import wait, wait_all
 from dpuoffload.common.state.ckptfiles import Received
+from dpuoffload.dpu.keeper.inbox import PartSink
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -60,6 +64,8 @@ class CloneForwarder:
         clones = self.assign.clone_targets_of(topo.world_rank) if cfg.clone_at is not None else ()
         self.standby: Optional[StandbyBeat] = StandbyBeat(topo.world, clones, interval_for(cfg.peer_timeout)) \
             if clones else None
+        self.relayed: list["MPI.Request"] = []   # the sends of the clone state passed on so far
+        self.relayed_parts = 0                   # how many shared parts they pass on (the hand-offs' chunks)
 
     def poll(self) -> None:
         """Between polls for the next hand-off: a heartbeat when one is due (none once stopped)."""
@@ -79,17 +85,31 @@ class CloneForwarder:
                 for host, r in zip(self.hosts, batch)]
         wait_all(reqs, self.cfg.peer_timeout, "a clone rank to receive the hand-off size")
 
-    def forward(self, batch: Sequence[Received], received: float) -> None:
-        """Send each host rank's hand-off, unchanged, to its clone rank. `received`: wall-clock time
-        the hand-off was complete here (with `forwarded_time`, it splits the clone's readiness)."""
-        t0 = time.perf_counter()
+    def relay(self, host: int, handoff: Received) -> Optional[PartSink]:
+        """Cut-through (the `Inbox`'s relay): a CLONE hand-off from `host` goes on to its clone rank
+        as it arrives: its header and small part now, each shared part as soon as it landed here, so
+        the clone rank pulls part i while this keeper still receives part i+1 (DeepClone forwards
+        whole hand-offs; this keeps the hop from adding a second full copy to the clone's readiness).
+        Other hand-offs: None (received whole)."""
+        if handoff.head["kind"] != StateKind.CLONE or not self.topo.clone_ranks:
+            return None
         self.stop_beating()  # the state itself goes out next and ends the clone ranks' stand-by
-        reqs = []
-        for host, r in zip(self.hosts, batch):
-            dest = self.assign.clone_target(host)
-            header = CKPT_HEADER.pack(**{**r.head, "shared_parts": 1})  # forwarded as one buffer
-            reqs += [self.topo.world.Isend(buf, dest=dest, tag=Tag.CLONE) for buf in (header, r.small, r.shared)]
-        for req in reqs:
+        dest = self.assign.clone_target(host)
+        send = functools.partial(self.topo.world.Isend, dest=dest, tag=Tag.CLONE)
+        self.relayed += [send(CKPT_HEADER.pack(**handoff.head)), send(handoff.small)]
+        self.relayed_parts += handoff.head["shared_parts"]
+        return lambda part: self.relayed.append(send(part))
+
+    def forward(self, batch: Sequence[Received], received: float) -> None:
+        """After the whole CLONE hand-off landed here (and went on, part by part, as it landed): wait
+        until the clone ranks took the last parts. `received`: wall-clock time the hand-off was
+        complete here (with `forwarded_time`, it splits the clone's readiness)."""
+        t0 = time.perf_counter()
+        if not self.relayed:
+            raise PeerError("a clone state was received but not relayed to the clone ranks (no clone rank to "
+                            "forward to, or the hand-off was not a CLONE one)")
+        for req in self.relayed:
             wait(req, self.cfg.peer_timeout, "a clone rank to receive the forwarded state")
         self.note({"forwarded_step": batch[0].head["global_step"], "forward_s": time.perf_counter() - t0,
-                   "received_time": received, "forwarded_time": time.time()})
+                   "received_time": received, "forwarded_time": time.time(), "relayed_parts": self.relayed_parts})
+        self.relayed, self.relayed_parts = [], 0

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 HANDOFF_POLL_MAX_SLEEP = 0.01   # between hand-offs (may be hours apart): ~100 cheap polls/s, 10 ms latency
 SLICE_POLL_MAX_SLEEP = 0.002    # a hand-off in flight: each poll lets Open MPI pull the next pieces
+RELAY_POLL_MAX_SLEEP = 0.0005   # a hand-off passed on part by part: each part's wait adds to the clone's readiness
 
 
 def header_only(head: Mapping[str, int]) -> Received:
@@ -40,13 +41,23 @@ def handoff_order(head: Mapping[str, int]) -> float:
     return float("inf") if head["kind"] == StateKind.END else head["global_step"]
 
 
+PartSink = Callable[[np.ndarray], None]   # takes each part of a hand-off's shared bytes, in order, as it lands
+Relay = Callable[[int, Received], Optional[PartSink]]  # (host, hand-off with its header and small part) -> a sink
+
+
 class Inbox:
     """Receives hand-offs into reused buffers: a hand-off of hundreds of MB lands in memory faulted
     in beforehand (DPU cores fault pages slowly), and the latest one stays intact while the next one
-    arrives (double buffering: the previous hand-off's buffers become the next one's)."""
+    arrives (double buffering: the previous hand-off's buffers become the next one's).
 
-    def __init__(self, topo: "Topology", timeout: float) -> None:
-        self.topo, self.timeout = topo, timeout
+    Args:
+        relay: asked once per hand-off, when its header and small part are in; a sink it returns
+            gets each shared part as soon as that part (and every one before it) landed, while the
+            later parts are still arriving (the clone forwarder's cut-through, `dpu.keeper.clone`).
+    """
+
+    def __init__(self, topo: "Topology", timeout: float, relay: Optional[Relay] = None) -> None:
+        self.topo, self.timeout, self.relay = topo, timeout, relay
         self.warm: dict[int, np.ndarray] = {}   # host rank -> warm receive buffer for its next hand-off
 
     def parts(self, host: int, header: np.ndarray) -> Received:
@@ -56,15 +67,19 @@ class Inbox:
         if head["kind"] in (StateKind.END, StateKind.PREPARE):  # a header only
             return header_only(head)
         small = byte_buffer(head["small_nbytes"])
-        shared = self.buffer(host, head["shared_nbytes"])
         what = f"the state slices of {self.topo.describe(host)}"
         wait(world.Irecv(small, source=host, tag=Tag.CKPT), self.timeout, what)
-        sizes = ckptfiles.part_sizes(Received(head, small, shared).meta, head["sender"], head["shared_parts"],
-                                     shared.nbytes)
-        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
-        reqs = [world.Irecv(shared[a:b], source=host, tag=Tag.CKPT) for a, b in zip(offsets[:-1], offsets[1:])]
-        wait_all(reqs, self.timeout, what, max_sleep=SLICE_POLL_MAX_SLEEP)
-        return Received(head, small, shared)
+        got = Received(head, small, self.buffer(host, head["shared_nbytes"]))
+        views = [got.shared[a:b] for a, b in ckptfiles.part_bounds(ckptfiles.part_sizes(got))]
+        reqs = [world.Irecv(view, source=host, tag=Tag.CKPT) for view in views]
+        sink = self.relay(host, got) if self.relay is not None else None
+        if sink is None:
+            wait_all(reqs, self.timeout, what, max_sleep=SLICE_POLL_MAX_SLEEP)
+            return got
+        for req, view in zip(reqs, views):   # (in order: the sink's sends to one rank must keep it)
+            wait(req, self.timeout, what, max_sleep=RELAY_POLL_MAX_SLEEP)
+            sink(view)
+        return got
 
     def warm_up(self, batch: Iterable[Received]) -> None:
         """PREPARE: fault in a receive buffer per host rank now, off the critical path."""

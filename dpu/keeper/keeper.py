@@ -60,7 +60,7 @@ class Keeper:
         self.records: list[dict[str, Any]] = []
         self.clone = CloneForwarder(cfg, topo, self.hosts, self.note)
         self.memory = DpuMemory(cfg, topo, comm, self.hosts, self.note, memory)
-        self.inbox = Inbox(topo, cfg.peer_timeout)
+        self.inbox = Inbox(topo, cfg.peer_timeout, relay=self.clone.relay)
         self.route = route_for(cfg, topo, self.inbox, self.clone.poll, faults)
         self.committer = Committer(cfg, topo, self.note)
         self.hands_off = cfg.checkpointing or (cfg.clone_at is not None and bool(topo.clone_ranks))

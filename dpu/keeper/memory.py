@@ -187,7 +187,8 @@ class DpuMemory:
             store = MemoryStore(point.root, k, max(self.cfg.ckpt_mem_keep, 1), copy=k != self.index)
             for host in assign.hosts_kept_by(point.keepers[k]):
                 head, small, shared = store.get(point.step, self.topo.host_ranks.index(host))
-                restore = CKPT_HEADER.pack(**{**CKPT_HEADER.unpack(head), "kind": StateKind.RESTORE, "shared_parts": 1})
+                restore = CKPT_HEADER.pack(**{**CKPT_HEADER.unpack(head), "kind": StateKind.RESTORE,
+                                              "shared_parts": 1, "chunk_bytes": 0})  # (sent as one buffer)
                 reqs += [self.topo.world.Isend(buf, dest=host, tag=Tag.RESTORE) for buf in (restore, small, shared)]
                 sent += small.nbytes + shared.nbytes
         wait_all(reqs, self.cfg.peer_timeout, "a host rank to take its state back from DPU memory",
