@@ -28,6 +28,7 @@ from dpuoffload.common.faults.policy import (
     SimulatedRecovery,
 )
 from dpuoffload.common.modes import Mode, Numerics, Wire
+from dpuoffload.common.state.ckptdirs import RESUME_AUTO, RESUME_LATEST
 
 MODES = tuple(m.value for m in Mode)
 ALLREDUCE_BACKENDS = ("auto", "horovod", "torch", "mpi")
@@ -334,8 +335,8 @@ class RunConfig:
         if wants and not self.ckpt_dir:
             raise ConfigError("--ckpt-every/--ckpt-every-epoch need --ckpt-dir DIR (where DPU ranks write "
                               "the checkpoint shards)")
-        if self.resume == "latest" and not self.ckpt_dir:
-            raise ConfigError("--resume latest needs --ckpt-dir DIR to look in (or pass --resume DIR of "
+        if self.resumes_newest and not self.ckpt_dir:
+            raise ConfigError(f"--resume {self.resume} needs --ckpt-dir DIR to look in (or pass --resume DIR of "
                               "one checkpoint)")
         uses_state = wants or self.resume is not None or self.clone_at is not None
         if uses_state and self.mode in (Mode.NAIVE, Mode.AUTO):
@@ -388,6 +389,18 @@ class RunConfig:
     def fault_tolerant(self) -> bool:
         """Whether the run must survive a dead rank: MPI started with fault tolerance (ULFM)."""
         return self.recovery_policy.needs_ulfm
+
+    @property
+    def resumes_newest(self) -> bool:
+        """`--resume latest` or `--resume auto`: from the newest state kept (DPU memory or --ckpt-dir),
+        not from one named directory."""
+        return self.resume in (RESUME_LATEST, RESUME_AUTO)
+
+    @property
+    def resumes_if_any(self) -> bool:
+        """`--resume auto`: as latest, but a run with nothing kept yet starts from the beginning (a
+        relaunch by `dpurun --restarts`, a requeued batch job) instead of failing."""
+        return self.resume == RESUME_AUTO
 
     @property
     def checkpointing(self) -> bool:
@@ -651,9 +664,11 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
                    help="a checkpoint that cannot be written (disk full, permissions): continue = train on, "
                         "try again at the next one and exit non-zero at the end naming the newest intact "
                         "checkpoint; fail = stop the job at the first failure")
-    g.add_argument("--resume", default=S, metavar="DIR|latest",
-                   help="continue from a checkpoint directory (step-<N>) or the newest complete one in "
-                        "--ckpt-dir; same host rank count resumes to the bit, another count re-slices")
+    g.add_argument("--resume", default=S, metavar="DIR|latest|auto",
+                   help="continue from a checkpoint directory (step-<N>) or the newest state kept (DPU "
+                        "memory or --ckpt-dir; auto: start from the beginning if none is, as a relaunch "
+                        "or a requeued job does); same host rank count resumes to the bit, another "
+                        "count re-slices")
     g.add_argument("--stop-at-step", type=int, default=S, metavar="N",
                    help="stop after global step N (e.g. before a job time limit); with --ckpt-dir a "
                         "checkpoint is taken there. The LR schedule still spans --epochs")

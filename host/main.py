@@ -25,7 +25,7 @@ from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import CLOCK, Run, import_torch_ahead, start_program
-from dpuoffload.common.state.resume import find_resume, start_position
+from dpuoffload.common.state.resume import find_resume, start_position, starting_line
 from dpuoffload.common.state.trainstate import describe_position, epoch_spans
 from dpuoffload.common.train.allreduce import build_sync, resolve_backend
 from dpuoffload.common.train.autoselect import report_measured
@@ -76,6 +76,8 @@ def check_state_flags(cfg: RunConfig, topo: Topology, job: TrainJob, run: Run) -
     """Checkpoint, resume and clone flags that need the topology or the data to check."""
     steps = job.feed.steps()
     job.resume = find_resume(cfg, len(topo.host_ranks), steps, run.memory)
+    if job.resume is None and cfg.resumes_if_any and topo.side_rank == 0:
+        print(starting_line(cfg), flush=True)
     start = start_position(job.resume)
     spans = epoch_spans(steps, cfg.epochs, start, cfg.stop_at_step)
     check_clone_flags(cfg, topo, start.global_step + sum(s.stop - s.start for s in spans))

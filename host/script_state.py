@@ -25,6 +25,7 @@ from dpuoffload.common.runtime.messages import StateKind
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.meta import Slicing
+from dpuoffload.common.state.resume import nothing_kept, starting_line
 from dpuoffload.common.state.trainstate import EpochProgress, Position
 from dpuoffload.host.checkpoint import StateHandoff
 from dpuoffload.host.state import Live, Reader, StateSource, load_state
@@ -109,10 +110,15 @@ class ScriptState:
         return Position(epoch, step, global_step)
 
     def restore(self, live: Live) -> Optional[Restored]:
-        """`--resume latest|DIR` loaded into `live` (a clone rank: the forwarded state); None without it."""
+        """`--resume latest|auto|DIR` loaded into `live` (a clone rank: the forwarded state); None without it
+        (or under auto with nothing kept)."""
         if self.is_clone:
             return self.adopt(live)
         if self.cfg is None or self.cfg.resume is None:
+            return None
+        if nothing_kept(self.cfg, None):
+            if self.rank == 0:
+                print(starting_line(self.cfg), flush=True)
             return None
         skipped: list[str] = []
         path = ckptfiles.resolve(self.cfg.resume, self.cfg.ckpt_dir, skipped)
@@ -120,7 +126,7 @@ class ScriptState:
         restored = self.load(live, source, path)
         if self.rank == 0:
             for note in skipped:
-                print(f"[dpuoffload] warning: --resume latest {note}", flush=True)
+                print(f"[dpuoffload] warning: --resume {self.cfg.resume} {note}", flush=True)
             writers = source.meta.writers
             how = "exactly" if writers == self.size else f"written by {writers} host rank(s)"
             print(f"[dpuoffload] resuming from {path} ({how}): epoch {restored.epoch}, step {restored.step} "

@@ -280,16 +280,21 @@ def check_resume(cfg: RunConfig, facts: LaunchFacts) -> Optional[Problem]:
     here); `latest` skipping a damaged newer one is a warning (the ranks skip it the same way)."""
     if not cfg.resume:
         return None
-    where = cfg.ckpt_dir if cfg.resume == "latest" else cfg.resume
+    where = cfg.ckpt_dir if cfg.resumes_newest else cfg.resume
     if facts.cluster and not (where and Path(where).is_absolute() and Path(where).exists()):
         return None
-    if cfg.resume == "latest" and cfg.ckpt_mem_keep:  # (DPU memory may hold a newer state: the ranks decide)
+    if cfg.resumes_newest and cfg.ckpt_mem_keep:  # (DPU memory may hold a newer state: the ranks decide)
         return None
-    from dpuoffload.common.state.ckptdirs import resolve
+    from dpuoffload.common.state.ckptdirs import committed, resolve
+
+    if cfg.resumes_if_any and not committed(str(cfg.ckpt_dir)):  # (the ranks say it starts from the beginning)
+        return None
 
     skipped: list[str] = []
     path = resolve(cfg.resume, cfg.ckpt_dir, skipped)
-    return Problem(f"--resume latest: {'; '.join(skipped)}; resuming from {path}", warning=True) if skipped else None
+    if not skipped:
+        return None
+    return Problem(f"--resume {cfg.resume}: {'; '.join(skipped)}; resuming from {path}", warning=True)
 
 
 # ------------------------------------------------------------------------------ data set size

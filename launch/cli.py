@@ -505,11 +505,9 @@ def supervised(spec: LaunchSpec, restarts: int) -> int:
             print(f"{PROG}: not restarting: {why_not}", file=sys.stderr, flush=True)
             return outcome.code
         attempt, failed = attempt + 1, outcome
-        kept = restart.state_kept(str(cfg.ckpt_dir))
-        spec = dataclasses.replace(spec, training_args=tuple(restart.relaunch_args(spec.training_args, kept)))
-        how = (f"with --resume latest (the newest state in DPU memory, else in {cfg.ckpt_dir})" if kept else
-               "from the beginning (no checkpoint was taken before the failure)")
-        print(f"{PROG}: restart {attempt} of {restarts}: relaunching {how}", file=sys.stderr, flush=True)
+        spec = dataclasses.replace(spec, training_args=tuple(restart.relaunch_args(spec.training_args)))
+        print(f"{PROG}: restart {attempt} of {restarts}: relaunching with --resume auto (the newest state in DPU "
+              f"memory, else in {cfg.ckpt_dir}; from the beginning if none was kept)", file=sys.stderr, flush=True)
 
 
 def _make_data(argv: Sequence[str]) -> int:

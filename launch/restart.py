@@ -8,8 +8,10 @@ the checkpoint disk (`common.state.memstore`). What decides and what is reported
 - a job is relaunched when a rank *died* (a signal, a lost machine or connection) and restarts are
   left; a rank that raised an exception is not (the same bug would fail again), nor a job that was
   interrupted or rejected its flags;
-- the relaunch has the same launcher flags and training flags, with `--resume latest` and without
-  `--inject` (an injected failure stands for a real one, which does not come back at the same step);
+- the relaunch has the same launcher flags and training flags, with `--resume auto` (the newest state
+  kept, or the beginning when the failure came before any: the ranks decide, since the DPUs' memory
+  may be on machines this one cannot see) and without `--inject` (an injected failure stands for a
+  real one, which does not come back at the same step);
 - one report per restart (printed, and in `<log-dir>/restarts.jsonl`): detected after (the failure
   until mpirun reported it; known for injected failures), job ended after, relaunch until training
   resumed, state transfer time and size, where the state came from, steps replayed (for a rank killed
@@ -24,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from dpuoffload.common.state.ckptdirs import RESUME_AUTO
 from dpuoffload.launch.supervise import PREFIX, JobOutcome
 
 MEMORY_KEEP = "2"   # --ckpt-mem-keep that --restarts sets when the user did not
@@ -58,21 +61,12 @@ def first_launch_args(training_args: Sequence[str]) -> list[str]:
     return [*training_args, "--ckpt-mem-keep", MEMORY_KEEP]
 
 
-def relaunch_args(training_args: Sequence[str], resume: bool = True) -> list[str]:
-    """The training flags of a relaunch: `--resume latest` (`resume` False: no state was kept before
-    the failure, the relaunch starts from the beginning), no `--inject` (see the module docstring)."""
+def relaunch_args(training_args: Sequence[str]) -> list[str]:
+    """The training flags of a relaunch: `--resume auto` (the newest state kept, in DPU memory or on
+    disk, or the beginning when none was: the ranks look, where the DPUs' memory is, since this
+    machine may not see it), no `--inject` (see the module docstring)."""
     args = _without(_without(training_args, "--inject"), "--resume")
-    return [*args, "--resume", "latest"] if resume else args
-
-
-def state_kept(ckpt_dir: str) -> bool:
-    """Whether a relaunch has a state to resume from: a committed checkpoint on disk, or a complete
-    step in DPU memory (a failure before the first checkpoint leaves neither)."""
-    from dpuoffload.common.state.ckptdirs import committed
-    from dpuoffload.common.state.memstore import memory_root
-
-    root = memory_root(ckpt_dir)  # (this machine's: on a cluster the DPUs' memory is theirs, and the ranks decide)
-    return bool(committed(ckpt_dir)) or any(root.glob("keeper-*/step-*")) or any(root.glob("copies/keeper-*/step-*"))
+    return [*args, "--resume", RESUME_AUTO]
 
 
 def refusal(outcome: JobOutcome) -> Optional[str]:

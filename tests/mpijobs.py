@@ -104,6 +104,16 @@ def machines_unavailable(switch: Optional[str] = None, needs: str = "ip netns ad
     return None
 
 
+def machines_broken(what: str, stderr: str, switch: str) -> None:
+    """Fail the test: `what` did not come up on a machine that has what it needs (root, the tools).
+    That is the emulation broken (scripts/nodes.sh, slurm.sh, aarch64.sh), which must show as a
+    failure: a skip would let CI count a broken emulation as nothing run."""
+    import pytest
+
+    pytest.fail(f"{what} did not come up, though this machine has what it needs: {stderr.strip()}\n"
+                f"(a broken emulation script? {switch}=0 turns these tests off where that is intended)")
+
+
 def json_lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 

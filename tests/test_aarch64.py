@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from tests.mpijobs import REPO, job_env, machines_unavailable, read_jsonl
+from tests.mpijobs import REPO, job_env, machines_broken, machines_unavailable, read_jsonl
 
 pytestmark = pytest.mark.mpi
 SCRIPT = str(REPO / "scripts" / "nodes.sh")
@@ -44,7 +44,7 @@ def arm(tmp_path_factory):
     up = subprocess.run(["bash", SCRIPT, "up", "h0", "d0:aarch64"], capture_output=True, text=True, env=env,
                         timeout=60)
     if up.returncode != 0:
-        pytest.skip(f"could not create the machines here: {up.stderr.strip()}")
+        machines_broken("h0 and the aarch64 d0 (scripts/nodes.sh up)", up.stderr, "DPUOFFLOAD_TEST_AARCH64")
     try:
         yield env
     finally:

@@ -113,7 +113,16 @@ def test_resume_latest_with_an_empty_ckpt_dir(tmp_path, bundled_data):
     r = dpurun(tmp_path, "--", "--preset", "debug", "--data", str(bundled_data / "cifar10"),
                "--ckpt-dir", str(empty), "--resume", "latest")
     refused(r, f"dpurun: error: --resume latest: no complete checkpoint (step-<N>/ with COMMITTED) in {empty}; "
-               "start without --resume, or pass the directory of one checkpoint")
+               "start without --resume (or with --resume auto, which starts from the beginning when nothing was "
+               "kept), or pass the directory of one checkpoint")
+
+
+def test_resume_auto_with_an_empty_ckpt_dir_is_not_refused(tmp_path, bundled_data):
+    empty = tmp_path / "ckpt"
+    empty.mkdir()
+    r = dpurun(tmp_path, "--", "--preset", "debug", "--data", str(bundled_data / "cifar10"),
+               "--ckpt-dir", str(empty), "--resume", "auto")
+    assert r.returncode == 0 and r.errors == [] and r.launched, r.stderr   # (the ranks start from the beginning)
 
 
 def test_a_scripts_resume_and_ckpt_dir_are_checked_before_launch(tmp_path):

@@ -82,8 +82,8 @@ def test_restart_step_is_the_newest_step_every_keeper_holds(held, disk, expected
 
 def test_relaunch_flags():
     args = ["--ckpt-dir", "d", "--inject", "host:0@7", "--inject=dpu:0@3", "--resume", "x", "--epochs", "2"]
-    assert restart.relaunch_args(args) == ["--ckpt-dir", "d", "--epochs", "2", "--resume", "latest"]
-    assert restart.relaunch_args(args, resume=False) == ["--ckpt-dir", "d", "--epochs", "2"]  # nothing kept yet
+    # (auto: the ranks resume from what was kept, or start from the beginning if nothing was)
+    assert restart.relaunch_args(args) == ["--ckpt-dir", "d", "--epochs", "2", "--resume", "auto"]
     assert restart.first_launch_args(["--epochs", "2"]) == ["--epochs", "2", "--ckpt-mem-keep", "2"]
     assert restart.first_launch_args(["--ckpt-mem-keep=1"]) == ["--ckpt-mem-keep=1"]
 
@@ -172,7 +172,7 @@ def test_restarts_resume_from_dpu_memory_to_the_bit(bundled_data, tmp_path, stra
                                             "--ckpt-dir", str(ck), "--ckpt-every", "2", "--inject", "host:0@7"],
                  timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "dpurun: restart 1 of 1: relaunching with --resume latest" in res.stderr
+    assert "dpurun: restart 1 of 1: relaunching with --resume auto" in res.stderr
     step = memory_step(res.stdout, res.stderr)
     [rep] = read_jsonl(log / "restarts.jsonl")
     assert (rep["source"], rep["failed_step"], rep["resumed_step"], rep["replayed_steps"]) == \
@@ -198,3 +198,22 @@ def test_resume_latest_reads_dpu_memory_not_the_disk(bundled_data, tmp_path, str
     step = memory_step(res.stdout, failed.stderr)
     assert f"(exactly): epoch 1, step {step} done (global step {step})" in res.stdout
     assert_same_training(read_jsonl(tmp_path / "l2" / "metrics.jsonl"), straight)
+
+
+@pytest.mark.mpi
+def test_a_failure_before_the_first_checkpoint_restarts_from_the_beginning_to_the_bit(bundled_data, tmp_path,
+                                                                                      straight, monkeypatch):
+    """The relaunch's `--resume auto` finds nothing kept (no step in DPU memory, none on disk): the
+    ranks say so and train from step 0, ending as the run never interrupted."""
+    monkeypatch.setenv("DPUOFFLOAD_MEM_DIR", str(tmp_path / "shm"))
+    log, ck = tmp_path / "log", tmp_path / "ck"
+    res = dpurun([*TWO, "--restarts", "1"], [*DEBUG, "--data", str(bundled_data / "cifar10"), "--log-dir", str(log),
+                                            "--ckpt-dir", str(ck), "--ckpt-every", "6", "--inject", "host:1@3"],
+                 timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "dpurun: restart 1 of 1: relaunching with --resume auto" in res.stderr
+    assert (f"[dpuoffload] --resume auto: nothing was kept to resume from (no step in DPU memory, no complete "
+            f"checkpoint in {ck}): starting from the beginning") in res.stdout
+    [rep] = read_jsonl(log / "restarts.jsonl")
+    assert (rep["failed_step"], rep["resumed_step"], rep["replayed_steps"]) == (3, 0, 3)
+    assert_same_training(read_jsonl(log / "metrics.jsonl"), straight)

@@ -419,7 +419,7 @@ def test_no_spare_left_is_a_death_that_dpurun_restarts_from_dpu_memory(bundled_d
     assert res.returncode == 0, res.stdout + res.stderr
     assert "dpurun: world rank 0 = host rank 0 (host program) died: it trained, and no spare rank is left to take " \
         "host rank 0's seat" in res.stderr
-    assert "dpurun: restart 1 of 1: relaunching with --resume latest" in res.stderr
+    assert "dpurun: restart 1 of 1: relaunching with --resume auto" in res.stderr
     [rep] = read_jsonl(tmp_path / "restarts.jsonl")
     assert rep["source"] == "dpu-memory" and rep["failed_step"] == 9
     assert rep["resumed_step"] in (6, 8) and rep["replayed_steps"] == 9 - rep["resumed_step"]  # (8 unless

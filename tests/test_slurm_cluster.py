@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mpijobs import REPO, job_env, machines_unavailable, read_jsonl
+from tests.mpijobs import REPO, job_env, machines_broken, machines_unavailable, read_jsonl
 
 pytestmark = pytest.mark.mpi
 SCRIPT = str(REPO / "scripts" / "slurm.sh")
@@ -140,7 +140,7 @@ def cluster(request, tmp_path_factory):
     up = subprocess.run(["bash", SCRIPT, "up"], capture_output=True, text=True, env=env, timeout=300)
     if up.returncode != 0:
         subprocess.run(["bash", SCRIPT, "down"], capture_output=True, env=env, timeout=120)
-        pytest.skip(f"could not bring up a Slurm cluster here: {up.stderr.strip()}")
+        machines_broken("the Slurm cluster (scripts/slurm.sh up)", up.stderr, "DPUOFFLOAD_TEST_SLURM")
     try:
         yield Cluster(env, bundled_data, tmp_path_factory.mktemp("slurm"))
     finally:

@@ -91,7 +91,7 @@ def assert_same_training(got: dict, want: dict) -> None:
 @pytest.mark.mpi
 def test_a_stream_restarted_from_dpu_memory_goes_on_to_the_bit(trainer):
     restarted = trainer["restarted"]
-    assert "dpurun: restart 1 of 1: relaunching with --resume latest" in restarted["err"]
+    assert "dpurun: restart 1 of 1: relaunching with --resume auto" in restarted["err"]
     assert "restarting from DPU memory: the state of step" in restarted["out"]
     assert_same_training(restarted, trainer["da"])
 

@@ -16,6 +16,10 @@ from typing import Any, Mapping, Optional
 
 from dpuoffload.common.errors import ConfigError
 
+# `--resume` keywords: the newest state kept (DPU memory or the checkpoint directory), and the same or, when
+# nothing was kept yet, the beginning (a relaunch, a requeued batch job: `RunConfig.resumes_if_any`)
+RESUME_LATEST, RESUME_AUTO = "latest", "auto"
+
 MANIFEST = "manifest.json"
 COMMITTED = "COMMITTED"
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
@@ -88,19 +92,21 @@ def read_checked(path: Path, expected: Mapping[str, Any]) -> tuple[bytes, Option
 
 def resolve(resume: str, ckpt_dir: Optional[str], skipped: Optional[list[str]] = None,
             verified: Optional[dict[str, bytes]] = None) -> Path:
-    """`--resume DIR|latest` to one checkpoint directory, or a CheckpointError saying what is wrong.
+    """`--resume DIR|latest|auto` to one checkpoint directory, or a CheckpointError saying what is wrong.
 
-    `latest` takes the newest *intact* committed checkpoint: a newer one that is damaged (a file lost
-    or corrupted after its commit) is skipped, and `skipped` gets one line per skipped checkpoint for
-    the caller to warn with, so a relaunch after a crash needs no hand. An explicit DIR is used as
-    given (its damage is reported when it is read)."""
-    if resume == "latest":
+    `latest` (and `auto`, whose caller checked that something was committed) takes the newest *intact*
+    committed checkpoint: a newer one that is damaged (a file lost or corrupted after its commit) is
+    skipped, and `skipped` gets one line per skipped checkpoint for the caller to warn with, so a
+    relaunch after a crash needs no hand. An explicit DIR is used as given (its damage is reported
+    when it is read)."""
+    if resume in (RESUME_LATEST, RESUME_AUTO):
         if ckpt_dir is None:
-            raise CheckpointError("--resume latest needs --ckpt-dir")
+            raise CheckpointError(f"--resume {resume} needs --ckpt-dir")
         done = committed(ckpt_dir)
         if not done:
-            raise CheckpointError(f"--resume latest: no complete checkpoint (step-<N>/ with {COMMITTED}) in "
-                                  f"{ckpt_dir}; start without --resume, or pass the directory of one checkpoint")
+            raise CheckpointError(f"--resume {resume}: no complete checkpoint (step-<N>/ with {COMMITTED}) in "
+                                  f"{ckpt_dir}; start without --resume (or with --resume auto, which starts from "
+                                  "the beginning when nothing was kept), or pass the directory of one checkpoint")
         notes = []
         for candidate in reversed(done):
             why = damage(candidate, verified)
@@ -109,7 +115,7 @@ def resolve(resume: str, ckpt_dir: Optional[str], skipped: Optional[list[str]] =
                     skipped.extend(notes)
                 return candidate
             notes.append(f"skipped damaged checkpoint {candidate}: {why}")
-        raise CheckpointError(f"--resume latest: every checkpoint in {ckpt_dir} is damaged ({'; '.join(notes)}); "
+        raise CheckpointError(f"--resume {resume}: every checkpoint in {ckpt_dir} is damaged ({'; '.join(notes)}); "
                               "start without --resume")
     path = Path(resume)
     if not path.is_dir():

@@ -428,7 +428,7 @@ def agree_restart(cfg: "RunConfig", topo: "Topology") -> Optional[MemoryPoint]:
     which start-up keeps on `Started.run.memory` and hands to what reads it (`resume.find_resume`,
     the keepers, the host ranks)."""
     placement = memory_placement(cfg, topo)
-    if cfg.resume != "latest" or not cfg.ckpt_mem_keep or not cfg.ckpt_dir:
+    if not cfg.resumes_newest or not cfg.ckpt_mem_keep or not cfg.ckpt_dir:
         return None
     keepers, root = keeper_ranks(topo), memory_root(cfg.ckpt_dir)
     mine = _held_here(cfg, topo, keepers, root, placement) if topo.world_rank in keepers else None
@@ -440,7 +440,7 @@ def agree_restart(cfg: "RunConfig", topo: "Topology") -> Optional[MemoryPoint]:
         plan = restart_plan(held, disk_step)
         if plan is None and held:
             why = why_the_disk(held, disk_step, [topo.describe(k) for k in keepers])
-            print(f"[dpuoffload] --resume latest: {why}; reading the checkpoint disk", flush=True)
+            print(f"[dpuoffload] --resume {cfg.resume}: {why}; reading the checkpoint disk", flush=True)
     plan = topo.world.bcast(plan, root=0)
     if plan is None or not keepers:
         return None

@@ -50,11 +50,11 @@ def find_resume(cfg: RunConfig, n_hosts: int, steps_per_epoch: int,
                 memory: Optional[MemoryPoint]) -> Optional[ResumePoint]:
     """Where this run starts from `--resume`: the checkpoint it names, or `memory` (the DPU-memory
     point start-up agreed on, `Started.run.memory`) under `--resume latest`; None without `--resume`."""
-    if cfg.resume is None:
+    if cfg.resume is None or nothing_kept(cfg, memory):
         return None
     skipped: list[str] = []
     verified: dict[str, bytes] = {}
-    memory = memory if cfg.resume == "latest" else None
+    memory = memory if cfg.resumes_newest else None
     if memory is not None:
         path, meta = memory.root / f"step-{memory.step:09d}", memory.meta
     else:
@@ -74,6 +74,18 @@ def find_resume(cfg: RunConfig, n_hosts: int, steps_per_epoch: int,
     position = reslice_position(meta.position, meta.slicing.per_step, here.per_step, steps_per_epoch)
     metrics.set_resumed_from(position.global_step)  # stamped on this run's log lines (they append)
     return ResumePoint(path, position, meta, changed, tuple(skipped), memory, verified)
+
+
+def nothing_kept(cfg: RunConfig, memory: Optional[MemoryPoint]) -> bool:
+    """`--resume auto` with no step in DPU memory and no committed checkpoint in --ckpt-dir: the run
+    starts from the beginning (`starting_line` says so). Every rank decides alike: the memory point
+    was agreed collectively, and the checkpoint directory is the one every rank resumes from."""
+    return cfg.resumes_if_any and memory is None and not ckptfiles.committed(str(cfg.ckpt_dir))
+
+
+def starting_line(cfg: RunConfig) -> str:
+    return (f"[dpuoffload] --resume auto: nothing was kept to resume from (no step in DPU memory, no complete "
+            f"checkpoint in {cfg.ckpt_dir}): starting from the beginning")
 
 
 def _check_stream_slicing(cfg: RunConfig, old: Slicing, here: Slicing, path: object) -> None:
