@@ -114,7 +114,8 @@ def report_resume(point: ResumePoint, loaded: Loaded, seconds: float, nbytes: in
         print(f"[dpuoffload] restarting from DPU memory: the state of step {point.memory.step} "
               f"({nbytes / 1e6:.1f} MB) came back from {len(point.memory.keepers)} keeper(s) in "
               f"{seconds * 1e3:.0f} ms{copies}; the checkpoint disk was not read", flush=True)
-    print(f"[dpuoffload] resuming from {point.path} ({how}): {describe_position(loaded.start)}", flush=True)
+    where = f"DPU memory (step {point.memory.step})" if point.memory is not None else point.path
+    print(f"[dpuoffload] resuming from {where} ({how}): {describe_position(loaded.start)}", flush=True)
     if point.changed:
         print(f"[dpuoffload] note: the checkpoint's run had other values for: {', '.join(point.changed)}",
               flush=True)

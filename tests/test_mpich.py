@@ -5,6 +5,7 @@ trains to the bit as `none` does, and as the same run does under Open MPI."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 
 import pytest
@@ -103,3 +104,39 @@ def test_horovod_built_against_another_mpi_is_refused_in_one_line_and_auto_takes
     assert allreduce.resolve_backend("auto") == "torch"
     monkeypatch.setattr(mpibuild, "running_mpi", lambda: "Open MPI")
     assert allreduce.resolve_backend("horovod") == "horovod" and allreduce.resolve_backend("auto") == "horovod"
+
+
+@pytest.mark.timeout(180)
+def test_a_dpurun_killed_outright_leaves_no_process_of_its_job_under_mpich(mpich_dpurun, tmp_path):
+    """SIGKILL to dpurun (a batch system's hard limit, a harness's timeout) must leave no process of its
+    job: Hydra's mpiexec, its proxy, every rank (once, an MPICH job's proxy and two DPU ranks spun for
+    two hours after their dpurun was killed). Hydra ends its job by itself once the reader of its output
+    is gone, so this passes without dpurun's parent-death signal too (tried): it guards the promise
+    under MPICH; the signal itself is tested under Open MPI (`test_supervise.py`), which needs it."""
+    import psutil
+
+    env = {**job_env(), "PATH": f"{VENV / 'bin'}:{job_env()['PATH']}"}
+    # one long, silent epoch: nothing the job prints after start-up lets Hydra notice that its reader is gone
+    proc = subprocess.Popen([mpich_dpurun, "--host-ranks", "1", "--dpu-ranks", "1", "--share-cores", "--",
+                             "--preset", "debug", "--dataset", "fake", "--train-subset", "100000", "--epochs", "1",
+                             "--mode", "da", "--allreduce", "torch", "--no-progress", "--log-dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
+    job: list = []
+    try:
+        for line in proc.stdout:
+            if line.startswith("[dpuoffload] mode da:"):  # (host rank 0, after start-up: every rank is up)
+                break
+        else:
+            pytest.fail("the job never started training")
+        job = psutil.Process(proc.pid).children(recursive=True)
+        ranks = [p for p in job if "dpuoffload." in " ".join(p.cmdline())]
+        assert len(ranks) >= 2, [p.cmdline() for p in job]
+        proc.kill()
+        _, alive = psutil.wait_procs(job, timeout=30)
+        assert not alive, [" ".join(p.cmdline())[:120] for p in alive]
+    finally:  # (whatever a failure left)
+        if proc.poll() is None:
+            proc.kill()
+        for p in job:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()

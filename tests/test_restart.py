@@ -196,7 +196,8 @@ def test_resume_latest_reads_dpu_memory_not_the_disk(bundled_data, tmp_path, str
     res = dpurun(TWO, [*flags, "--log-dir", str(tmp_path / "l2"), "--resume", "latest"], timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     step = memory_step(res.stdout, failed.stderr)
-    assert f"(exactly): epoch 1, step {step} done (global step {step})" in res.stdout
+    assert f"resuming from DPU memory (step {step}) (exactly): epoch 1, step {step} done (global step {step})" \
+        in res.stdout
     assert_same_training(read_jsonl(tmp_path / "l2" / "metrics.jsonl"), straight)
 
 
