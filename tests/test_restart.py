@@ -164,15 +164,22 @@ def memory_step(stdout: str, failed_stderr: str) -> int:
     return step
 
 
-@pytest.mark.mpi
-def test_restarts_resume_from_dpu_memory_to_the_bit(bundled_data, tmp_path, straight, monkeypatch):
+def restarted_once(bundled_data, tmp_path, monkeypatch, *flags: str):
+    """A 2 + 2-rank job under `dpurun --restarts 1` (DPU memory under `tmp_path`, log and checkpoints in
+    `tmp_path/log` and `tmp_path/ck`) that failed once and was relaunched with `--resume auto`."""
     monkeypatch.setenv("DPUOFFLOAD_MEM_DIR", str(tmp_path / "shm"))
-    log, ck = tmp_path / "log", tmp_path / "ck"
-    res = dpurun([*TWO, "--restarts", "1"], [*DEBUG, "--data", str(bundled_data / "cifar10"), "--log-dir", str(log),
-                                            "--ckpt-dir", str(ck), "--ckpt-every", "2", "--inject", "host:0@7"],
+    res = dpurun([*TWO, "--restarts", "1"], [*DEBUG, "--data", str(bundled_data / "cifar10"), "--log-dir",
+                                            str(tmp_path / "log"), "--ckpt-dir", str(tmp_path / "ck"), *flags],
                  timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "dpurun: restart 1 of 1: relaunching with --resume auto" in res.stderr
+    return res
+
+
+@pytest.mark.mpi
+def test_restarts_resume_from_dpu_memory_to_the_bit(bundled_data, tmp_path, straight, monkeypatch):
+    log = tmp_path / "log"
+    res = restarted_once(bundled_data, tmp_path, monkeypatch, "--ckpt-every", "2", "--inject", "host:0@7")
     step = memory_step(res.stdout, res.stderr)
     [rep] = read_jsonl(log / "restarts.jsonl")
     assert (rep["source"], rep["failed_step"], rep["resumed_step"], rep["replayed_steps"]) == \
@@ -206,13 +213,8 @@ def test_a_failure_before_the_first_checkpoint_restarts_from_the_beginning_to_th
                                                                                       straight, monkeypatch):
     """The relaunch's `--resume auto` finds nothing kept (no step in DPU memory, none on disk): the
     ranks say so and train from step 0, ending as the run never interrupted."""
-    monkeypatch.setenv("DPUOFFLOAD_MEM_DIR", str(tmp_path / "shm"))
     log, ck = tmp_path / "log", tmp_path / "ck"
-    res = dpurun([*TWO, "--restarts", "1"], [*DEBUG, "--data", str(bundled_data / "cifar10"), "--log-dir", str(log),
-                                            "--ckpt-dir", str(ck), "--ckpt-every", "6", "--inject", "host:1@3"],
-                 timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "dpurun: restart 1 of 1: relaunching with --resume auto" in res.stderr
+    res = restarted_once(bundled_data, tmp_path, monkeypatch, "--ckpt-every", "6", "--inject", "host:1@3")
     assert (f"[dpuoffload] --resume auto: nothing was kept to resume from (no step in DPU memory, no complete "
             f"checkpoint in {ck}): starting from the beginning") in res.stdout
     [rep] = read_jsonl(log / "restarts.jsonl")
