@@ -101,6 +101,9 @@ def machines_unavailable(switch: Optional[str] = None, needs: str = "ip netns ad
         return f"emulated machines need root ({needs})"
     if shutil.which("ip") is None or shutil.which("unshare") is None:
         return "emulated machines need iproute2's ip and util-linux's unshare"
+    probe = subprocess.run(["unshare", "--net", "--mount", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:  # (root in a container without the capabilities: a limit of the machine)
+        return f"this machine cannot make network and mount namespaces (unshare: {probe.stderr.strip()})"
     return None
 
 
