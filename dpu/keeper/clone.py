@@ -65,7 +65,6 @@ class CloneForwarder:
         self.standby: Optional[StandbyBeat] = StandbyBeat(topo.world, clones, interval_for(cfg.peer_timeout)) \
             if clones else None
         self.relayed: list["MPI.Request"] = []   # the sends of the clone state passed on so far
-        self.relayed_parts = 0                   # how many shared parts they pass on (the hand-offs' chunks)
 
     def poll(self) -> None:
         """Between polls for the next hand-off: a heartbeat when one is due (none once stopped)."""
@@ -97,7 +96,6 @@ class CloneForwarder:
         dest = self.assign.clone_target(host)
         send = functools.partial(self.topo.world.Isend, dest=dest, tag=Tag.CLONE)
         self.relayed += [send(CKPT_HEADER.pack(**handoff.head)), send(handoff.small)]
-        self.relayed_parts += handoff.head["shared_parts"]
         return lambda part: self.relayed.append(send(part))
 
     def forward(self, batch: Sequence[Received], received: float) -> None:
@@ -110,6 +108,7 @@ class CloneForwarder:
                             "forward to, or the hand-off was not a CLONE one)")
         for req in self.relayed:
             wait(req, self.cfg.peer_timeout, "a clone rank to receive the forwarded state")
+        self.relayed = []
         self.note({"forwarded_step": batch[0].head["global_step"], "forward_s": time.perf_counter() - t0,
-                   "received_time": received, "forwarded_time": time.time(), "relayed_parts": self.relayed_parts})
-        self.relayed, self.relayed_parts = [], 0
+                   "received_time": received, "forwarded_time": time.time(),
+                   "relayed_parts": sum(r.head["shared_parts"] for r in batch)})
