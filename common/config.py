@@ -27,7 +27,7 @@ from dpuoffload.common.faults.policy import (
     RecoveryPolicy,
     SimulatedRecovery,
 )
-from dpuoffload.common.modes import Mode, Numerics, Wire
+from dpuoffload.common.modes import Mode, Numerics, StateCopy, Wire
 from dpuoffload.common.state.ckptdirs import RESUME_AUTO, RESUME_LATEST
 
 MODES = tuple(m.value for m in Mode)
@@ -35,12 +35,12 @@ ALLREDUCE_BACKENDS = ("auto", "horovod", "torch", "mpi")
 DEVICES = ("auto", "cpu", "cuda")
 AMPS = ("off", "bf16", "fp16")
 LR_SCHEDULES = ("cosine", "step", "constant")
-CKPT_COPIES = ("staged", "zero")
 CKPT_ERRORS = ("continue", "fail")
 DPU_FAILURES = tuple(f.value for f in DpuFailure)
 RECOVERY = tuple(r.value for r in Recovery)  # what a dead host rank does to the run
 NUMERICS = tuple(n.value for n in Numerics)
 WIRES = tuple(w.value for w in Wire)
+CKPT_COPIES = tuple(c.value for c in StateCopy)
 AUTO_ALLOWS = ("naive",)  # modes that change the math, which --mode auto considers only on request
 SCRIPT_MODES = (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID)  # the modes the public API (a user's script) serves so far
 
@@ -155,7 +155,7 @@ class RunConfig:
     ckpt_mem_keep: int = flag(0, Concern.CHECKPOINT, resume=OnResume.FREE)
     ckpt_mem_replicas: Optional[int] = flag(None, Concern.CHECKPOINT, resume=OnResume.FREE)
     ckpt_mem_budget: Optional[int] = flag(None, Concern.CHECKPOINT, resume=OnResume.FREE)
-    ckpt_copy: str = flag("staged", Concern.CHECKPOINT, script=True, resume=OnResume.FREE)
+    ckpt_copy: StateCopy = flag(StateCopy.STAGED, Concern.CHECKPOINT, script=True, resume=OnResume.FREE)
     ckpt_errors: str = flag("continue", Concern.CHECKPOINT, script=True)
     resume: Optional[str] = flag(None, Concern.CHECKPOINT, script=True, resume=OnResume.FREE, clone=InClone.RESET)
     stop_at_step: Optional[int] = flag(None, Concern.CHECKPOINT, resume=OnResume.FREE,
@@ -304,6 +304,7 @@ class RunConfig:
 
     def _check_checkpointing(self) -> None:
         _check_choice("ckpt_copy", self.ckpt_copy, CKPT_COPIES)
+        object.__setattr__(self, "ckpt_copy", StateCopy(self.ckpt_copy))
         _check_choice("ckpt_errors", self.ckpt_errors, CKPT_ERRORS)
         _check_choice("dpu_failure", self.dpu_failure, DPU_FAILURES)
         object.__setattr__(self, "dpu_failure", DpuFailure(self.dpu_failure))
@@ -658,8 +659,10 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
                         "disk only (said once); default a quarter of the DPU's RAM")
     g.add_argument("--ckpt-copy", choices=CKPT_COPIES, default=S,
                    help="staged: host ranks copy their slice into a send buffer and go on (blocks for the "
-                        "copy); zero: send straight from the weights and wait for the send before the next "
-                        "optimizer step")
+                        "copy); overlap: the copy runs in the background beside the next step's forward and "
+                        "backward (a GPU's on a side stream into pinned memory), the next optimizer step waits "
+                        "for what is left of it (a script's job.checkpoint waits at once); zero: send straight "
+                        "from the weights and wait for the send before the next optimizer step (CPU only)")
     g.add_argument("--ckpt-errors", choices=CKPT_ERRORS, default=S,
                    help="a checkpoint that cannot be written (disk full, permissions): continue = train on, "
                         "try again at the next one and exit non-zero at the end naming the newest intact "

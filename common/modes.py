@@ -1,6 +1,7 @@
 """The offload modes (`--mode`), one enum, and what each one asks of the DPU ranks; and the numerics
 policy (`--numerics`), what a difference between DPU-built and host-built samples does, and the
-wire (`--wire`), what DPU ranks send.
+wire (`--wire`), what DPU ranks send; and how a checkpoint's slice leaves the weights' memory
+(`--ckpt-copy`).
 
 Code asks a mode what it does (`Mode.DA.augments_on_dpu`) instead of comparing strings, so a new
 mode is added here once. `Mode` is a `str` enum: configs stay JSON-serialisable and hash the same,
@@ -88,3 +89,20 @@ class Wire(FlagValue):
     AUTO = "auto"    # uint8 where the transform ends in deterministic float steps, else float
     UINT8 = "uint8"  # uint8 or an error saying why not
     FLOAT = "float"  # the transform's output as it is (float32 for most pipelines)
+
+
+class StateCopy(FlagValue):
+    """`--ckpt-copy`: how a host rank's slice leaves the training state's own memory."""
+
+    STAGED = "staged"    # copied into a send buffer before the host goes on (blocks for the copy)
+    OVERLAP = "overlap"  # copied in the background beside the next forward/backward (`host.capture`)
+    ZERO = "zero"        # sent from the tensors' memory; the next optimizer step waits for the send
+
+    @property
+    def from_tensor_memory(self) -> bool:
+        """Sent straight from the weights (CPU memory only, and the next step waits for the send)."""
+        return self is StateCopy.ZERO
+
+    @property
+    def in_background(self) -> bool:
+        return self is StateCopy.OVERLAP

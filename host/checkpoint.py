@@ -12,6 +12,9 @@ the header, a small part (run-level JSON meta + this rank's local state, always 
 - zero-copy (`--ckpt-copy zero`): sent straight from the parameter and momentum memory with one
   MPI hindexed datatype; nothing is copied, but the next optimizer step must wait until the send
   completed (it would overwrite the bytes in flight).
+- overlapped (`--ckpt-copy overlap`): staged, but the copy runs in the background beside the next
+  step's forward and backward (a thread; a GPU's on a side stream into pinned memory,
+  `host.capture`), each chunk sent once copied; the next optimizer step waits for what is left.
 
 A step that ends an epoch hands its state over after the epoch-end work (BatchNorm sync), at
 position (epoch + 1, 0), so a resumed run never has to redo half of an epoch's end.
@@ -32,6 +35,7 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import PeerError, PeerLost
 from dpuoffload.common.faults.abort import EXIT_CHECKPOINT_FAILED, PREFIX
 from dpuoffload.common.faults.watch import Faults
+from dpuoffload.common.modes import StateCopy
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.runtime.messages import CKPT_HEADER, STAGED_CHUNK_BYTES, StateKind, Tag
@@ -53,6 +57,7 @@ from dpuoffload.common.state.trainstate import (
     meta_of,
     shared_tensors,
 )
+from dpuoffload.host import capture
 from dpuoffload.host.recovery.survivors import seat_hosts, world_ranks
 from dpuoffload.host.state import Live, Loaded, Reader, StateSource, load_state
 
@@ -172,6 +177,10 @@ class StateHandoff:
         self.zero_pending: list["MPI.Request"] = []   # zero-copy sends straight from tensor memory
         self.zero_views: list[np.ndarray] = []
         self.staging: Optional[np.ndarray] = None
+        self.background = capture.PinnedStaging()  # (--ckpt-copy overlap's staging buffer)
+        self.capture: Optional[capture.Capture] = None  # the overlapped copy in flight
+        self.unsent: collections.deque[tuple[int, int]] = collections.deque()  # its chunks not yet sent
+        self.record: Optional[dict[str, Any]] = None  # the hand-off's log record, until the next step settled it
         self.prepared = joining  # (a spare's keeper was warmed by the dead rank's PREPARE)
         self.deferred: set[StateKind] = set()
         self.log = JsonlLog(cfg.log_dir, f"handoff-rank{topo.world_rank}.jsonl")
@@ -225,6 +234,7 @@ class StateHandoff:
         return kinds
 
     def after_step(self, pos: Position, progress: EpochProgress) -> None:
+        self._send_copied()  # (a GPU's copy: the chunks the device finished since)
         if not self.prepared:
             self._prepare()
         kinds = self.due(pos.global_step)
@@ -256,14 +266,45 @@ class StateHandoff:
             self.send(kind, pos, EpochProgress())
 
     def before_optimizer_step(self) -> None:
-        """Zero-copy: the keeper must have the bytes of the last slice before the weights change."""
+        """The optimizer step is about to overwrite the state: zero-copy's sends and an overlapped
+        copy must be done with it (a GPU's copy: the device orders the step after it, the host
+        does not wait). The time this blocks is logged with the hand-off (`next_step_wait_s`)."""
+        if not self.zero_pending and self.capture is None:
+            return
+        t0 = time.perf_counter()
         if self.zero_pending:
-            t0 = time.perf_counter()
             with self.keeper_may_die():
                 wait_all(self.zero_pending, self.cfg.peer_timeout,
                          f"{self.topo.describe(self.keeper)} to receive the state slice", max_sleep=ZERO_POLL_MAX_SLEEP)
             self.zero_pending, self.zero_views = [], []
-            self.blocked[-1] += time.perf_counter() - t0
+        if self.capture is not None:
+            self.capture.settle()
+            self._send_copied()
+        self._log_handoff(time.perf_counter() - t0)
+
+    def sent_out(self) -> None:
+        """A script's `job.checkpoint`: the library cannot see the script's next optimizer step (or
+        whatever else writes its weights), so the hand-off leaves the weights' memory before it returns."""
+        self.before_optimizer_step()
+        self._send_copied(wait=True)
+
+    def _send_copied(self, wait: bool = False) -> None:
+        """Send the chunks of the overlapped copy that are copied (`wait`: all of them, once copied)."""
+        if self.capture is None:
+            return
+        if wait:
+            self.capture.wait()
+        upto = self.capture.packed()
+        while self.unsent and self.unsent[0][1] <= upto:
+            a, b = self.unsent.popleft()
+            self._post(self.background.array[a:b])  # type: ignore[index]
+        if not self.unsent:
+            self.capture = None
+
+    def _log_handoff(self, waited: float = 0.0) -> None:
+        if self.record is not None:
+            self.log.write({**self.record, "next_step_wait_s": waited})
+            self.record = None
 
     def finish(self) -> None:
         """Tell the keeper no more state comes, and wait until everything sent was received."""
@@ -308,7 +349,7 @@ class StateHandoff:
                        config=config_dict(self.cfg), config_hash=self.cfg.config_hash(), user=user).encode()
         small = np.frombuffer(meta + capture_local(self.model, progress), dtype=np.uint8)
         shared_nbytes = packed_nbytes(list(tensors.values()), pieces)
-        zero = self.cfg.ckpt_copy == "zero"
+        zero = self.cfg.ckpt_copy.from_tensor_memory
         chunks = chunk_sizes(shared_nbytes, STAGED_CHUNK_BYTES)
         self._post(self.header(kind, pos.global_step, meta_nbytes=len(meta), small_nbytes=small.nbytes,
                                shared_nbytes=shared_nbytes, shared_parts=len(pieces) if zero else len(chunks),
@@ -316,14 +357,18 @@ class StateHandoff:
         self._post(small)
         if zero:
             self._send_zero_copy(list(tensors.values()), pieces)
+        elif self.cfg.ckpt_copy.in_background:
+            self._start_copy(list(tensors.values()), pieces, chunks)
         else:
             self._send_staged(list(tensors.values()), pieces, chunks)
         blocked = time.perf_counter() - t0
         self.blocked.append(blocked)
-        self.log.write({"kind": kind.name.lower(), "global_step": pos.global_step, "epoch": pos.epoch,
-                        "step": pos.step, "blocked_s": blocked, "shared_bytes": shared_nbytes,
-                        "small_bytes": small.nbytes, "copy": self.cfg.ckpt_copy,
-                        "wall_time": time.time()})  # wall clock: clone readiness = clone's ready_time - this
+        self.record = {"kind": kind.name.lower(), "global_step": pos.global_step, "epoch": pos.epoch,
+                       "step": pos.step, "blocked_s": blocked, "shared_bytes": shared_nbytes,
+                       "small_bytes": small.nbytes, "copy": str(self.cfg.ckpt_copy),
+                       "wall_time": time.time()}  # wall clock: clone readiness = clone's ready_time - this
+        if self.cfg.ckpt_copy is StateCopy.STAGED:
+            self._log_handoff()
 
     def _prepare(self) -> None:
         """After the first step (the optimizer state exists by then): fault in the staging buffer and
@@ -334,8 +379,10 @@ class StateHandoff:
         tensors = list(shared_tensors(self.model, self.optimizer).values())
         plan = plan_shards([t.numel() for t in tensors], self.size, DEFAULT_THRESHOLD)
         nbytes = packed_nbytes(tensors, plan.rank_pieces(self.rank))
-        if self.cfg.ckpt_copy == "staged":
+        if self.cfg.ckpt_copy is StateCopy.STAGED:
             self.staging = byte_buffer(nbytes, touch=True)
+        elif self.cfg.ckpt_copy.in_background:
+            self.background.at_least(nbytes, pinned=any(t.is_cuda for t in tensors))
         self._post(self.header(StateKind.PREPARE, -1, shared_nbytes=nbytes))
 
     def _send_staged(self, tensors: list, pieces: tuple, chunks: list[int]) -> None:
@@ -353,6 +400,12 @@ class StateHandoff:
 
         pack_pieces(tensors, pieces, self.staging, send_packed)
 
+    def _start_copy(self, tensors: list, pieces: tuple, chunks: list[int]) -> None:
+        """Start the slice's copy in the background (`host.capture`); its chunks go as they are copied."""
+        self.capture = capture.start(tensors, pieces, self.background, sum(chunks))
+        self.unsent = collections.deque(part_bounds(chunks))
+        self._send_copied()
+
     def _send_zero_copy(self, tensors: list, pieces: tuple) -> None:
         """One message per piece, straight from tensor memory (contiguous, so large pieces take
         Open MPI's single-copy path: the keeper pulls them while this rank computes the next step)."""
@@ -365,6 +418,8 @@ class StateHandoff:
         self.inflight.append((self.topo.world.Isend(buf, dest=self.keeper, tag=Tag.CKPT), buf))
 
     def _complete(self) -> None:
+        self._send_copied(wait=True)
+        self._log_handoff()
         with self.keeper_may_die():
             for req, _ in self.inflight:
                 wait(req, self.cfg.peer_timeout, f"{self.topo.describe(self.keeper)} to receive the state slices")

@@ -56,7 +56,7 @@ def prepare(cfg: RunConfig, topo: Topology, run: Run, extensions: HostExtensions
     train = PerSampleSeeded(data.train, cfg.seed)
     compute = Compute.of(resolve_device("cpu" if cfg.mode.dpu_trains or cfg.mode is Mode.AUTO else cfg.device,
                                         topo.local_rank), cfg.amp, cfg.channels_last)  # naive, auto: CPU replicas
-    if compute.device.type == "cuda" and cfg.ckpt_copy == "zero":
+    if compute.device.type == "cuda" and cfg.ckpt_copy.from_tensor_memory:
         raise ConfigError("--ckpt-copy zero sends the state from the tensors' own memory, which is GPU memory with "
                           "--device cuda; use --ckpt-copy staged (the default: staged through host memory)")
     if topo.role is Role.SPARE:

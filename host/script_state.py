@@ -72,7 +72,7 @@ class ScriptState:
             self.handoff.bind(live.model, live.optimizer, live.scheduler)
             for kind in sorted(kinds):
                 self.handoff.send(kind, position, EpochProgress(), extra or {})
-            self.handoff.before_optimizer_step()  # zero-copy: the bytes must be out before the next step
+            self.handoff.sent_out()  # the bytes must be out of the weights before the script's next step
         self.cloned = self.cloned or StateKind.CLONE in kinds
         self.last_global_step = position.global_step
         return unwritten

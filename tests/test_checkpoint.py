@@ -207,14 +207,20 @@ def test_clone_starts_from_the_same_state_and_trains_identically(job, root):
     assert 0 < start["ready_time"] - handed[0]["wall_time"] < 60  # readiness: hand-off end -> clones ready
 
 
+def wide_clone(job, name: str, ck: str, *extra: str) -> dict:
+    """A model of 3 staged chunks (`tests.user_factories:wide_model`), checkpointed every 2 of 6 steps and
+    cloned at step 2 (1 host, 1 DPU, 1 clone rank)."""
+    return ok(job(name, ("--host-ranks", "1", "--dpu-ranks", "1", "--clone-ranks", "1"),
+                  "--model", "tests.user_factories:wide_model", "--epochs", "1", "--train-subset", "96",
+                  "--clone-at", "2", "--ckpt-dir", ck, "--ckpt-every", "2", "--ckpt-keep", "5", *extra))
+
+
 def test_a_clone_state_of_many_chunks_goes_on_part_by_part_and_arrives_to_the_bit(job, root):
     """The staged hand-off in chunks (a 10 MB tensor wider than one): the host sends each chunk as it is
     packed, the keeper passes each on to the clone rank as it lands (cut-through), and the clone's state
     is the original's to the bit (the checkpoint of the same step, written from the same chunks)."""
     ck = str(root / "wide-ck")
-    r = ok(job("clone-wide", ("--host-ranks", "1", "--dpu-ranks", "1", "--clone-ranks", "1"),
-               "--model", "tests.user_factories:wide_model", "--epochs", "1", "--train-subset", "96",
-               "--clone-at", "2", "--ckpt-dir", ck, "--ckpt-every", "2", "--ckpt-keep", "5"))
+    r = wide_clone(job, "clone-wide", ck)
     start = r["clone"][0]
     assert start["global_step"] == 2
     cfg = RunConfig(model="tests.user_factories:wide_model")
@@ -230,6 +236,25 @@ def test_a_clone_state_of_many_chunks_goes_on_part_by_part_and_arrives_to_the_bi
     assert forwarded["relayed_parts"] == -(-n_bytes // STAGED_CHUNK_BYTES) >= 3
     clone_losses = next(m for m in r["clone"] if m["event"] == "epoch")["step_losses"]
     assert clone_losses == r["epochs"][0]["step_losses"]   # (no overrides: the clone trains on identically)
+
+
+def test_an_overlapped_copy_hands_off_the_same_state_as_a_staged_one(job, root):
+    """`--ckpt-copy overlap`: the slice is copied beside the next step's forward and backward and the
+    optimizer step waits for the copy, so every checkpoint and the clone hold the state of their own
+    step to the bit (the staged run's shard files, byte for byte), and training is unchanged."""
+    staged = wide_clone(job, "clone-wide", str(root / "wide-ck"))
+    ck = root / "wide-overlap-ck"
+    r = wide_clone(job, "clone-wide-overlap", str(ck), "--ckpt-copy", "overlap")
+    assert r["clone"][0]["state_sha256"] == staged["clone"][0]["state_sha256"]
+    steps = [p.name for p in ckptfiles.committed(ck)]
+    assert steps == [p.name for p in ckptfiles.committed(root / "wide-ck")] and len(steps) >= 3
+    for step in steps:
+        ours, theirs = (ckptfiles.read_manifest(d / step)["files"] for d in (ck, root / "wide-ck"))
+        assert ours[ckptfiles.shard_name(0)] == theirs[ckptfiles.shard_name(0)], step
+    assert r["epochs"][0]["step_losses"] == staged["epochs"][0]["step_losses"]
+    assert r["end"]["weights_sha256"] == staged["end"]["weights_sha256"]
+    handed = read_jsonl(r["log"] / "handoff-rank0.jsonl")
+    assert {h["copy"] for h in handed} == {"overlap"} and all(h["next_step_wait_s"] >= 0 for h in handed)
 
 
 def test_clone_overrides_change_only_the_clone(job):
