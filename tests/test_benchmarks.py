@@ -295,6 +295,41 @@ def test_clone_benchmark_quick(tmp_path):
     assert "| ours-zero |" in res.stdout and "identical across methods" in res.stdout
 
 
+def test_study_cells_fail_the_last_step_of_an_epoch_with_the_survivors_asked_for():
+    from types import SimpleNamespace
+
+    from benchmarks import study
+
+    args = SimpleNamespace(points=[0.25, 0.75], progress=[0.5], survivors=[1, 3])
+    cells = study.cells(args)
+    assert [(c["recovery"], c["survivors"]) for c in cells[:3]] == [("rollback", None), ("lossy-forward", 1),
+                                                                  ("lossy-forward", 3)] and len(cells) == 6
+    assert [study.failed_epoch(p, 4) for p in (0.25, 0.5, 0.75)] == [1, 2, 3]
+    with pytest.raises(SystemExit, match="must fall on the end of an epoch before the last"):
+        study.failed_epoch(1.0, 4)
+    # lossy forward with 1 survivor of 4 loses host ranks 1-3; rollback's one casualty is the last rank
+    assert study.specs(cells[1], 4, 16) == ["host:1@16:50%", "host:2@16:50%", "host:3@16:50%"]
+    assert study.specs(cells[0], 4, 16) == ["host:3@16:50%"]
+    assert study.delta(0.30, 0.40) == "-10.0 (-25.0 %)"
+
+
+def test_study_benchmark_quick(tmp_path):
+    """The study's smoke run: a failure-free run, then rollback and lossy forward at one failure point;
+    each failed run differs from the failure-free one after the failed mini-batch (the failure changed
+    the weights). (The failed step's slowdown is a time: measured, not asserted.)"""
+    out = tmp_path / "study.json"
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "study.py"), "--quick", "--out", str(out),
+                          "--plots", str(tmp_path)], capture_output=True, text=True, env=job_env(), cwd=REPO,
+                         timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["recovery"], r["survivors"], r["global_step"]) for r in runs] == [("rollback", None, 4),
+                                                                               ("lossy-forward", 1, 4)]
+    assert all(r["loss_after"] != r["base_loss_after"] for r in runs)
+    assert all(r["slowdown"] > 0 for r in runs)
+    assert (tmp_path / "study.png").read_bytes()[:8] == PNG_MAGIC and "| IR F-50% |" in res.stdout
+
+
 def test_startup_compares_imports_ahead_with_imports_at_first_use_pair_by_pair():
     from benchmarks import startup
 
