@@ -96,6 +96,26 @@ def test_local_state_round_trips_rng_buffers_and_progress():
     assert set(local.buffers) == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
 
 
+def test_a_cpu_runs_local_state_carries_no_gpu_rng_and_restores_without_one():
+    _, model, _, _ = trained()
+    local = parse_local(capture_local(model, EpochProgress()))
+    assert local.rng["cuda"] is None or torch.cuda.is_initialized()
+    set_rng(local.rng)  # (no GPU state to restore: the CPU's alone)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bash scripts/test.sh -m gpu on a GPU "
+                                                          "node)")
+@pytest.mark.gpu
+def test_a_gpu_runs_local_state_carries_every_gpus_rng_so_dropout_resumes_alike():
+    _, model, _, _ = trained()
+    torch.cuda.manual_seed_all(11)
+    blob = capture_local(model, EpochProgress())
+    expect = torch.nn.functional.dropout(torch.ones(64, device="cuda"), 0.5)
+    torch.cuda.manual_seed_all(0)
+    set_rng(parse_local(blob).rng)
+    assert torch.equal(torch.nn.functional.dropout(torch.ones(64, device="cuda"), 0.5), expect)
+
+
 def write_checkpoint(root, cfg, model, opt, sched, hosts: int, pos: Position):
     """What host ranks send and keepers write, done in-process: `hosts` slices of the live state."""
     tensors = shared_tensors(model, opt)

@@ -3,7 +3,7 @@
 After the allreduce every host rank holds the same parameters and optimizer state, so those are
 *shared*: sent in slices, 1/N per host rank (`common.sharding`). What differs per rank is *local*
 and small: BatchNorm running statistics (each rank's forward pass updates its own until the
-epoch-end sync), the RNG states (torch, numpy, python) and the progress of the epoch in flight
+epoch-end sync), the RNG states (torch, every GPU's, numpy, python) and the progress of the epoch in flight
 (loss/accuracy sums and step losses so far, so the resumed epoch's record equals the straight
 run's). Run-level facts that are the same everywhere (position, optimizer hyper-parameters,
 scheduler, tensor catalog, config) travel as JSON *meta* (`common.state.meta.CheckpointMeta`).
@@ -125,6 +125,8 @@ def capture_local(model: nn.Module, progress: EpochProgress,
     _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     py_version, py_state, py_gauss = random.getstate()
     tensors["rng.torch"] = torch.get_rng_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # (a CPU run never starts CUDA for this)
+        tensors["rng.cuda"] = torch.stack(torch.cuda.get_rng_state_all())  # every GPU's: dropout masks there
     tensors["rng.numpy"] = torch.from_numpy(np.asarray(np_keys, dtype=np.int64))
     tensors["rng.python"] = torch.tensor(py_state, dtype=torch.int64)
     tensors["progress.sums"] = torch.from_numpy(progress.sums.copy())
@@ -140,7 +142,7 @@ def parse_local(blob: bytes) -> LocalState:
     buffers = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     np_pos, np_has_gauss, np_gauss = json.loads(meta["numpy"])
     py_version, py_gauss = json.loads(meta["python"])
-    rng = {"torch": tensors["rng.torch"],
+    rng = {"torch": tensors["rng.torch"], "cuda": tensors.get("rng.cuda"),
            "numpy": ("MT19937", tensors["rng.numpy"].numpy().astype(np.uint32), np_pos, np_has_gauss, np_gauss),
            "python": (py_version, tuple(int(x) for x in tensors["rng.python"].tolist()), py_gauss)}
     progress = EpochProgress(tensors["progress.sums"].numpy().copy(), tensors["progress.losses"].tolist())
@@ -234,6 +236,12 @@ def restore(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
 
 
 def set_rng(rng: Mapping[str, Any]) -> None:
+    """Restore the carried RNG states. The GPUs' only where they were captured and this process has as
+    many GPUs (a state written on GPUs and resumed on a CPU keeps the CPU's; the weights are the same,
+    and a GPU's dropout masks were never the CPU's anyway)."""
     torch.set_rng_state(rng["torch"])
+    cuda = rng.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+        torch.cuda.set_rng_state_all(list(cuda))
     np.random.set_state(rng["numpy"])
     random.setstate(rng["python"])
