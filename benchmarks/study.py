@@ -3,21 +3,23 @@ mini-batch, and at the end, against when the failure comes, how far the backward
 how many replicas survive.
 
     python benchmarks/study.py [--points 0.25 0.5 0.75] [--progress 0.25 0.5 0.75]
-                               [--survivors 1 2 3] [--host-ranks 4] [--epochs 4] [--subset 512] [--quick]
+                               [--survivors 1 2 3] [--host-ranks 4] [--batch-size 4] [--epochs 4] [--subset 512]
+                               [--quick]
 
 The study (`../shared/papers/low-overhead-resilience-rollback-lossy-forward.txt`, section IV-F)
 fails a step of data-parallel training on 8 GPUs during the backward pass, after 25, 50 or 75 % of
 the gradients were computed (F-25/50/75), and measures the accuracy after that mini-batch under
-immediate rollback (IR: the step is replayed on the partly updated state) and lossy forward (FR:
-2, 4 or 6 survivors of 8 average what is left), beside *Baseline* (the failure-free step) and
-the step's slowdown. Here, scaled to this 2-core box: every run is a real dpurun job of 4 host
-ranks (`--mode none`, no DPU rank: a simulated failure loses no process), resnet20 on the bundled
-CIFAR-10, `--epochs 4`, and the survivors are 1, 2 or 3 of 4 (the study's 2, 4, 6 of 8: the same
-shares). The failure points are the last step of epochs 1, 2 and 3, i.e. 25, 50 and 75 % of
-training, so the validation that ends that epoch is the accuracy *after the failed mini-batch*
-(the only difference from the failure-free run is that one step); the last epoch's validation is
-the accuracy at the end. The study's *Before* (the state before the mini-batch) is not measured:
-validation runs at an epoch's end, not between two steps.
+immediate rollback (IR: the step is replayed on the partly updated state) and lossy forward (FR: 2,
+4 or 6 survivors of 8 average what is left), beside *Baseline* (the failure-free step) and the
+step's slowdown. Here, scaled to this 2-core box: every run is a real dpurun job of 4 host ranks
+(`--mode none`, no DPU rank: a simulated failure loses no process), resnet20 on 512 images of the
+bundled CIFAR-10, 4 epochs of 32 steps (a batch of 4 per host rank: the demo's global batch of 16,
+so the model learns as fast as the demo's), and the survivors are 1, 2 or 3 of 4 (the study's 2, 4,
+6 of 8: the same shares). The failure points are the last step of epochs 1, 2 and 3, i.e. 25, 50 and
+75 % of training, so the validation that ends that epoch is the accuracy *after the failed
+mini-batch* (the only difference from the failure-free run is that one step); the last epoch's
+validation is the accuracy at the end. The study's *Before* (the state before the mini-batch) is not
+measured: validation runs at an epoch's end, not between two steps.
 
 Every run is deterministic (the same flags give the same losses to the bit), so one run per cell.
 Columns: validation accuracy after the failed mini-batch and its difference from the failure-free
@@ -90,7 +92,8 @@ def job(args: argparse.Namespace, data: Path, extra: list[str]) -> dict[str, Any
     with tempfile.TemporaryDirectory(prefix="dpustudy-") as tmp:
         log = Path(tmp)
         training = ["--preset", "debug", "--mode", "none", "--no-progress", "--data", str(data / "cifar10"),
-                    "--epochs", str(args.epochs), "--train-subset", str(args.subset), "--log-dir", str(log), *extra]
+                    "--epochs", str(args.epochs), "--train-subset", str(args.subset), "--batch-size",
+                    str(args.batch_size), "--log-dir", str(log), *extra]
         cmd = [str(BIN / "dpurun"), "--host-ranks", str(args.host_ranks), "--dpu-ranks", "0", "--oversubscribe",
                "--share-cores", "--", *training]
         res = subprocess.run(cmd, capture_output=True, text=True, env=job_env(), cwd=ROOT, timeout=900)
@@ -159,7 +162,8 @@ def markdown(payload: dict[str, Any]) -> str:
         f"## The recovery study's Figs 3-4 (`benchmarks/study.py`, {time.strftime('%Y-%m-%d')})", "",
         machine_line(payload["machine"]), "",
         f"{s['host_ranks']} host ranks, `--mode none`, resnet20 on the bundled CIFAR-10 ({s['subset']} training "
-        f"images, {payload['baseline']['steps_per_epoch']} steps per epoch, {s['epochs']} epochs); failures "
+        f"images, batch {s['batch_size']} per host rank, {payload['baseline']['steps_per_epoch']} steps per epoch, "
+        f"{s['epochs']} epochs); failures "
         "simulated with `--inject-simulate` at the last step of an epoch. Accuracy in % (failure-free in "
         "brackets); differences in points (relative to the failure-free run, as the study's bars).", "",
         table(["failure point", "strategy", "acc after the failed mini-batch", "Δ after", "val loss after",
@@ -194,6 +198,7 @@ def main() -> None:
     p.add_argument("--survivors", type=int, nargs="+", default=[1, 2, 3],
                    help="lossy forward's survivors of --host-ranks (default: 1 2 3 of 4)")
     p.add_argument("--host-ranks", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=4, help="batch per host rank (default: 4)")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--subset", type=int, default=512, help="training images (default: 512)")
     p.add_argument("--quick", action="store_true", help="one failure point, one progress, 2 host ranks (tests)")
@@ -201,8 +206,8 @@ def main() -> None:
     p.add_argument("--plots", type=Path, default=RESULTS, help="directory for the PNG plot")
     args = p.parse_args()
     if args.quick:
-        args.points, args.progress, args.survivors, args.host_ranks, args.epochs, args.subset = \
-            [0.5], [0.5], [1], 2, 2, 128
+        args.points, args.progress, args.survivors, args.host_ranks, args.epochs, args.subset, args.batch_size = \
+            [0.5], [0.5], [1], 2, 2, 128, 16
     if any(not 1 <= s < args.host_ranks for s in args.survivors):
         p.error(f"--survivors must be between 1 and {args.host_ranks - 1} (of --host-ranks {args.host_ranks})")
     payload = {"settings": {k: v for k, v in vars(args).items() if k not in ("out", "plots")}, "machine": machine(),
