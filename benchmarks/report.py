@@ -1,7 +1,8 @@
 """The figures the docs quote, written from the results files so that they cannot go stale.
 
     python benchmarks/report.py           # rewrite every marked figure and table in README.md, docs/*.md, RESULTS.md
-    python benchmarks/report.py --check   # list the marked texts that differ from their results file; exit 1 if any
+    python benchmarks/report.py --check   # list the marked texts that differ from their results file; exit 1 if any;
+                                          # then the results files measured on older code (benchmarks/freshness.py)
 
 A figure in a page is marked inline, `<!-- fig:NAME -->TEXT<!-- /fig -->`, and a table on lines of
 its own, `<!-- table:NAME -->` ... `<!-- /table -->` (HTML comments: invisible once rendered, on
@@ -28,6 +29,7 @@ from typing import Any, Callable, Iterable, Sequence
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import freshness  # noqa: E402
 from benchmarks.workloads import fmt_interval, geomean_interval  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -521,6 +523,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         found = [line for page in pages() for line in stale(page)]
         print("\n".join(found) or "every marked figure matches its results file")
+        older = freshness.report()
+        if older:  # (said, not failed: a re-run may change these numbers; they are still what was measured)
+            print(f"\n{len(older)} results file(s) measured older code than what they exercise now "
+                  "(benchmarks/freshness.py):\n" + "\n".join(older))
         return 1 if found else 0
     for page in pages():
         text = page.read_text()

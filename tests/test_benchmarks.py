@@ -330,6 +330,26 @@ def test_study_benchmark_quick(tmp_path):
     assert (tmp_path / "study.png").read_bytes()[:8] == PNG_MAGIC and "| IR F-50% |" in res.stdout
 
 
+def test_a_results_file_is_stale_once_code_its_benchmark_exercises_changed(tmp_path):
+    from benchmarks import freshness
+
+    last = freshness.git("log", "--format=%h", "-1", "--", "host/capture.py")  # (the newest change to it)
+    if not last:
+        pytest.skip("no git history here: which code a results file measured cannot be told")
+    before = freshness.git("rev-parse", "--short", f"{last}~1")
+    ckpt = tmp_path / "checkpoint.json"
+    ckpt.write_text(json.dumps({"machine": {"commit": f"{before}+dirty"}}))
+    got = freshness.freshness(ckpt)
+    assert got.measured == before and not got.inferred and "host/capture.py" in got.paths
+    assert got.line().startswith(f"checkpoint.json: STALE: measured {before}; ")
+    ckpt.write_text(json.dumps({"machine": {"commit": freshness.git("rev-parse", "--short", "HEAD")}}))
+    assert freshness.freshness(ckpt).since == () and "nothing it exercises changed" in freshness.freshness(ckpt).line()
+    transport = tmp_path / "transport-tcp.json"  # (a benchmark that does not exercise the checkpoint copy)
+    transport.write_text(json.dumps({"machine": {"commit": before}}))
+    assert freshness.benchmark_of(transport) == "transport"
+    assert "host/capture.py" not in freshness.freshness(transport).paths
+
+
 def test_startup_compares_imports_ahead_with_imports_at_first_use_pair_by_pair():
     from benchmarks import startup
 
