@@ -364,6 +364,7 @@ class RunConfig:
         if not policy.survives_host_loss:
             return
         validators = self.mode in (Mode.MV, Mode.HYBRID)
+        refused: list[tuple[bool, Optional[str]]]  # (each `what` is set: the fields of _REFUSED_BY_RECOVERY have one)
         refused = [(self.mode not in (Mode.NONE, Mode.DA, Mode.MV, Mode.HYBRID), f"--mode {self.mode} (use none, "
                     "da, mv or hybrid: naive replicas are not survived yet)"),
                    (validators and policy.survives_dpu_loss, f"--dpu-failure fallback in --mode {self.mode} "
@@ -806,8 +807,9 @@ def _config_value(name: str, value: Any) -> Any:
         wanted = " or ".join(t.__name__ for t in allowed)
         raise ValueError(f"must be {wanted}, got {type(value).__name__} {value!r}: write it as "
                          f"{name} = {_example(allowed)}")
-    exact_float = float in allowed and isinstance(value, int)  # so `lr = 1` hashes like `--lr 1`
-    return float(value) if exact_float else value
+    if float in allowed and isinstance(value, int):  # so `lr = 1` hashes like `--lr 1`
+        return float(value)
+    return value
 
 
 def _toml_types(hint: Any) -> tuple[type, ...]:

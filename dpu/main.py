@@ -8,7 +8,7 @@ import platform
 import sys
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
 
 from dpuoffload.common.config import RunConfig, parse_run_config
 from dpuoffload.common.errors import ConfigError
@@ -27,6 +27,8 @@ from dpuoffload.dpu.idle import idle_until_shutdown
 if TYPE_CHECKING:
     from dpuoffload.common.faults.watch import Faults
     from dpuoffload.dpu.keeper import Keeper
+    from dpuoffload.dpu.replica import Replica
+    from dpuoffload.dpu.serve import LoaderService
     from dpuoffload.dpu.work import Work
 
 REPLICA = "replica"  # --mode naive: the DPU rank trains as a data-parallel replica
@@ -145,8 +147,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         trace.finish(topo.world, cfg.trace)
         return 0
     runner = job.runner
-    if job.work == REPLICA:
-        runner.start(profiles)
+    if job.work == REPLICA:  # (`prepare`: a replica's runner is a Replica)
+        cast("Replica", runner).start(profiles)
     log = JsonlLog(cfg.log_dir, f"phases-rank{topo.world_rank}.jsonl")
     if job.keeper is not None:
         job.keeper.start()
@@ -165,9 +167,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if job.keeper is not None:
         stats["handoffs"] = len(job.keeper.join())
     if job.work == DA:  # the pairing, as the ranks found it (node: what --dpus maps it to)
-        stats["feeds"] = {str(h): topo.ranks[h].node for h in runner.hosts}
-        stats["polls"] = runner.polls()  # the streams whose sends move only while this rank polls
-        stats["wires"] = runner.wires()  # what each stream sends: uint8 (the host runs the float steps) or float32
+        service = cast("LoaderService", runner)  # (`prepare`: augmentation's runner is the loader service)
+        stats["feeds"] = {str(h): topo.ranks[h].node for h in service.hosts}
+        stats["polls"] = service.polls()  # the streams whose sends move only while this rank polls
+        stats["wires"] = service.wires()  # what each stream sends: uint8 (the host runs the float steps) or float32
     log.write({"event": "end", "world_rank": topo.world_rank, "role": "dpu", "work": job.work, "mode": cfg.mode,
                "node": topo.ranks[topo.world_rank].node, "machine": platform.machine(),
                "torch_imported": "torch" in sys.modules, **stats})

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from dpuoffload.common.runtime.waits import REMOTE_MAX_SLEEP, REMOTE_SPIN, is_fa
 from dpuoffload.dpu.control import ControlInbox
 
 if TYPE_CHECKING:
+    import torch
     from mpi4py import MPI
 
 IDLE_MAX_SLEEP = 0.002       # nothing to do: poll for the host's receives and messages at least this often
@@ -189,7 +190,7 @@ class Stream:
         self.ring = SendRing(world, self.layout, buffers, host, stream_tag(opened.loader), remote=remote)
         self.dataset = dataset  # (named in the error for samples that do not fit the layout)
         self.epoch, self.step, self.end = STOP, 0, STOP
-        self.batches: Optional[Iterator[list]] = None
+        self.batches: Optional[Iterator[Union[list, torch.Tensor, ValueError]]] = None  # (`_start`)
         self.sent = 0
         self.sent_in: dict[int, int] = {}   # batches sent per epoch (for the per-epoch records)
         self.finished = -1                  # the last epoch this stream produced to its end
@@ -255,9 +256,10 @@ class Stream:
         self.layout.pack_header(message, self.epoch, self.step, int(self.layout.unpack_header(message)["count"]))
         self.ring.send_from(slot, message)
 
-    def _start(self) -> Iterator[list]:
+    def _start(self) -> Iterator[Union[list, torch.Tensor, ValueError]]:
         """Batches from (epoch, step) on: this epoch's in this process, or the plan's, across epoch
-        edges, from the worker processes (which then run ahead into the next epoch)."""
+        edges, from the worker processes (which then run ahead into the next epoch): a list of items,
+        or a worker's packed message or the ValueError it met (`_send`)."""
         if self.pool is not None:
             return self.pool.batches(self.epoch, self.step, self.end)
         self.loader.set_epoch(self.epoch)
@@ -394,12 +396,12 @@ class LoaderService:
             raise PeerError(f"{self.topo.describe(host)} sent a loader message to {self.topo.describe()}, "
                             "which does not feed it: host and DPU programs disagree on the offload plan")
         if isinstance(message, OpenLoader):
-            stream = Stream(self.topo.world, host, self.topo.describe(host), message, self.cfg.da_buffers, self.timer,
+            opened = Stream(self.topo.world, host, self.topo.describe(host), message, self.cfg.da_buffers, self.timer,
                             self.epoch_done, self.prebuilt, self.inject_at if self.injector else None,
                             self.cfg.dpu_workers, remote=self.topo.on_other_machine(host))
-            self.streams[(host, message.loader)] = stream
+            self.streams[(host, message.loader)] = opened
             if message.check:  # (the host rank waits for it before planning: `host.numerics`)
-                self.answer(host, fingerprint(stream.dataset, message.sampling.seed, message.check))
+                self.answer(host, fingerprint(opened.dataset, message.sampling.seed, message.check))
         elif isinstance(message, NumericsQuery):
             stream = self.streams.get((host, message.loader))
             if stream is None:

@@ -20,14 +20,14 @@ collectives), and the host ranks validate from then on (`host.validation.Fallbac
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Sized, cast
 
 import numpy as np
 from torch import nn
 from torch.utils.data import Dataset
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.data.streams import decode
+from dpuoffload.common.data.streams import ValidatorSetup, decode
 from dpuoffload.common.errors import PeerError, PeerLost
 from dpuoffload.common.faults import inject
 from dpuoffload.common.faults.abort import arrive
@@ -136,13 +136,13 @@ class Validator:
         self.timer.reset()
         with self.timer.phase("wait_state"):
             received = self.receive_surviving(epoch, on_poll) if self.surviving else self.receive(on_poll)
-        if epoch in self.steps:
+        if epoch is not None and epoch in self.steps:  # (None is never a key: the steps are by epoch number)
             self.injector.check_through(self.steps[epoch], self.total_steps)
         t0 = time.perf_counter()
         with self.timer.phase("gather_state"), lost_peer("the other DPU validation ranks"):
             epoch, share = self.rebuild(epoch, self.allgather(received))
         with self.timer.phase("evaluate"):
-            n_dpu = dpu_count(len(self.val_set), share)
+            n_dpu = dpu_count(len(cast(Sized, self.val_set)), share)  # (map-style validation sets have a length)
             mine = shard_range(n_dpu, self.comm.Get_rank(), self.comm.Get_size())
             sums = evaluate_sums(self.model, self.val_set, mine, self.cfg.val_batch_size)
         with self.timer.phase("report"), lost_peer("the other DPU validation ranks"):
@@ -295,6 +295,7 @@ class ScriptValidation:
             return []
         data = self.topo.world.recv(source=source, tag=Tag.VALIDATOR)
         setup = decode(data, self.cfg.script)
+        assert isinstance(setup, ValidatorSetup)  # (host rank 0 sends only a ValidatorSetup under Tag.VALIDATOR)
         validator = Validator(self.cfg.replace(val_batch_size=setup.batch_size), self.topo, self.faults, self.comm,
                               setup.model, setup.val_set, self.hosts, ())
         records = []

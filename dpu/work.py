@@ -31,8 +31,10 @@ from dpuoffload.dpu.validate import ScriptValidation, Validator
 
 
 class Work(Protocol):
-    inbox: Optional[ControlInbox]  # where run() learns of the job's end and returns (None: it returns by itself,
-    # and the rank idles until the end; `dpu.main`)
+    @property
+    def inbox(self) -> Optional[ControlInbox]:
+        """Where run() learns of the job's end and returns (None: it returns by itself, and the rank idles
+        until the end; `dpu.main`). Read-only here, so a work whose inbox is always set (or always None) matches."""
 
     def run(self) -> list[dict[str, Any]]: ...
 

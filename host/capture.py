@@ -125,6 +125,7 @@ class PinnedStaging:
             self.tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
             self.tensor.fill_(0)  # fault the pages in now, not during the first capture
             self.array = self.tensor.numpy()
+        assert self.array is not None  # (made above, or it fits)
         return self.array
 
 

@@ -337,6 +337,7 @@ class StateHandoff:
              user: Optional[dict[str, Any]] = None) -> None:
         """Hand this rank's slice over. `user`: a script's own JSON data (`job.checkpoint(extra=)`)."""
         t0 = time.perf_counter()
+        assert self.model is not None  # (the trainer's from the start; a script's bound before each send: `bind`)
         self.before_optimizer_step()
         self._complete()  # the previous hand-off's buffers are reused below
         self._route()
@@ -376,6 +377,7 @@ class StateHandoff:
         its receive there pays ~50k page faults (0.5 s for 188 MB on this VM)."""
         self.prepared = True
         self._route()
+        assert self.model is not None  # (`after_step`: the trainer's hand-off, which has its model from the start)
         tensors = list(shared_tensors(self.model, self.optimizer).values())
         plan = plan_shards([t.numel() for t in tensors], self.size, DEFAULT_THRESHOLD)
         nbytes = packed_nbytes(tensors, plan.rank_pieces(self.rank))
@@ -391,14 +393,15 @@ class StateHandoff:
         nbytes = sum(chunks)
         if self.staging is None or self.staging.nbytes < nbytes:
             self.staging = byte_buffer(nbytes)
+        staging = self.staging
         unsent = collections.deque(part_bounds(chunks))
 
         def send_packed(upto: int) -> None:
             while unsent and unsent[0][1] <= upto:
                 a, b = unsent.popleft()
-                self._post(self.staging[a:b])
+                self._post(staging[a:b])
 
-        pack_pieces(tensors, pieces, self.staging, send_packed)
+        pack_pieces(tensors, pieces, staging, send_packed)
 
     def _start_copy(self, tensors: list, pieces: tuple, chunks: list[int]) -> None:
         """Start the slice's copy in the background (`host.capture`); its chunks go as they are copied."""

@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import hashlib
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 import numpy as np
 import torch
@@ -44,6 +44,7 @@ from dpuoffload.host.state import Live, Reader, StateSource, load_state
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+    from typing_extensions import Buffer  # (numpy's stubs give ndarray the buffer protocol on Python 3.12+ only)
 
 CLONE_POLL_MAX_SLEEP = 0.01  # standing by: ~100 cheap polls/s bound the readiness latency to 10 ms
 RECEIVE_POLL_MAX_SLEEP = 0.002  # the state in flight: each poll lets Open MPI move the next part
@@ -149,11 +150,12 @@ def state_sha256(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> st
     h = hashlib.sha256()
     for name, t in model.state_dict().items():
         h.update(name.encode())
-        h.update(memoryview(to_host(t).contiguous().numpy()).cast("B"))
+        h.update(memoryview(cast("Buffer", to_host(t).contiguous().numpy())).cast("B"))
     for i, st in sorted(optimizer.state_dict()["state"].items()):
         for key, t in sorted(st.items()):
             h.update(f"{i}.{key}".encode())
-            h.update(memoryview(to_host(t).contiguous().numpy()).cast("B") if torch.is_tensor(t) else repr(t).encode())
+            h.update(memoryview(cast("Buffer", to_host(t).contiguous().numpy())).cast("B") if torch.is_tensor(t)
+                     else repr(t).encode())
     return h.hexdigest()
 
 

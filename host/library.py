@@ -49,7 +49,6 @@ from dpuoffload.host.loader import (
     HostPart,
     RemoteSource,
     SharedSource,
-    Source,
     check_dataset,
     local_loader,
 )
@@ -182,12 +181,14 @@ class Job:
         feeder = require_feeder(plan, topo.world_rank if self.fed_as is None else self.fed_as, topo.describe())
         wire = choose(dataset, self.wire_policy, host_steps, sampling)  # (uint8: the host runs the float steps)
         steps = steps_for(dataset, sampling)
+        assert not isinstance(cfg.da_host_share, str)  # ("auto" was resolved at start-up: common.runtime.startup)
         split = StepSplit(cfg.da_host_share, steps)
         remote = RemoteSource(topo.world, feeder, topo.describe(feeder), len(self.loaders), wire.layout, steps,
                               cfg.peer_timeout, copy, epochs, split, pinned=self.device.type == "cuda",
                               remote=topo.on_other_machine(feeder))
         remote.prepare(dataset if build_on_dpu is None else Recipe(build_on_dpu), sampling, wire, self.numerics)
-        source: Source = remote
+        source: RemoteSource | SharedSource | FallbackSource  # (each a `Source`; FallbackSource wraps one of the two)
+        source = remote
         where = topo.describe(feeder)
         if cfg.da_host_share:
             source = SharedSource(remote, HostPart(dataset, sampling, split, cfg.da_host_workers, epochs))
@@ -422,7 +423,7 @@ def _default_horovod_comm(comm: "MPI.Comm") -> None:
     its `hvd.init()` (imported at its top, as usual) gets the host ranks' communicator as the
     default here instead of a hang. A `comm` the script passes is used unchanged.
     """
-    hvd = sys.modules.get("horovod.torch")
+    hvd: Any = sys.modules.get("horovod.torch")  # (Horovod has no type information)
     if hvd is None or getattr(hvd.init, "_dpuoffload_default", False):
         return
     original = hvd.init

@@ -462,6 +462,6 @@ def check_dataset(dataset: object, batch_size: int) -> object:
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise ConfigError(f"job.loader needs a map-style data set (with __getitem__ and __len__) or a stream of "
                           f"shards (docs/batches.md, \"Streams\"), got {type(dataset).__name__}")
-    if len(dataset) == 0:  # type: ignore[arg-type]
+    if len(dataset) == 0:
         raise ConfigError("job.loader: the data set is empty")
     return dataset

@@ -7,10 +7,11 @@ to `main`/`run` instead of replacing this module's attributes.
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Sized, cast
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import build_datasets
+from dpuoffload.common.data.feeds import Feed
 from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import ConfigError
@@ -60,7 +61,7 @@ def prepare(cfg: RunConfig, topo: Topology, run: Run, extensions: HostExtensions
         raise ConfigError("--ckpt-copy zero sends the state from the tensors' own memory, which is GPU memory with "
                           "--device cuda; use --ckpt-copy staged (the default: staged through host memory)")
     if topo.role is Role.SPARE:
-        feed = spare_feed(cfg, topo, run.faults, train, 0)
+        feed: Feed = spare_feed(cfg, topo, run.faults, train, 0)
     else:
         feed = extensions.feed_factory(cfg, topo, train, plan)
     CLOCK.mark("feed")
@@ -136,7 +137,8 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
     if topo.side_rank == 0:
         print(f"[dpuoffload] mode {cfg.mode}: {len(topo.host_ranks)} host rank(s), "
               f"{len(topo.dpu_ranks)} DPU rank(s), model {cfg.model}, dataset {cfg.dataset} "
-              f"({len(job.data.train)} train / {len(job.data.val)} val), allreduce {sync.name}"
+              f"({len(cast(Sized, job.data.train))} train / {len(cast(Sized, job.data.val))} val), "
+              f"allreduce {sync.name}"
               f"{'' if job.compute == Compute() else ', on ' + job.compute.describe()}", flush=True)
     validation, share = build_validation(cfg, topo, job, faults, survivors)
     trainer = Trainer(cfg, topo, job, sync, validation, share, group=group, faults=faults,

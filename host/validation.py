@@ -19,7 +19,7 @@ import copy
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Sized, cast
 
 import numpy as np
 from torch import nn
@@ -82,7 +82,7 @@ class AutoShare:
 
     def __init__(self, topo: Topology, model: nn.Module, val_set: Dataset, batch_size: int,
                  dpu_leader: int, mv_ranks: int, timeout: float) -> None:
-        self.comm, self.n, self.mv_ranks = topo.side_comm, len(val_set), mv_ranks
+        self.comm, self.n, self.mv_ranks = topo.side_comm, len(cast(Sized, val_set)), mv_ranks
         self.host_cost = self.dpu_cost = 0.0
         if self.comm.Get_rank() == 0:
             self.host_cost = eval_seconds_per_sample(model, val_set, batch_size)
@@ -147,7 +147,7 @@ class OffloadedValidation:
     def validate_host_part(self, epoch: int, dpu_share: float) -> None:
         """Evaluate the host ranks' part (the 1 - f tail); host rank 0 (every rank under --recovery)
         posts the receive of the DPU part's sums."""
-        n = len(self.val_set)
+        n = len(cast(Sized, self.val_set))
         tail = range(dpu_count(n, dpu_share), n)
         mine = shard_range(len(tail), self.comm.Get_rank(), self.comm.Get_size())
         indices = tail[mine.start: mine.stop]
@@ -246,7 +246,8 @@ class FallbackValidation:
 
     def __init__(self, offloaded: OffloadedValidation, mv_ranks: Sequence[int], timeout: float, faults: Faults) -> None:
         """`faults`: the run's failure record (the validation ranks its watch found dead)."""
-        self.off, self.comm, self.mv, self.timeout = offloaded, offloaded.comm, frozenset(mv_ranks), timeout
+        self.off, self.mv, self.timeout = offloaded, frozenset(mv_ranks), timeout
+        self.comm = cast("MPI.Comm", offloaded.comm)  # (never a SurvivorGroup: `assemble_validation`)
         self.faults = faults
         self.kept: dict[int, KeptState] = {}
         self.local: Optional[LocalValidation] = None
@@ -352,7 +353,7 @@ class FallbackValidation:
         if self.shadow is None:
             self.shadow = copy.deepcopy(self.off.model)
         unpack_states(gathered, state_tensors(self.shadow.state_dict()))
-        n_dpu = dpu_count(len(self.off.val_set), self.kept[epoch].share)
+        n_dpu = dpu_count(len(cast(Sized, self.off.val_set)), self.kept[epoch].share)
         mine = shard_range(n_dpu, self.comm.Get_rank(), self.comm.Get_size())
         return allreduce_sums(self.comm, evaluate_sums(self.shadow, self.off.val_set, mine, self.off.batch_size))
 

@@ -221,6 +221,7 @@ def check_ckpt_dir(cfg: RunConfig, facts: LaunchFacts) -> None:
     """Checkpoints will be written: the directory must take files (a failure after launch is found
     only when the first checkpoint is lost)."""
     if cfg.checkpointing:
+        assert cfg.ckpt_dir is not None  # (`RunConfig.checkpointing` needs --ckpt-dir)
         check_writable(cfg.ckpt_dir, "--ckpt-dir", facts)
 
 

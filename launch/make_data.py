@@ -111,11 +111,11 @@ def render(src: Sources, name: str, seed: int) -> Split:
 def _composite(src: Sources, i: int, size: int, rng: np.random.Generator) -> np.ndarray:
     """Digit `i`, upscaled to `size`, in a random bright colour over a dimmed random photo crop."""
     digit = Image.fromarray(np.round(src.digits[i] * 255).astype(np.uint8))
-    a = np.asarray(digit.resize((size, size), Image.BICUBIC), dtype=np.float64)[..., None] / 255.0
+    a = np.asarray(digit.resize((size, size), Image.Resampling.BICUBIC), dtype=np.float64)[..., None] / 255.0
     photo = src.photos[rng.integers(len(src.photos))]
     side = int(rng.integers(size, min(4 * size, *photo.shape[:2]) + 1))
     y, x = (int(rng.integers(dim - side + 1)) for dim in photo.shape[:2])
-    crop = Image.fromarray(photo[y:y + side, x:x + side]).resize((size, size), Image.BILINEAR)
+    crop = Image.fromarray(photo[y:y + side, x:x + side]).resize((size, size), Image.Resampling.BILINEAR)
     background = np.asarray(crop, dtype=np.float64) * BACKGROUND_DIM
     colour = rng.uniform(160, 255, size=3)
     return np.round(a * colour + (1 - a) * background).clip(0, 255).astype(np.uint8)
@@ -144,6 +144,9 @@ class _Py2Pickler(pickle._Pickler):  # the pure-Python pickler: its dispatch tab
     """
 
     dispatch = dict(pickle._Pickler.dispatch)
+    # (pickle._Pickler's undocumented parts, which typeshed leaves out: set in its __init__, and its method)
+    write: Callable[[bytes], object]
+    memoize: Callable[[object], None]
 
     def save_py2_str(self, obj: bytes) -> None:
         if len(obj) < 256:
@@ -152,7 +155,7 @@ class _Py2Pickler(pickle._Pickler):  # the pure-Python pickler: its dispatch tab
             self.write(pickle.BINSTRING + struct.pack("<i", len(obj)) + obj)
         self.memoize(obj)
 
-    dispatch[bytes] = save_py2_str
+    dispatch[bytes] = save_py2_str  # type: ignore[assignment]  # (typeshed says the entries take an Unpickler)
 
 
 def _py2_pickle(obj: object) -> bytes:

@@ -163,8 +163,8 @@ def probe(cfg: RunConfig, host_ranks: int, with_data: bool) -> None:
     hint = f" (with --data {cfg.data}: is that the right directory?)" if is_factory_spec(cfg.dataset) else ""
     pair = run_step(f"--dataset {cfg.dataset}", lambda: build_datasets(cfg), hint)
     run_step(f"--model {cfg.model}", lambda: build_model(cfg, pair.num_classes))
-    for split, ds in (("train", pair.train), ("val", pair.val)):
-        check_item(cfg, run_step(f"--dataset {cfg.dataset}: reading {split} item 0", lambda ds=ds: ds[0]), split)
+    for split, ds in (("train", pair.train), ("val", pair.val)):  # (each lambda is called at once: no late binding)
+        check_item(cfg, run_step(f"--dataset {cfg.dataset}: reading {split} item 0", lambda: ds[0]), split)
     check_batch(cfg, pair, host_ranks)
 
 

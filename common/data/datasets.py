@@ -22,7 +22,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sized, cast
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError
@@ -227,7 +227,7 @@ def _subset(ds: "Dataset", n: Optional[int], flag: str) -> "Dataset":
     """The first `n` samples: the same ones on every rank, whatever the sampler does later."""
     from torch.utils.data import Subset
 
-    size = len(ds)
+    size = len(cast(Sized, ds))
     if n is None or n == size:
         return ds
     if n > size:
@@ -252,6 +252,7 @@ def _torchvision_error(cfg: RunConfig, err: Exception) -> ConfigError:
 def _build_cifar10(cfg: RunConfig) -> DatasetPair:
     from torchvision import datasets as tvd
 
+    assert cfg.data is not None  # (check_dataset, in build_datasets, requires --data for a built-in set)
     cls = _bundled_classes()["BundledCIFAR10"] if _is_bundled(cfg.data) else tvd.CIFAR10
     try:
         train = cls(cfg.data, train=True, transform=_transform("cifar10", True), download=cfg.download)
@@ -264,6 +265,7 @@ def _build_cifar10(cfg: RunConfig) -> DatasetPair:
 def _build_svhn(cfg: RunConfig) -> DatasetPair:
     from torchvision import datasets as tvd
 
+    assert cfg.data is not None  # (check_dataset, in build_datasets, requires --data for a built-in set)
     cls = _bundled_classes()["BundledSVHN"] if _is_bundled(cfg.data) else tvd.SVHN
     try:
         train = cls(cfg.data, split="train", transform=_transform("svhn", True), download=cfg.download)
@@ -276,6 +278,7 @@ def _build_svhn(cfg: RunConfig) -> DatasetPair:
 def _build_tinyimagenet(cfg: RunConfig) -> DatasetPair:
     from torchvision import datasets as tvd
 
+    assert cfg.data is not None  # (check_dataset, in build_datasets, requires --data for a built-in set)
     root = Path(cfg.data)
     try:
         train = tvd.ImageFolder(str(root / "train"), transform=_transform("tinyimagenet", True))
@@ -315,7 +318,7 @@ def _checked_user_dataset(cfg: RunConfig, ds: object, split: str) -> "Dataset":
                           "(with __len__ and __getitem__)")
     if len(ds) == 0:
         raise ConfigError(f"--dataset {cfg.dataset} returned an empty {split} data set")
-    return ds
+    return cast("Dataset", ds)  # (a map-style set by its methods, checked above)
 
 
 def _input_size(cfg: RunConfig, ds: "Dataset") -> int:
@@ -412,7 +415,8 @@ def _build_webdataset(cfg: RunConfig) -> DatasetPair:
         train = train.head(cfg.train_subset)
     labels = val.labels()
     found = max(labels) + 1 if labels and cfg.num_classes is None else None
-    return DatasetPair(train, _subset(val, cfg.val_subset, "--val-subset"), _num_classes(cfg, found), size)
+    val_set = cast("Dataset", val)  # (a map-style set by its methods, not a torch Dataset subclass)
+    return DatasetPair(train, _subset(val_set, cfg.val_subset, "--val-subset"), _num_classes(cfg, found), size)
 
 
 _BUILDERS: dict[str, Callable[[RunConfig], DatasetPair]] = {

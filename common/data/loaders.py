@@ -9,9 +9,9 @@ host would have built. Sharing this one function is what guarantees that.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, cast
 
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.batches import BatchLayout, layout_for
@@ -107,8 +107,9 @@ def epoch_order(dataset: Any, s: Sampling, epoch: int, rank: Optional[int] = Non
     stream = sharded_of(dataset)
     if stream is not None:
         return stream.plan(s.replicas, s.seed, s.shuffle).order(epoch, rank)
-    sampler = DistributedSampler(range(len(dataset)), num_replicas=s.replicas, rank=rank, shuffle=s.shuffle,
-                                 seed=s.seed)
+    indices = cast(Dataset, range(len(dataset)))  # (a range stands in for the set: the sampler reads its length only)
+    sampler: DistributedSampler[int] = DistributedSampler(indices, num_replicas=s.replicas, rank=rank,
+                                                          shuffle=s.shuffle, seed=s.seed)
     sampler.set_epoch(epoch)
     return list(sampler)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, Sized, cast
 
 import numpy as np
 import torch
@@ -167,8 +167,9 @@ def collated(dataset: Dataset, start: int, batch_size: int) -> Any:
     loader does (the fixed batches the profiles time and build; fewer where the set is smaller)."""
     from torch.utils.data import default_collate
 
-    n = len(dataset)
-    return default_collate(dataset.__getitems__([(start + i) % n for i in range(min(batch_size, n))]))
+    n = len(cast(Sized, dataset))
+    fetch = dataset.__getitems__  # type: ignore[attr-defined]  # (optional in torch's Dataset: not in its stubs)
+    return default_collate(fetch([(start + i) % n for i in range(min(batch_size, n))]))
 
 
 def seeded(dataset: Dataset, seed: int = 0) -> PerSampleSeeded:

@@ -25,10 +25,10 @@ import contextlib
 import os
 import traceback
 import warnings
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union, cast
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from dpuoffload.common.data.batches import BatchLayout
 from dpuoffload.common.data.loaders import RankLoader
@@ -114,7 +114,8 @@ class WorkerPool:
                  prefetch: int = 2, keep: Optional[Callable[[int], bool]] = None) -> None:
         self.keys = PlannedKeys(loader, keep)
         with _quiet_about_cores():
-            self.loader = DataLoader(Packing(train, layout), batch_sampler=self.keys,  # type: ignore[arg-type]
+            # (`Packing` is a map-style set by its methods, `__len__` and `__getitems__`: no torch Dataset subclass)
+            self.loader = DataLoader(cast(Dataset, Packing(train, layout)), batch_sampler=self.keys,
                                      num_workers=workers, collate_fn=_as_is, persistent_workers=True,
                                      prefetch_factor=prefetch, generator=loader_generator())
 

@@ -55,7 +55,10 @@ class Injection:
 
     def at(self, total_steps: int) -> int:
         """The global step it fires at, in a run of `total_steps` steps."""
-        return self.step if self.step is not None else max(1, math.ceil(float(self.fraction) * total_steps))
+        if self.step is not None:
+            return self.step
+        assert self.fraction is not None  # (a spec gives a step or a fraction: `_who_when`)
+        return max(1, math.ceil(float(self.fraction) * total_steps))
 
     @property
     def when(self) -> "int | float":
@@ -201,7 +204,9 @@ def fire(inj: Injection, label: str, global_step: int, note: Note) -> None:
         raise InjectedFailure(what)
     print(f"[dpuoffload] {label}: {what}", file=sys.stderr, flush=True)
     note({"event": "injected", "spec": str(inj), "global_step": global_step, "time": time.time()})
-    os.kill(os.getpid(), HOW[inj.how])
+    sig = HOW[inj.how]
+    assert sig is not None  # ("raise", the one without a signal, raised above)
+    os.kill(os.getpid(), sig)
 
 
 def for_rank(specs: Sequence[str], topo: "Topology", note: Note) -> Injector:

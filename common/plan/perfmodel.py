@@ -206,7 +206,7 @@ def _train_term(p: Profile, n_da: int, share: float) -> tuple[float, str]:
     if n_da == 0:
         return _steps(p) * _host_step(p, with_aug=True), "host compute"
     terms = feeding_terms(p, n_da, share)
-    bound = max(terms, key=terms.get)
+    bound = max(terms, key=terms.__getitem__)
     return _steps(p) * terms[bound], bound
 
 
@@ -356,7 +356,7 @@ def project(p: Profile, nodes: int, host_per_node: int, dpu_per_node: int, grad_
                    da_ranks=(p.da_ranks or max(1, p.dpu_ranks // 2)) * nodes if p.da_ranks else None)
 
 
-def format_table(preds: dict[str, Prediction], chosen: Optional[str] = None) -> str:
+def format_table(preds: Mapping[Mode, Prediction], chosen: Optional[str] = None) -> str:
     base = preds.get(Mode.NONE)
     lines = ["mode     predicted epoch s   vs none   bound"]
     for mode, pr in preds.items():

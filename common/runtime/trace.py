@@ -68,5 +68,6 @@ def finish(world: "MPI.Comm", path: Optional[str]) -> None:
     gathered = world.gather(_tracer.events if _tracer else [], root=0)
     if world.Get_rank() != 0:
         return
+    assert gathered is not None  # (the root's gather returns every rank's part)
     events = [e for part in gathered for e in part]
     write_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}).encode(), parents=True)

@@ -107,7 +107,7 @@ def resolve(resume: str, ckpt_dir: Optional[str], skipped: Optional[list[str]] =
             raise CheckpointError(f"--resume {resume}: no complete checkpoint (step-<N>/ with {COMMITTED}) in "
                                   f"{ckpt_dir}; start without --resume (or with --resume auto, which starts from "
                                   "the beginning when nothing was kept), or pass the directory of one checkpoint")
-        notes = []
+        notes: list[str] = []
         for candidate in reversed(done):
             why = damage(candidate, verified)
             if why is None:

@@ -20,7 +20,7 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Mapping, Optional, cast
 
 import numpy as np
 import torch
@@ -43,6 +43,9 @@ from dpuoffload.common.state.ckptdirs import (  # noqa: F401  (re-exported: one 
 from dpuoffload.common.state.meta import CheckpointMeta
 from dpuoffload.common.state.sharding import DEFAULT_THRESHOLD, Piece, ShardPlan, plan_shards
 from dpuoffload.common.state.trainstate import Catalog, LocalState, dtype_of, numel, parse_local
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # (numpy's stubs give ndarray the buffer protocol on Python 3.12+ only)
 
 Meta = CheckpointMeta | Mapping[str, Any]  # typed, or its JSON as a keeper received it
 
@@ -71,7 +74,7 @@ def shard_blob(catalog: Catalog, plan: ShardPlan, sender: int, payload: np.ndarr
     """Sender's packed pieces (as received) as a safetensors blob of typed flat tensors."""
     tensors: dict[str, torch.Tensor] = {}
     offset = 0
-    buf = memoryview(payload).cast("B")
+    buf = memoryview(cast("Buffer", payload)).cast("B")
     for p in plan.rank_pieces(sender):
         name, dtype, _ = catalog[p.tensor]
         dt = dtype_of(dtype)
@@ -118,7 +121,7 @@ class Received:
 
     @property
     def local(self) -> memoryview:
-        return memoryview(self.small)[self.head["meta_nbytes"]:]
+        return memoryview(cast("Buffer", self.small))[self.head["meta_nbytes"]:]
 
 
 def plan_for(meta: Meta) -> ShardPlan:
@@ -235,7 +238,7 @@ def plain_state_dicts(ckpt: Checkpoint) -> dict[str, Any]:
             "model_name": config.get("script") or config["model"]}
 
 
-def check_compatible(meta: Meta, config: Mapping[str, Any], ignore: Sequence[str]) -> list[str]:
+def check_compatible(meta: Meta, config: Mapping[str, Any], ignore: Collection[str]) -> list[str]:
     """Config fields that differ between the checkpoint's run and this one (excluding `ignore`)."""
     old = CheckpointMeta.of(meta).config or {}
     return sorted(k for k in set(old) | set(config) if k not in ignore and old.get(k) != config.get(k))

@@ -49,7 +49,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Mapping, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Mapping, Optional, Sequence, cast
 
 import numpy as np
 
@@ -60,6 +60,8 @@ from dpuoffload.common.state.ckptdirs import CheckpointError, committed
 from dpuoffload.common.state.meta import CheckpointMeta
 
 if TYPE_CHECKING:
+    from typing_extensions import Buffer  # (numpy's stubs give ndarray the buffer protocol on Python 3.12+ only)
+
     from dpuoffload.common.config import RunConfig
     from dpuoffload.common.runtime.roles import Topology
 
@@ -149,7 +151,8 @@ class MemoryStore:
         for head, small, shared in handoffs:
             sender = CKPT_HEADER.unpack(head)["sender"]
             for part, data in (("head", head), ("small", small), ("shared", shared)):
-                files.write_atomic(tmp / f"{part}-{sender:05d}.bin", memoryview(np.ascontiguousarray(data)).cast("B"),
+                files.write_atomic(tmp / f"{part}-{sender:05d}.bin",
+                                   memoryview(cast("Buffer", np.ascontiguousarray(data))).cast("B"),
                                    sync_dir=False, mode=0o600)
                 written += data.nbytes
         shutil.rmtree(final, ignore_errors=True)  # (a step received again after a restart)
@@ -470,6 +473,7 @@ def _held_here(cfg: "RunConfig", topo: "Topology", keepers: Sequence[int], root:
     def senders(keeper: int) -> list[int]:
         return [topo.host_ranks.index(h) for h in assign.hosts_kept_by(keepers[keeper])]
 
+    damaged: list[str]
     me, damaged = keepers.index(topo.world_rank), []
     own = MemoryStore(root, me, cfg.ckpt_mem_keep).steps(senders(me), damaged)
     copies = {k: tuple(MemoryStore(root, k, cfg.ckpt_mem_keep, copy=True).steps(senders(k), damaged))

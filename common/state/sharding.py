@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -109,7 +109,7 @@ def byte_buffer(nbytes: int, touch: bool = False) -> np.ndarray:
     this VM: numpy `np.empty` + fill 0.55 s, this 0.07-0.14 s). Deterministic mode's NaN fill
     of fresh tensors is skipped (every byte is written anyway); `touch` faults the pages in now,
     to keep that cost off a later critical path."""
-    det = torch.utils.deterministic
+    det: Any = torch.utils.deterministic  # (a module object whose property torch's stubs do not declare)
     fill, det.fill_uninitialized_memory = det.fill_uninitialized_memory, False
     try:
         buf = torch.empty(nbytes, dtype=torch.uint8).numpy()

@@ -12,7 +12,7 @@ they talk to hosts over mpi4py point-to-point on COMM_WORLD.
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, cast
 
 import numpy as np
 import torch
@@ -178,7 +178,7 @@ def init_torch_group(group: "MPI.Comm", backend: str, timeout: float,
     else:
         port = group.bcast(None, root=0)
         store = dist.TCPStore(addr, port, size, is_master=False, timeout=delta)
-    bound = {"device_id": device} if device.type == "cuda" else {}  # NCCL: this rank's GPU, known up front
+    bound: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}  # NCCL: this rank's GPU, up front
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=delta, **bound)
 
 
@@ -256,4 +256,5 @@ def build_sync(requested: str, group: HostGroup, timeout: float,
     backend = resolve_backend(requested)
     if backend == "mpi":
         return MpiSync(group)
-    return HorovodSync(group, device) if backend == "horovod" else TorchSync(group, timeout, device)
+    comm = cast("MPI.Comm", group)  # (a plain communicator: --recovery, the only SurvivorGroup, takes mpi)
+    return HorovodSync(comm, device) if backend == "horovod" else TorchSync(comm, timeout, device)

@@ -21,7 +21,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sized, cast
 
 import numpy as np
 from torch.utils.data import default_collate
@@ -78,7 +78,7 @@ def local_costs(cfg: RunConfig, topo: Topology) -> tuple[dict[str, Any], Measuri
     model = build_model(cfg, data.num_classes)
     aug, sample = rank_aug_seconds(train, cfg)
     compute = gpu_compute(cfg, topo)
-    costs = {"aug": aug, "n_train": len(train), "n_val": len(data.val),
+    costs = {"aug": aug, "n_train": len(train), "n_val": len(cast(Sized, data.val)),
              "grad_elems": sum(p.numel() for p in model.parameters()), "horovod": horovod_available(),
              "batch_bytes": cfg.batch_size * sample.numel() * sample.element_size()}
     costs.update(wire_costs(cfg, topo, data.train, on_gpu=compute is not None))
@@ -497,7 +497,7 @@ def job_allreduce_seconds(cfg: RunConfig, topo: Topology, measuring: Measuring, 
         return timed_calls(lambda: sync.allreduce_gradients_(grads), 5)
 
 
-def gpu_fields(costs: dict[str, Any]) -> dict[str, float]:
+def gpu_fields(costs: dict[str, Any]) -> dict[str, Any]:
     """The `Profile` fields of a GPU host rank's measured costs (none on CPUs: the defaults, 0)."""
     return {k: costs[k] for k in ("gpu_step", "h2d", "host_cpu") if k in costs}
 

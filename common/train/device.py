@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional, Protocol, cast
 
 import torch
 from torch import nn
@@ -57,8 +57,8 @@ class Compute:
 
     def place(self, model: nn.Module) -> nn.Module:
         """The model on this device, in this memory format (in place, as `Module.to`)."""
-        if self.channels_last:
-            return model.to(self.device, memory_format=torch.channels_last)
+        if self.channels_last:  # (torch's stubs lack the device-and-format call `Module.to` takes)
+            return cast(Callable[..., nn.Module], model.to)(self.device, memory_format=torch.channels_last)
         return model.to(self.device)
 
     def inputs(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -18,10 +18,6 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from dpuoffload.common.data.sampling import loader_generator
 from dpuoffload.common.runtime.hostgroup import HostGroup, generation
 from dpuoffload.common.train.device import model_device
-
-if TYPE_CHECKING:
-    from mpi4py import MPI
-
 
 Sums = np.ndarray  # float64 [loss sum, correct, count]
 SharePolicy = Callable[[float], float]  # this epoch's training seconds -> DPU share of validation
@@ -106,7 +102,7 @@ class Validation(Protocol):
 class LocalValidation:
     """Every host rank evaluates its shard; `host_comm` None: one process without MPI, all of it."""
 
-    def __init__(self, model: nn.Module, val_set: Dataset, batch_size: int, host_comm: "MPI.Comm | None") -> None:
+    def __init__(self, model: nn.Module, val_set: Dataset, batch_size: int, host_comm: Optional[HostGroup]) -> None:
         self.model, self.val_set, self.batch_size, self.comm = model, val_set, batch_size, host_comm
         self.done: list[tuple[int, Sums]] = []
 

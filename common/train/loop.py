@@ -445,8 +445,8 @@ class Trainer:
         with self.timer.phase("forward_backward"):
             self.optimizer.zero_grad(set_to_none=False)
             if len(y):
-                on_device = self.staging and staged and not replay
-                x, y = self.staging.on_device() if on_device else self.compute.inputs(x, y)
+                staging = self.staging if staged and not replay else None
+                x, y = staging.on_device() if staging is not None else self.compute.inputs(x, y)
                 with self.compute.autocast():
                     out = self.model(x)
                     mean = self.criterion(out, y)
@@ -491,10 +491,12 @@ class Trainer:
 
     def gradients(self) -> list[torch.Tensor]:
         """Every parameter's gradient; zeros where this replica had no samples (it still takes part)."""
+        grads: list[torch.Tensor] = []
         for p in self.model.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        return [p.grad for p in self.model.parameters()]
+            grads.append(p.grad)
+        return grads
 
     def train_record(self, epoch: int, train_sums: np.ndarray, losses: list[float], times: tuple[float, float],
                      share: float) -> dict[str, Any]:

@@ -116,7 +116,7 @@ def forward_backward(model: nn.Module, criterion: nn.Module, x: torch.Tensor, y:
 def resolve_dpu_batch(cfg: RunConfig, host_cost: Optional[float], dpu_cost: Optional[float]) -> int:
     value: Union[int, str, None] = cfg.dpu_batch_size
     if value not in (None, "auto"):
-        return int(value)  # type: ignore[arg-type]
+        return int(value)
     if host_cost is None or dpu_cost is None:
         raise RuntimeError("--dpu-batch-size auto needs the measured costs of host rank 0 and DPU rank 0")
     return balanced_dpu_batch(cfg.batch_size, host_cost, dpu_cost)

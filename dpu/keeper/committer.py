@@ -43,10 +43,16 @@ class Committer:
         self.outcomes: dict[int, bool] = {}   # checkpoint step -> committed (torn ones are not counted)
         self.torn: list[int] = []             # checkpoint steps lost to a death the run survived
 
+    @property
+    def root(self) -> str:
+        """--ckpt-dir: set whenever there is a checkpoint to commit or summarise (`RunConfig.checkpointing`)."""
+        assert self.cfg.ckpt_dir is not None
+        return self.cfg.ckpt_dir
+
     def commit(self, meta: Mapping[str, Any], reports: Sequence[KeeperReport]) -> None:
         """Decide, write the manifest when the decision is to commit, then act on the outcome."""
         decision = decide_commit(meta, reports, self.rules)
-        directory = ckptfiles.step_dir(self.cfg.ckpt_dir, decision.step)
+        directory = ckptfiles.step_dir(self.root, decision.step)
         t0 = time.perf_counter()
         if decision.committed:
             try:
@@ -65,7 +71,8 @@ class Committer:
 
     def _committed(self, decision: CommitDecision, directory: Path, record: dict[str, Any]) -> None:
         self.outcomes[decision.step] = True
-        record["pruned"] = [p.name for p in ckptfiles.prune(self.cfg.ckpt_dir, decision.prune_keep)]
+        assert decision.prune_keep is not None  # (`decide_commit`: set for every committed checkpoint)
+        record["pruned"] = [p.name for p in ckptfiles.prune(self.root, decision.prune_keep)]
         print(f"{PREFIX} checkpoint step {decision.step} committed: {directory} ({record['bytes'] / 1e6:.1f} MB, "
               f"written in {record['write_s']:.2f} s)", flush=True)
 
@@ -73,6 +80,7 @@ class Committer:
         """A death the run survives tore it: said once, not counted as a failure."""
         self.torn.append(decision.step)
         record["torn"] = True
+        assert decision.torn_by is not None  # (`decide_commit`: set for every torn checkpoint)
         print(f"{PREFIX} checkpoint at step {decision.step} NOT saved ({'; '.join(decision.errors)}); "
               f"{_AFTER_TORN[decision.torn_by]}, {self.kept()}", file=sys.stderr, flush=True)
 
@@ -87,8 +95,8 @@ class Committer:
         """`--dpu-failure fallback`, on becoming the committer: the checkpoint `step` this keeper last
         reported to keeper `dead`, which died before committing it, is torn. Say so by name (nobody
         else saw it whole) and remove it, instead of leaving it to `--ckpt-keep`'s pruning."""
-        directory = ckptfiles.step_dir(self.cfg.ckpt_dir, step)
-        if directory in ckptfiles.committed(self.cfg.ckpt_dir):
+        directory = ckptfiles.step_dir(self.root, step)
+        if directory in ckptfiles.committed(self.root):
             return
         shutil.rmtree(directory, ignore_errors=True)
         self.torn.append(step)
@@ -98,11 +106,11 @@ class Committer:
                    "errors": [f"{self.topo.describe(dead)} died before committing it"]})
 
     def kept(self) -> str:
-        previous = ckptfiles.committed(self.cfg.ckpt_dir)
+        previous = ckptfiles.committed(self.root)
         return f"the last complete checkpoint is {previous[-1]}" if previous else "there is no complete checkpoint yet"
 
     def newest_intact(self) -> str:
-        done = ckptfiles.committed(self.cfg.ckpt_dir)
+        done = ckptfiles.committed(self.root)
         return f"the newest intact one is {done[-1]}" if done else "there is no intact checkpoint"
 
     def stop_job(self, step: int, errors: Sequence[str]) -> None:
@@ -118,7 +126,7 @@ class Committer:
             which = ", ".join(map(str, failed[:5])) + (", ..." if len(failed) > 5 else "")
             line = (f"checkpoints: {len(failed)} of {len(self.outcomes)} NOT saved (step {which}); "
                     f"{self.newest_intact()}")
-        done = ckptfiles.committed(self.cfg.ckpt_dir)
+        done = ckptfiles.committed(self.root)
         return {"taken": len(self.outcomes), "failed": failed, "newest": str(done[-1]) if done else None,
                 "line": line, "torn": self.torn}
 

@@ -179,6 +179,7 @@ class Keeper:
     def write(self, batch: list[Received]) -> dict[str, Any]:
         """Each host rank's shard and local file (temp + fsync + rename): name -> size and checksum."""
         meta = batch[0].meta
+        assert self.cfg.ckpt_dir is not None  # (checkpoints are handed off only with --ckpt-dir: `checkpointing`)
         directory = ckptfiles.step_dir(self.cfg.ckpt_dir, batch[0].head["global_step"])
         directory.mkdir(parents=True, exist_ok=True)
         plan = ckptfiles.plan_for(meta)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -116,7 +116,7 @@ class CopyReceiver:
             _warn(f"{self.topo.describe()}: stopped keeping partner copies ({type(e).__name__}: {e}); a restart "
                   "after a whole node is lost will read the disk")
 
-    def _keep(self, keeper: int, head: dict) -> None:
+    def _keep(self, keeper: int, head: Mapping[str, int]) -> None:
         source, what = self.keepers[keeper], f"a partner copy from {self.topo.describe(self.keepers[keeper])}"
         parts = []
         for _ in range(head["parts"]):
@@ -145,9 +145,9 @@ class DpuMemory:
                  note: Callable[[dict[str, Any]], None], point: Optional[MemoryPoint]) -> None:
         self.cfg, self.topo, self.comm, self.hosts, self.note = cfg, topo, comm, hosts, note
         self.point, self.index = point, comm.Get_rank()
-        on = bool(cfg.ckpt_mem_keep and cfg.ckpt_dir)
-        self.root = memory_root(cfg.ckpt_dir) if on else None
-        self.store = MemoryStore(self.root, self.index, cfg.ckpt_mem_keep) if on else None
+        self.root = memory_root(cfg.ckpt_dir) if cfg.ckpt_mem_keep and cfg.ckpt_dir else None
+        on = self.root is not None  # (--ckpt-mem-keep, with --ckpt-dir)
+        self.store = MemoryStore(self.root, self.index, cfg.ckpt_mem_keep) if self.root is not None else None
         self.keepers = keeper_ranks(topo) if on else ()
         self.placement = memory_placement(cfg, topo) if on else Placement(())
         self.holders = [self.keepers[k] for k in self.placement.holders[self.index]] if self.placement.holders else []
@@ -170,6 +170,7 @@ class DpuMemory:
                   "run(s) left (no job held them, unused for over 10 min)", flush=True)
         sources = self.placement.sources(self.index) if self.placement.holders else ()
         if sources and self.cfg.checkpointing:
+            assert self.keeping is not None  # (set whenever `root` is: see __init__)
             self.receiver = CopyReceiver(self.cfg, self.topo, self.keepers, sources, self.keeping)
         if self.point is None:
             self.clear()

@@ -15,7 +15,7 @@ checkpoint does not tear it; a copy of a part that had come whole is dropped.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, cast
 
 from dpuoffload.common.errors import PeerError, PeerLost
 from dpuoffload.common.runtime.messages import StateKind, Tag
@@ -131,8 +131,8 @@ class SurvivingRoute(Route):
         deadline = time.monotonic() + self.cfg.peer_timeout
         while True:
             done, report = req.test()
-            if done:
-                return KeeperReport.from_wire(report)
+            if done:  # (mpi4py's stubs type the message Optional: done, it is the report's `to_wire` dict)
+                return KeeperReport.from_wire(cast("Mapping[str, Any]", report))
             if self.may_wait_long([h in self.faults.dead_ranks() for h in self.assign.hosts_kept_by(source)]):
                 deadline = float("inf")
             if time.monotonic() > deadline:

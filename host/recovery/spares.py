@@ -448,6 +448,7 @@ class Rollback:
         the group that trained it, and its hand-off is sliced among that group (a spare in the
         seat adds nothing to either). Not after the last epoch: nothing is left to train. Returns
         whether spares were called in."""
+        assert self.group.spares is not None  # (rollback's group has the pool: host.main, spare_rank)
         if not self.group.spares.vacant or epoch + 1 >= self.epochs:
             return False
         self.group.fill(self._state(Position(epoch + 1, 0, global_step)))

@@ -197,6 +197,7 @@ class SurvivorGroup:
     def _regroup(self, failed_call_s: float, learnt: float, what: str) -> None:
         """Rollback: the pool shrinks and, inside a step, spares take the dead ranks' seats now."""
         before = self.alive
+        assert self.spares is not None  # (`_shrink` regroups a group with spares only)
         regroup = self.spares.regroup(self.state_source)
         if not regroup.changed:   # nobody had died (see the class): redo the call, no recovery to report
             self._adopt(changed=False)
@@ -228,6 +229,7 @@ class SurvivorGroup:
 
     def fill(self, state: Callable[[], tuple["Position", bytes]]) -> None:
         """Rollback, at a step boundary: spares into the seats a death outside a step left vacant."""
+        assert self.spares is not None  # (called by `Rollback`, whose group has the spares)
         regroup = self.spares.fill(state)
         self.regroups.append((Shrink((), self.alive, self.alive, 0.0, 0.0, time.time()), regroup))
         self._adopt()
@@ -235,6 +237,7 @@ class SurvivorGroup:
     def _adopt(self, changed: bool = True) -> None:
         """The pool's new seated communicator (its error handler set by the pool) is the group now
         (`changed` False: the same ranks in the same seats, so no `generation` step)."""
+        assert self.spares is not None  # (after a regroup or a fill: a group with spares)
         self.comm, self.alive = self.spares.active, self.spares.positions()
         self.generation += int(changed)
 
