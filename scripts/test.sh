@@ -78,8 +78,6 @@ fi
 # (start-up, waits), two fill them: 10:04 vs 13:01 min for the suite on this 2-core box. The tests'
 # assertions hold under a second job's load (that is what they were written for).
 # DPUOFFLOAD_TEST_WORKERS=0 runs them in this one process (easier to read when debugging).
-# The files go out heaviest first (tests/conftest.py, from tests/file_times.json), not in xdist's
-# default order (most tests first, which left the heavy job files with few tests for the end).
 # The 25 slowest tests are listed at the end: where the suite's time goes (target: 20 minutes on 2 cores).
 WORKERS=${DPUOFFLOAD_TEST_WORKERS:-2}
-exec "$VENV/bin/python" -m pytest -ra --durations=25 -n "$WORKERS" --dist loadfile --no-loadscope-reorder "$@"
+exec "$VENV/bin/python" -m pytest -ra --durations=25 -n "$WORKERS" --dist loadfile "$@"
