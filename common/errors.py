@@ -24,6 +24,14 @@ class HandshakeError(DpuOffloadError):
     """Host and DPU programs disagree on version, protocol or run config."""
 
 
+class InternalError(DpuOffloadError, RuntimeError):
+    """A state the code rules out was met after all: a defect in dpuoffload, never a user's mistake. Raised
+    where an `assert` would do, so the check holds under `python -O` too and names what was broken."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"internal error: {what} (a defect in dpuoffload: please report it)")
+
+
 class PeerError(DpuOffloadError):
     """A peer rank did not answer in time or sent something unexpected."""
 

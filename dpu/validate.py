@@ -295,7 +295,8 @@ class ScriptValidation:
             return []
         data = self.topo.world.recv(source=source, tag=Tag.VALIDATOR)
         setup = decode(data, self.cfg.script)
-        assert isinstance(setup, ValidatorSetup)  # (host rank 0 sends only a ValidatorSetup under Tag.VALIDATOR)
+        if not isinstance(setup, ValidatorSetup):
+            raise PeerError(f"expected the validator set-up from world rank {source}, got {type(setup).__name__}")
         validator = Validator(self.cfg.replace(val_batch_size=setup.batch_size), self.topo, self.faults, self.comm,
                               setup.model, setup.val_set, self.hosts, ())
         records = []

@@ -21,6 +21,7 @@ copy runs), so the keeper pulls chunk i while chunk i+1 is still being copied.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import threading
 from typing import Optional, Protocol, Sequence
@@ -28,6 +29,7 @@ from typing import Optional, Protocol, Sequence
 import numpy as np
 import torch
 
+from dpuoffload.common.errors import InternalError
 from dpuoffload.common.state.sharding import Piece, pack_pieces
 
 
@@ -85,7 +87,7 @@ class StreamCapture:
         self._compute = torch.cuda.current_stream(device)
         self._stream = torch.cuda.Stream(device)
         self._stream.wait_stream(self._compute)  # the state of the step just queued, not an older one
-        self._marks: list[tuple[int, torch.cuda.Event]] = []
+        self._marks: collections.deque[tuple[int, torch.cuda.Event]] = collections.deque()
         self._done = 0
         offset = 0
         with torch.cuda.stream(self._stream):
@@ -99,7 +101,7 @@ class StreamCapture:
 
     def packed(self) -> int:
         while self._marks and self._marks[0][1].query():
-            self._done = self._marks.pop(0)[0]
+            self._done = self._marks.popleft()[0]
         return self._done
 
     def settle(self) -> None:
@@ -125,7 +127,8 @@ class PinnedStaging:
             self.tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
             self.tensor.fill_(0)  # fault the pages in now, not during the first capture
             self.array = self.tensor.numpy()
-        assert self.array is not None  # (made above, or it fits)
+        if self.array is None:
+            raise InternalError("the staging buffer was not made")
         return self.array
 
 
@@ -134,6 +137,7 @@ def start(tensors: Sequence[torch.Tensor], pieces: Sequence[Piece], staging: Pin
     on_gpu = any(tensors[p.tensor].is_cuda for p in pieces)
     out = staging.at_least(nbytes, pinned=on_gpu)
     if on_gpu:
-        assert staging.tensor is not None
+        if staging.tensor is None:
+            raise InternalError("a GPU capture without its pinned staging tensor")
         return StreamCapture(tensors, pieces, staging.tensor)
     return ThreadCapture(tensors, pieces, out)

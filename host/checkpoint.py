@@ -32,7 +32,7 @@ import numpy as np
 from torch import nn
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.errors import PeerError, PeerLost
+from dpuoffload.common.errors import InternalError, PeerError, PeerLost
 from dpuoffload.common.faults.abort import EXIT_CHECKPOINT_FAILED, PREFIX
 from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.modes import StateCopy
@@ -337,7 +337,8 @@ class StateHandoff:
              user: Optional[dict[str, Any]] = None) -> None:
         """Hand this rank's slice over. `user`: a script's own JSON data (`job.checkpoint(extra=)`)."""
         t0 = time.perf_counter()
-        assert self.model is not None  # (the trainer's from the start; a script's bound before each send: `bind`)
+        if self.model is None:
+            raise InternalError("a state hand-off without a model (a script's job binds one before each send)")
         self.before_optimizer_step()
         self._complete()  # the previous hand-off's buffers are reused below
         self._route()
@@ -377,7 +378,8 @@ class StateHandoff:
         its receive there pays ~50k page faults (0.5 s for 188 MB on this VM)."""
         self.prepared = True
         self._route()
-        assert self.model is not None  # (`after_step`: the trainer's hand-off, which has its model from the start)
+        if self.model is None:
+            raise InternalError("the trainer's hand-off without a model")
         tensors = list(shared_tensors(self.model, self.optimizer).values())
         plan = plan_shards([t.numel() for t in tensors], self.size, DEFAULT_THRESHOLD)
         nbytes = packed_nbytes(tensors, plan.rank_pieces(self.rank))

@@ -32,7 +32,7 @@ from dpuoffload.common.data.loaders import Sampling, steps_for
 from dpuoffload.common.data.streams import Recipe, StepSplit
 from dpuoffload.common.data.wire import choose
 from dpuoffload.common.data.wire import policy as wire_policy
-from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.errors import ConfigError, InternalError
 from dpuoffload.common.faults.abort import JobFailed, abort_job, failure_line, set_rank_label
 from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.modes import Mode, Wire
@@ -181,7 +181,8 @@ class Job:
         feeder = require_feeder(plan, topo.world_rank if self.fed_as is None else self.fed_as, topo.describe())
         wire = choose(dataset, self.wire_policy, host_steps, sampling)  # (uint8: the host runs the float steps)
         steps = steps_for(dataset, sampling)
-        assert not isinstance(cfg.da_host_share, str)  # ("auto" was resolved at start-up: common.runtime.startup)
+        if isinstance(cfg.da_host_share, str):
+            raise InternalError("--da-host-share auto unresolved after start-up (`common.runtime.startup` resolves it)")
         split = StepSplit(cfg.da_host_share, steps)
         remote = RemoteSource(topo.world, feeder, topo.describe(feeder), len(self.loaders), wire.layout, steps,
                               cfg.peer_timeout, copy, epochs, split, pinned=self.device.type == "cuda",

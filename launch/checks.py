@@ -44,7 +44,7 @@ from typing import Callable, Optional, Sequence
 from dpuoffload.common.clones import clone_config
 from dpuoffload.common.config import RunConfig, parse_run_config
 from dpuoffload.common.data.datasets import FAKE_TRAIN_SIZE, check_dataset
-from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.errors import ConfigError, InternalError
 from dpuoffload.common.factories import is_factory_spec
 from dpuoffload.common.models.zoo import check_model
 from dpuoffload.common.plan.offload import split_counts
@@ -221,7 +221,8 @@ def check_ckpt_dir(cfg: RunConfig, facts: LaunchFacts) -> None:
     """Checkpoints will be written: the directory must take files (a failure after launch is found
     only when the first checkpoint is lost)."""
     if cfg.checkpointing:
-        assert cfg.ckpt_dir is not None  # (`RunConfig.checkpointing` needs --ckpt-dir)
+        if cfg.ckpt_dir is None:
+            raise InternalError("checkpointing without --ckpt-dir")
         check_writable(cfg.ckpt_dir, "--ckpt-dir", facts)
 
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Iterator, Mapping, Optional, Sequence, cast
 
+from dpuoffload.common.errors import InternalError
 from dpuoffload.common.runtime.roles import Role
 from dpuoffload.launch.command import MpiFlavor
 
@@ -525,7 +526,8 @@ def _pump_until_done(proc: "subprocess.Popen[bytes]", scanners: tuple[FailureSca
     time (`_end_with_parent`). With two pump threads mpirun got two or three SIGTERMs within a
     millisecond, took the second for "force" ("hit ctrl-c again to forcibly terminate") and exited
     at once, leaving every rank running (3 of 5 tries of the test by hand, traced with strace)."""
-    assert proc.stdout is not None and proc.stderr is not None  # (`run_job` starts it with both piped)
+    if proc.stdout is None or proc.stderr is None:
+        raise InternalError("mpirun started without piped stdout and stderr (`run_job` pipes both)")
     streams = {proc.stdout: _Stream(sys.stdout, scanners[0], raw), proc.stderr: _Stream(sys.stderr, scanners[1], raw)}
     stopper = _Stopper(proc, grace)
     rc: Optional[int] = None

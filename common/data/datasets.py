@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sized, cast
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.errors import ConfigError, InternalError
 from dpuoffload.common.factories import is_factory_spec, load_factory
 from dpuoffload.common.modes import Mode
 
@@ -252,7 +252,8 @@ def _torchvision_error(cfg: RunConfig, err: Exception) -> ConfigError:
 def _build_cifar10(cfg: RunConfig) -> DatasetPair:
     from torchvision import datasets as tvd
 
-    assert cfg.data is not None  # (check_dataset, in build_datasets, requires --data for a built-in set)
+    if cfg.data is None:
+        raise InternalError("a built-in data set without --data (`check_dataset` refuses it first)")
     cls = _bundled_classes()["BundledCIFAR10"] if _is_bundled(cfg.data) else tvd.CIFAR10
     try:
         train = cls(cfg.data, train=True, transform=_transform("cifar10", True), download=cfg.download)
@@ -265,7 +266,8 @@ def _build_cifar10(cfg: RunConfig) -> DatasetPair:
 def _build_svhn(cfg: RunConfig) -> DatasetPair:
     from torchvision import datasets as tvd
 
-    assert cfg.data is not None  # (check_dataset, in build_datasets, requires --data for a built-in set)
+    if cfg.data is None:
+        raise InternalError("a built-in data set without --data (`check_dataset` refuses it first)")
     cls = _bundled_classes()["BundledSVHN"] if _is_bundled(cfg.data) else tvd.SVHN
     try:
         train = cls(cfg.data, split="train", transform=_transform("svhn", True), download=cfg.download)
@@ -278,7 +280,8 @@ def _build_svhn(cfg: RunConfig) -> DatasetPair:
 def _build_tinyimagenet(cfg: RunConfig) -> DatasetPair:
     from torchvision import datasets as tvd
 
-    assert cfg.data is not None  # (check_dataset, in build_datasets, requires --data for a built-in set)
+    if cfg.data is None:
+        raise InternalError("a built-in data set without --data (`check_dataset` refuses it first)")
     root = Path(cfg.data)
     try:
         train = tvd.ImageFolder(str(root / "train"), transform=_transform("tinyimagenet", True))

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
-from dpuoffload.common.errors import ConfigError, DpuOffloadError
+from dpuoffload.common.errors import ConfigError, DpuOffloadError, InternalError
 
 if TYPE_CHECKING:
     from dpuoffload.common.runtime.roles import Topology
@@ -57,7 +57,8 @@ class Injection:
         """The global step it fires at, in a run of `total_steps` steps."""
         if self.step is not None:
             return self.step
-        assert self.fraction is not None  # (a spec gives a step or a fraction: `_who_when`)
+        if self.fraction is None:
+            raise InternalError("an injection with neither a step nor a fraction (`_who_when` gives one)")
         return max(1, math.ceil(float(self.fraction) * total_steps))
 
     @property
@@ -205,7 +206,8 @@ def fire(inj: Injection, label: str, global_step: int, note: Note) -> None:
     print(f"[dpuoffload] {label}: {what}", file=sys.stderr, flush=True)
     note({"event": "injected", "spec": str(inj), "global_step": global_step, "time": time.time()})
     sig = HOW[inj.how]
-    assert sig is not None  # ("raise", the one without a signal, raised above)
+    if sig is None:
+        raise InternalError(f"injection kind {inj.how!r} has no signal to kill with")
     os.kill(os.getpid(), sig)
 
 

@@ -14,6 +14,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
+from dpuoffload.common.errors import InternalError
 from dpuoffload.common.files import write_atomic
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ def finish(world: "MPI.Comm", path: Optional[str]) -> None:
     gathered = world.gather(_tracer.events if _tracer else [], root=0)
     if world.Get_rank() != 0:
         return
-    assert gathered is not None  # (the root's gather returns every rank's part)
+    if gathered is None:
+        raise InternalError("the trace's gather returned nothing on world rank 0")
     events = [e for part in gathered for e in part]
     write_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}).encode(), parents=True)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from dpuoffload.common.errors import InternalError
 from dpuoffload.common.faults.abort import EXIT_CHECKPOINT_FAILED, PREFIX, abort_job
 from dpuoffload.common.runtime.messages import Tag
 from dpuoffload.common.runtime.waits import wait_object
@@ -46,7 +47,8 @@ class Committer:
     @property
     def root(self) -> str:
         """--ckpt-dir: set whenever there is a checkpoint to commit or summarise (`RunConfig.checkpointing`)."""
-        assert self.cfg.ckpt_dir is not None
+        if self.cfg.ckpt_dir is None:
+            raise InternalError("a checkpoint to commit without --ckpt-dir")
         return self.cfg.ckpt_dir
 
     def commit(self, meta: Mapping[str, Any], reports: Sequence[KeeperReport]) -> None:
@@ -71,7 +73,8 @@ class Committer:
 
     def _committed(self, decision: CommitDecision, directory: Path, record: dict[str, Any]) -> None:
         self.outcomes[decision.step] = True
-        assert decision.prune_keep is not None  # (`decide_commit`: set for every committed checkpoint)
+        if decision.prune_keep is None:
+            raise InternalError("a committed checkpoint without its pruning decision (`decide_commit`)")
         record["pruned"] = [p.name for p in ckptfiles.prune(self.root, decision.prune_keep)]
         print(f"{PREFIX} checkpoint step {decision.step} committed: {directory} ({record['bytes'] / 1e6:.1f} MB, "
               f"written in {record['write_s']:.2f} s)", flush=True)
@@ -80,7 +83,8 @@ class Committer:
         """A death the run survives tore it: said once, not counted as a failure."""
         self.torn.append(decision.step)
         record["torn"] = True
-        assert decision.torn_by is not None  # (`decide_commit`: set for every torn checkpoint)
+        if decision.torn_by is None:
+            raise InternalError("a torn checkpoint without the death that tore it (`decide_commit`)")
         print(f"{PREFIX} checkpoint at step {decision.step} NOT saved ({'; '.join(decision.errors)}); "
               f"{_AFTER_TORN[decision.torn_by]}, {self.kept()}", file=sys.stderr, flush=True)
 

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from dpuoffload.common.config import RunConfig
-from dpuoffload.common.errors import PeerError
+from dpuoffload.common.errors import InternalError, PeerError
 from dpuoffload.common.faults import inject
 from dpuoffload.common.faults.abort import abort_job, ending_line
 from dpuoffload.common.faults.watch import Faults
@@ -179,7 +179,8 @@ class Keeper:
     def write(self, batch: list[Received]) -> dict[str, Any]:
         """Each host rank's shard and local file (temp + fsync + rename): name -> size and checksum."""
         meta = batch[0].meta
-        assert self.cfg.ckpt_dir is not None  # (checkpoints are handed off only with --ckpt-dir: `checkpointing`)
+        if self.cfg.ckpt_dir is None:
+            raise InternalError("a checkpoint to write without --ckpt-dir")
         directory = ckptfiles.step_dir(self.cfg.ckpt_dir, batch[0].head["global_step"])
         directory.mkdir(parents=True, exist_ok=True)
         plan = ckptfiles.plan_for(meta)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from dpuoffload.common.errors import InternalError
 from dpuoffload.common.faults.abort import PREFIX
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.runtime.messages import CKPT_HEADER, COPY_HEADER, StateKind, Tag
@@ -170,7 +171,8 @@ class DpuMemory:
                   "run(s) left (no job held them, unused for over 10 min)", flush=True)
         sources = self.placement.sources(self.index) if self.placement.holders else ()
         if sources and self.cfg.checkpointing:
-            assert self.keeping is not None  # (set whenever `root` is: see __init__)
+            if self.keeping is None:
+                raise InternalError("partner copies to receive with no DPU memory kept")
             self.receiver = CopyReceiver(self.cfg, self.topo, self.keepers, sources, self.keeping)
         if self.point is None:
             self.clear()

@@ -42,7 +42,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from dpuoffload.common.data.feeds import Batch
-from dpuoffload.common.errors import ConfigError, DeathNotSurvived, PeerLost
+from dpuoffload.common.errors import ConfigError, DeathNotSurvived, InternalError, PeerLost
 from dpuoffload.common.faults.abort import PREFIX
 from dpuoffload.common.faults.policy import Recovery
 from dpuoffload.common.faults.watch import Faults, Verdict, death_line
@@ -448,7 +448,8 @@ class Rollback:
         the group that trained it, and its hand-off is sliced among that group (a spare in the
         seat adds nothing to either). Not after the last epoch: nothing is left to train. Returns
         whether spares were called in."""
-        assert self.group.spares is not None  # (rollback's group has the pool: host.main, spare_rank)
+        if self.group.spares is None:
+            raise InternalError("rollback's host group without its spare pool")
         if not self.group.spares.vacant or epoch + 1 >= self.epochs:
             return False
         self.group.fill(self._state(Position(epoch + 1, 0, global_step)))

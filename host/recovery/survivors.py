@@ -38,7 +38,7 @@ from torch.utils.data import default_collate
 from dpuoffload.common.data.feeds import Batch
 from dpuoffload.common.data.loaders import Sampling, epoch_order
 from dpuoffload.common.data.shards import sharded_of
-from dpuoffload.common.errors import PeerLost
+from dpuoffload.common.errors import InternalError, PeerLost
 from dpuoffload.common.faults.abort import PREFIX
 from dpuoffload.common.faults.policy import Recovery
 from dpuoffload.common.runtime.hostgroup import HostGroup
@@ -197,7 +197,8 @@ class SurvivorGroup:
     def _regroup(self, failed_call_s: float, learnt: float, what: str) -> None:
         """Rollback: the pool shrinks and, inside a step, spares take the dead ranks' seats now."""
         before = self.alive
-        assert self.spares is not None  # (`_shrink` regroups a group with spares only)
+        if self.spares is None:
+            raise InternalError("a regroup of a host group without spares")
         regroup = self.spares.regroup(self.state_source)
         if not regroup.changed:   # nobody had died (see the class): redo the call, no recovery to report
             self._adopt(changed=False)
@@ -229,7 +230,8 @@ class SurvivorGroup:
 
     def fill(self, state: Callable[[], tuple["Position", bytes]]) -> None:
         """Rollback, at a step boundary: spares into the seats a death outside a step left vacant."""
-        assert self.spares is not None  # (called by `Rollback`, whose group has the spares)
+        if self.spares is None:
+            raise InternalError("a fill of a host group without spares")
         regroup = self.spares.fill(state)
         self.regroups.append((Shrink((), self.alive, self.alive, 0.0, 0.0, time.time()), regroup))
         self._adopt()
@@ -237,7 +239,8 @@ class SurvivorGroup:
     def _adopt(self, changed: bool = True) -> None:
         """The pool's new seated communicator (its error handler set by the pool) is the group now
         (`changed` False: the same ranks in the same seats, so no `generation` step)."""
-        assert self.spares is not None  # (after a regroup or a fill: a group with spares)
+        if self.spares is None:
+            raise InternalError("adopting the seats of a host group without spares")
         self.comm, self.alive = self.spares.active, self.spares.positions()
         self.generation += int(changed)
 
