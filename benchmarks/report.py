@@ -135,6 +135,16 @@ def workloads() -> dict[str, dict[str, Any]]:
     return load("workloads.json")["report"]
 
 
+def machine_ms() -> list[dict[str, float]]:
+    """The 1 s probes of the machine's speed before each job (`harness.machine_speed`), every mode of every workload."""
+    return [m for r in workloads().values() for m in r["machine_ms"].values()]
+
+
+def prediction_errors() -> list[float]:
+    """The model's error against the measured epoch, every mode of every workload (0.05: 5 % slow)."""
+    return [p["error"] for r in workloads().values() for p in r["prediction"]["modes"].values()]
+
+
 def crossarch_identical(pipeline: dict[str, Any], side: str = "aarch64 N1", wire: str = "float") -> str:
     v = pipeline["vs"][side][wire]
     return f"{v['identical']}/{v['compared']}"
@@ -217,6 +227,16 @@ FIGURES: dict[str, Callable[[], str]] = {
     "recovery_epochs.cr_over_rollback": lambda: times(over_rollback("recovery-long-epoch.json"), 0),
     "recovery_long.restart_over_rollback": lambda: times(over_rollback("recovery-long-step.json"), 1),
     "workloads.speed_moved": lambda: times([load("workloads.json")["machine_speed"]["slow_over_fast"]]),
+    "workloads.probes_ms": lambda: (f"{min(m['min'] for m in machine_ms()):.1f}-"
+                                    f"{max(m['max'] for m in machine_ms()):.1f} ms"),
+    "workloads.predictions_met": lambda: "{} of {}".format(
+        sum(abs(e) <= load("workloads.json")["targets"]["prediction_error"] for e in prediction_errors()),
+        len(prediction_errors())),
+    "workloads.prediction_errors": lambda: (f"{min(prediction_errors()) * 100:+.1f} % to "
+                                            f"{max(prediction_errors()) * 100:+.1f} %"),
+    "workloads.auto_vs_best": lambda: " / ".join(f"{r['auto']['ratio']['median']:.3f}" for r in workloads().values()),
+    "workloads.epoch_s": lambda: span((p["measured_s"] for r in workloads().values()
+                                       for p in r["prediction"]["modes"].values()), 1) + " s",
     "workloads.auto_vs_choice": lambda: auto_vs_choice(),
     "workloads.auto_vs_best_resolution": lambda: auto_vs_best_resolution(),
     "recovery.rollback_distance": lambda: f"{max(exact_distances()):g}",
