@@ -18,9 +18,23 @@ the launcher and the torch-free planning code must not pay for importing torch h
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dpuoffload.common.version import API_VERSION, __version__
+
+if TYPE_CHECKING:  # what a type checker sees of the names `__getattr__` imports on first use (`_EXPORTS`)
+    from dpuoffload.common.data.hfdata import huggingface as huggingface
+    from dpuoffload.common.data.sampling import seeded as seeded
+    from dpuoffload.common.data.shards import ShardedSet as ShardedSet
+    from dpuoffload.common.data.shards import ShardSource as ShardSource
+    from dpuoffload.common.data.tarshards import webdataset as webdataset
+    from dpuoffload.common.errors import ConfigError as ConfigError
+    from dpuoffload.common.errors import DpuOffloadError as DpuOffloadError
+    from dpuoffload.common.errors import PeerError as PeerError
+    from dpuoffload.host.library import Job as Job
+    from dpuoffload.host.library import init as init
+    from dpuoffload.host.loader import DpuLoader as DpuLoader
+    from dpuoffload.host.script_state import Restored as Restored
 
 _EXPORTS = {
     "init": "dpuoffload.host.library",
@@ -40,7 +54,7 @@ _EXPORTS = {
 __all__ = ["API_VERSION", "__version__", *_EXPORTS]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'dpuoffload' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

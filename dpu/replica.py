@@ -16,6 +16,7 @@ from dpuoffload.common.data.datasets import DatasetPair
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.plan.offload import plan_offload
+from dpuoffload.common.runtime.hostgroup import FixedGroup
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.train.allreduce import GradientSync, build_sync
 from dpuoffload.common.train.device import Compute
@@ -40,13 +41,13 @@ class Replica:
         compute = Compute.of(torch.device("cpu"), self.cfg.amp, self.cfg.channels_last)  # as the host replicas
         self.job = TrainJob(data=self.data, train=self.train, model=compute.place(self.model), feed=feed,
                             plan=plan_offload(self.topo.ranks, self.cfg), compute=compute)
-        self.sync = build_sync(naive_backend(self.cfg, profiles), self.topo.world, self.cfg.peer_timeout)
+        self.sync = build_sync(naive_backend(self.cfg, profiles), FixedGroup.of_world(self.topo), self.cfg.peer_timeout)
 
     def run(self) -> list[dict[str, Any]]:
         """Train every epoch; per-epoch phase records are written by the trainer itself."""
         if self.job is None or self.sync is None:
             raise RuntimeError("Replica.start() must run before run()")
-        Trainer(self.cfg, self.topo, self.job, self.sync, NoValidation(), group=self.topo.world,
+        Trainer(self.cfg, self.topo, self.job, self.sync, NoValidation(), group=FixedGroup.of_world(self.topo),
                 faults=self.faults).fit()
         return []
 

@@ -37,13 +37,14 @@ from dpuoffload.common.faults.abort import EXIT_CHECKPOINT_FAILED, PREFIX
 from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.modes import StateCopy
 from dpuoffload.common.plan.assign import StateAssignment
-from dpuoffload.common.runtime.hostgroup import HostGroup
+from dpuoffload.common.runtime.hostgroup import FixedGroup, HostGroup, seat_hosts
 from dpuoffload.common.runtime.messages import CKPT_HEADER, STAGED_CHUNK_BYTES, StateKind, Tag
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import wait, wait_all, wait_object
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.ckptfiles import Received, chunk_sizes, part_bounds
+from dpuoffload.common.state.load import Live, Loaded, Reader, StateSource, load_state
 from dpuoffload.common.state.memstore import MemoryPoint
 from dpuoffload.common.state.meta import Slicing
 from dpuoffload.common.state.resume import ResumePoint, config_dict
@@ -58,8 +59,6 @@ from dpuoffload.common.state.trainstate import (
     shared_tensors,
 )
 from dpuoffload.host import capture
-from dpuoffload.host.recovery.survivors import seat_hosts, world_ranks
-from dpuoffload.host.state import Live, Loaded, Reader, StateSource, load_state
 
 ZERO_POLL_MAX_SLEEP = 0.0005  # the next optimizer step waits on these: poll often
 
@@ -68,7 +67,7 @@ if TYPE_CHECKING:
 
 
 def resume_trainer(trainer: Any, point: ResumePoint, topo: Topology) -> None:
-    """Load the checkpoint into the trainer (`host.state.load_state`: the same slicing restores
+    """Load the checkpoint into the trainer (`common.state.load.load_state`: the same slicing restores
     this rank's own local state, bit-exact; another takes host rank 0's). Restarting from DPU
     memory, the state comes from the keepers instead of the disk (same slicing)."""
     t0 = time.perf_counter()
@@ -167,7 +166,7 @@ class StateHandoff:
         self.faults = faults
         self.steps_per_epoch = steps_per_epoch
         self.assign = StateAssignment.of(topo)
-        self.comm: HostGroup = topo.side_comm if group is None else group
+        self.comm: HostGroup = FixedGroup.of_side(topo) if group is None else group
         self.surviving = group is not None  # (--recovery: host ranks may die, keepers may be left without one)
         self.seat_host = seat_hosts(self.comm, topo.host_ranks)[self.rank]  # whose place this rank trains in
         self.keeper = self.assign.keeper_of(self.seat_host)
@@ -209,7 +208,7 @@ class StateHandoff:
         hosts = seat_hosts(self.comm, self.topo.host_ranks)
         keepers = [self.assign.keeper_of(h, self.lost) for h in hosts]
         common = dict(kind=kind, global_step=global_step, senders=self.size,
-                      leader=world_ranks(self.comm, self.topo.host_ranks)[0],
+                      leader=self.comm.members()[0],
                       lost_keepers=self.assign.lost_mask(self.lost))
         if self.surviving and self.rank == 0 and kind is not StateKind.JOIN:
             for k in self.assign.keeper_ranks:

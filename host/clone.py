@@ -35,12 +35,12 @@ from dpuoffload.common.runtime.messages import CKPT_HEADER, StateKind, Tag
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import wait, wait_all
 from dpuoffload.common.state.ckptfiles import Received, part_bounds, part_sizes, plan_for
+from dpuoffload.common.state.load import Live, Reader, StateSource, load_state
 from dpuoffload.common.state.meta import CheckpointMeta, Slicing
 from dpuoffload.common.state.sharding import Piece, byte_buffer
 from dpuoffload.common.state.trainstate import dtype_of, numel, parse_local
 from dpuoffload.common.train.device import to_host
 from dpuoffload.common.train.loop import Trainer
-from dpuoffload.host.state import Live, Reader, StateSource, load_state
 
 if TYPE_CHECKING:
     from mpi4py import MPI

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from dpuoffload.common.faults.watch import Faults
-from dpuoffload.common.runtime.hostgroup import HostGroup, communicator
+from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.runtime.waits import wait_unless_lost
@@ -30,7 +30,7 @@ def end_with_dpus(topo: Topology, timeout: float, faults: Faults, group: HostGro
         wait_unless_lost(topo.world.Isend(CONTROL.pack(kind=ControlKind.RELEASE), dest=d, tag=CONTROL.tag), timeout,
                          f"the release to {topo.describe(d)}")
     # (a plain barrier, not the group's: a death now is no one's to recover, the training is over)
-    wait_unless_lost(communicator(group).Ibarrier(), timeout, "the host ranks' last barrier")
+    wait_unless_lost(group.comm.Ibarrier(), timeout, "the host ranks' last barrier")
 
 
 def shutdown_dpus(topo: Topology, timeout: float, gone: frozenset[int]) -> list[int]:

@@ -25,7 +25,7 @@ import shlex
 import sys
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Optional, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence, TypeVar, cast
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.loaders import Sampling, steps_for
@@ -38,9 +38,10 @@ from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.modes import Mode, Wire
 from dpuoffload.common.plan.offload import OffloadPlan, plan_offload, require_feeder
 from dpuoffload.common.runtime import env
-from dpuoffload.common.runtime.hostgroup import HostGroup
+from dpuoffload.common.runtime.hostgroup import FixedGroup, HostGroup
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import start_program
+from dpuoffload.common.state.load import Live
 from dpuoffload.host.checkpoint import StateHandoff
 from dpuoffload.host.control import end_with_dpus
 from dpuoffload.host.loader import (
@@ -54,14 +55,51 @@ from dpuoffload.host.loader import (
 )
 from dpuoffload.host.numerics import NumericsCheck, numerics_check
 from dpuoffload.host.script_state import Restored, ScriptState
-from dpuoffload.host.state import Live
 from dpuoffload.host.validation import JobValidation
 
 if TYPE_CHECKING:
     import torch
     from mpi4py import MPI
+    from torch.utils.data import Dataset
 
+    from dpuoffload.host.lightning import HostRanks
     from dpuoffload.host.recovery.spares import SparePool
+
+
+class MapStyleDataset(Protocol):
+    """What `job.loader` and `job.validate` index besides a torch `Dataset` (whose type declares no
+    length, though the loader needs one): any map-style data set, a list of samples included. A
+    sample is anything the batches' collation takes: typically (image tensor, label)."""
+
+    def __getitem__(self, index: int, /) -> object: ...
+
+    def __len__(self) -> int: ...
+
+
+_Record = TypeVar("_Record")
+
+
+class ShardStream(Protocol[_Record]):
+    """A stream `job.loader` trains from (docs/batches.md, "Streams"): it names its shards, opens
+    one (its records in order, the same every time) and makes a record a sample. `_Record` is the
+    stream's own record type: what `open_shard` yields is what `sample` takes."""
+
+    @property
+    def shards(self) -> Sequence[str]: ...
+
+    def open_shard(self, shard: str, /) -> Iterable[_Record]: ...
+
+    def sample(self, record: _Record, /) -> object: ...
+
+
+class Scheduler(Protocol):
+    """A learning-rate scheduler as `job.checkpoint` / `job.restore` keep it (any of
+    `torch.optim.lr_scheduler`'s, or your own): its state as plain data, and that state put back."""
+
+    def state_dict(self) -> Mapping[str, object]: ...
+
+    def load_state_dict(self, state_dict: dict[str, object], /) -> None: ...
+
 
 # Environment variables of launchers that start one process per rank, for the fallback's rank count.
 _RANK_VARS = (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"), ("PMI_SIZE", "PMI_RANK"), ("WORLD_SIZE", "RANK"))
@@ -134,9 +172,11 @@ class Job:
         """Whether DPU ranks build this rank's batches (never on a clone rank: it loads its own)."""
         return self.topo is not None and not self.is_clone and self.mode.augments_on_dpu
 
-    def loader(self, dataset: Any, batch_size: int, *, shuffle: bool = True, seed: int = 0,
-               drop_last: bool = False, copy: bool = True, epochs: Optional[int] = None,
-               build_on_dpu: Optional[Callable[[], Any]] = None, host_steps: Optional[int] = None) -> DpuLoader:
+    def loader(self, dataset: "Dataset[object] | MapStyleDataset | ShardStream[_Record]", batch_size: int, *,
+               shuffle: bool = True, seed: int = 0, drop_last: bool = False, copy: bool = True,
+               epochs: Optional[int] = None,
+               build_on_dpu: Optional[Callable[[], "Dataset[object] | MapStyleDataset"]] = None,
+               host_steps: Optional[int] = None) -> DpuLoader:
         """A loader of `dataset` for this host rank, augmented by its DPU rank in `--mode da`/`hybrid`.
 
         Args:
@@ -163,20 +203,21 @@ class Job:
         No communication happens here: the DPU rank hears of the loader with the first batch request.
         """
         self._check_open()
-        dataset = check_dataset(dataset, batch_size)
+        checked = check_dataset(dataset, batch_size)
         if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
             raise ConfigError(f"job.loader: epochs must be an integer >= 1 or None, got {epochs!r}")
         sampling = Sampling(batch_size, self.size, self.rank, seed, shuffle, drop_last,
                             self.cfg.skip_corrupt if self.cfg is not None else 0)
         if not self.offloaded:
-            made = local_loader(dataset, sampling, epochs)
+            made = local_loader(checked, sampling, epochs)
         else:
-            made = self._remote_loader(dataset, sampling, copy, epochs, build_on_dpu, host_steps)
+            made = self._remote_loader(checked, sampling, copy, epochs, build_on_dpu, host_steps)
         self.loaders.append(made)
         return made
 
     def _remote_loader(self, dataset: Any, sampling: Sampling, copy: bool, epochs: Optional[int],
-                       build_on_dpu: Optional[Callable[[], Any]], host_steps: Optional[int]) -> DpuLoader:
+                       build_on_dpu: Optional[Callable[[], "Dataset[object] | MapStyleDataset"]],
+                       host_steps: Optional[int]) -> DpuLoader:
         topo, cfg, plan = cast(Topology, self.topo), cast(RunConfig, self.cfg), cast(OffloadPlan, self.plan)
         feeder = require_feeder(plan, topo.world_rank if self.fed_as is None else self.fed_as, topo.describe())
         wire = choose(dataset, self.wire_policy, host_steps, sampling)  # (uint8: the host runs the float steps)
@@ -200,7 +241,8 @@ class Job:
                                     self.faults)
         return DpuLoader(source, sampling, steps, dataset, where, epochs)
 
-    def validate(self, model: Any, val_set: Any, epoch: int, *, batch_size: int = 128) -> dict[int, dict[str, float]]:
+    def validate(self, model: "torch.nn.Module", val_set: "Dataset[object] | MapStyleDataset", epoch: int, *,
+                 batch_size: int = 128) -> dict[int, dict[str, float]]:
         """Validate `model` as it is now, the end of epoch `epoch`: cross-entropy loss and accuracy.
 
         Collective over the host ranks. In `--mode mv`/`hybrid` each host rank hands its slice of
@@ -215,18 +257,20 @@ class Job:
         self._check_open()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"job.validate: batch_size must be an integer >= 1, got {batch_size!r}")
+        data = cast("Dataset[object]", val_set)  # (JobValidation's `Dataset`: any map-style set, indexed and sized)
         if self.validation is None:
             share = float(self.cfg.mv_dpu_fraction) if self.cfg is not None else 0.0
             on_dpu = self.topo is not None and not self.is_clone and self.mode.validates_on_dpu
-            self.validation = JobValidation(model, val_set, batch_size, self.comm, self.topo,
+            self.validation = JobValidation(model, data, batch_size, self.comm, self.topo,
                                             self.plan if on_dpu else None,
                                             share, self.cfg.peer_timeout if self.cfg else 600.0, self.faults)
-        self.validation.check_same(model, val_set)
+        self.validation.check_same(model, data)
         self.validation.epoch_end(epoch)
         return dict(self.validation.results)
 
-    def checkpoint(self, model: Any, optimizer: Any, scheduler: Any = None, *, epoch: int, step: int = 0,
-                   global_step: Optional[int] = None, extra: Optional[dict[str, Any]] = None) -> None:
+    def checkpoint(self, model: "torch.nn.Module", optimizer: "torch.optim.Optimizer",
+                   scheduler: Optional[Scheduler] = None, *, epoch: int, step: int = 0,
+                   global_step: Optional[int] = None, extra: Optional[dict[str, object]] = None) -> None:
         """Hand the training state to the DPU ranks, which write it as a checkpoint while you train on.
 
         Collective over the host ranks: every host rank calls it at the same point, right after an
@@ -253,7 +297,8 @@ class Job:
         if unwritten:
             self._warn_once("checkpoint", unwritten)
 
-    def restore(self, model: Any, optimizer: Any, scheduler: Any = None) -> Optional[Restored]:
+    def restore(self, model: "torch.nn.Module", optimizer: "torch.optim.Optimizer",
+                scheduler: Optional[Scheduler] = None) -> Optional[Restored]:
         """Load the checkpoint named by dpurun's `--resume latest|DIR` into your live objects.
 
         Returns None without `--resume` (start from scratch), else where to go on: iterate
@@ -278,7 +323,7 @@ class Job:
             raise ConfigError("job.init_process_group needs MPI: start the script with dpurun (or mpirun)")
         init_torch_group(self.comm, backend, timeout or (self.cfg.peer_timeout if self.cfg else 600.0))
 
-    def lightning_environment(self, backend: str = "gloo") -> Any:
+    def lightning_environment(self, backend: str = "gloo") -> "HostRanks":
         """A Lightning `ClusterEnvironment` of the host ranks, for `DDPStrategy(cluster_environment=...)`.
 
         Collective over the host ranks: forms the process group (`init_process_group(backend)`) if
@@ -319,7 +364,7 @@ class Job:
         if handoff is not None:  # END to the keeper; host rank 0 gets keeper 0's summary
             handoff.finish()
         if self.topo is not None and self.cfg is not None:
-            barrier = self.topo.side_comm if group is None else group
+            barrier = FixedGroup.of_side(self.topo) if group is None else group
             barrier.Barrier()
             self.faults.ending()  # (every host rank is done: ranks that leave now are not dying)
             if spares is not None:  # the spares still standing by leave too

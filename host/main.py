@@ -22,7 +22,7 @@ from dpuoffload.common.modes import Mode
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.plan.offload import plan_offload
 from dpuoffload.common.runtime import trace
-from dpuoffload.common.runtime.hostgroup import HostGroup
+from dpuoffload.common.runtime.hostgroup import FixedGroup, HostGroup
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import CLOCK, Run, import_torch_ahead, start_program
@@ -127,11 +127,11 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
     if topo.role is Role.SPARE:
         return run_spare(cfg, topo, job, faults)
     survivors, spares = build_survivors(cfg, topo, faults)
-    group: HostGroup = topo.side_comm if survivors is None else survivors
+    group: HostGroup = FixedGroup.of_side(topo) if survivors is None else survivors
     if cfg.mode.dpu_trains:  # DPU ranks are replicas too: one gradient group over the whole job
         source = "balanced by --mode auto's profile" if started.auto is not None else "from --dpu-batch-size"
         job.feed = build_naive_feed(cfg, topo, job.train, profiles, source)
-        group = topo.world
+        group = FixedGroup.of_world(topo)
     sync = build_sync(naive_backend(cfg, profiles) if cfg.mode.dpu_trains else cfg.allreduce, group,
                       cfg.peer_timeout, job.compute.device)
     if topo.side_rank == 0:
@@ -159,9 +159,10 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
 def run_clone(original: RunConfig, topo: Topology, job: TrainJob, adopt: CloneAdopter, faults: Faults) -> int:
     """Clone ranks: stand by for the forwarded state, then train as their own group."""
     cfg = clone_config(original)
-    sync = build_sync(cfg.allreduce, topo.side_comm, cfg.peer_timeout, job.compute.device)
-    trainer = Trainer(cfg, topo, job, sync, LocalValidation(job.model, job.data.val, cfg.val_batch_size,
-                                                            topo.side_comm), group=topo.side_comm, faults=faults)
+    group = FixedGroup.of_side(topo)
+    sync = build_sync(cfg.allreduce, group, cfg.peer_timeout, job.compute.device)
+    trainer = Trainer(cfg, topo, job, sync, LocalValidation(job.model, job.data.val, cfg.val_batch_size, group),
+                      group=group, faults=faults)
     trainer.label = "[clone] "
     if topo.side_rank == 0:
         print(f"[clone] {len(topo.clone_ranks)} clone rank(s) standing by for the state of step "

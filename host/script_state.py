@@ -4,7 +4,7 @@
 state of a user's own loop is this module's one concern: which hand-offs a `job.checkpoint` call
 makes (a checkpoint under `--ckpt-dir`, the clone ranks' state at `--clone-at`), the position it
 names and its checks, and `job.restore` from `--resume` or, on a clone rank, from the state the
-keepers forward, loaded by the one state loader (`host.state.load_state`).
+keepers forward, loaded by the one state loader (`common.state.load.load_state`).
 
 Calls, per host rank, in the script's order: `checkpoint(...)` after an optimizer step, any number
 of times with a growing global step (collective over the host ranks: each sends its slice);
@@ -24,11 +24,11 @@ from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.runtime.messages import StateKind
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.state import ckptfiles
+from dpuoffload.common.state.load import Live, Reader, StateSource, load_state
 from dpuoffload.common.state.meta import Slicing
 from dpuoffload.common.state.resume import nothing_kept, starting_line
 from dpuoffload.common.state.trainstate import EpochProgress, Position
 from dpuoffload.host.checkpoint import StateHandoff
-from dpuoffload.host.state import Live, Reader, StateSource, load_state
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ class ScriptState:
         return restored
 
     def load(self, live: Live, source: StateSource, path: Optional[Path] = None) -> Restored:
-        """Load state into the live objects (`host.state.load_state`). The script's batch size is
+        """Load state into the live objects (`common.state.load.load_state`). The script's batch size is
         its own, taken as unchanged: a mid-epoch step re-slices by the host rank count alone."""
         reader = Reader(self.rank, Slicing(self.size, source.slicing.batch_size))
         start = load_state(source, live, reader).start

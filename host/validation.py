@@ -30,6 +30,7 @@ from dpuoffload.common.errors import ConfigError, PeerError
 from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.plan.validation_split import auto_share, dpu_count
+from dpuoffload.common.runtime.hostgroup import FixedGroup, HostGroup, seat_hosts
 from dpuoffload.common.runtime.messages import (
     METRICS_FIELDS,
     STATE_HEADER,
@@ -59,7 +60,6 @@ from dpuoffload.common.train.evaluation import (
     metrics_from_sums,
     shard_range,
 )
-from dpuoffload.host.recovery.survivors import seat_hosts
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -111,7 +111,7 @@ class OffloadedValidation:
         --recovery (`SurvivingValidation`): each epoch's slices follow the group as it is then (its
         size, and the seats its ranks fill), and every sender gets the results."""
         self.model, self.val_set, self.batch_size, self.topo = model, val_set, batch_size, topo
-        self.comm = topo.side_comm if group is None else group
+        self.comm: HostGroup = FixedGroup.of_side(topo) if group is None else group
         self.surviving = group is not None
         self.mv_target, self.mv_ranks, self.dpu_leader, self.timeout = mv_target, tuple(mv_ranks), mv_ranks[0], timeout
         self.numels = tuple(t.numel() for t in state_tensors(model.state_dict()))
@@ -247,7 +247,8 @@ class FallbackValidation:
     def __init__(self, offloaded: OffloadedValidation, mv_ranks: Sequence[int], timeout: float, faults: Faults) -> None:
         """`faults`: the run's failure record (the validation ranks its watch found dead)."""
         self.off, self.mv, self.timeout = offloaded, frozenset(mv_ranks), timeout
-        self.comm = cast("MPI.Comm", offloaded.comm)  # (never a SurvivorGroup: `assemble_validation`)
+        self.group = offloaded.comm  # (never a SurvivorGroup: `assemble_validation`)
+        self.comm = self.group.comm  # (its communicator, for the pickled broadcasts and the gather)
         self.faults = faults
         self.kept: dict[int, KeptState] = {}
         self.local: Optional[LocalValidation] = None
@@ -338,7 +339,7 @@ class FallbackValidation:
         self.off.pending.clear()
         self.abandoned += [k.send for k in self.kept.values()]
         self.kept.clear()
-        self.local = LocalValidation(self.off.model, self.off.val_set, self.off.batch_size, self.comm)
+        self.local = LocalValidation(self.off.model, self.off.val_set, self.off.batch_size, self.group)
         self.faults.note({"event": "validation_fallback", "epoch": epoch, "revalidated": redo, "time": time.time()})
         if first:
             again = f"; epoch(s) {', '.join(str(e + 1) for e in redo)} validated again here from the state kept " \
@@ -355,7 +356,7 @@ class FallbackValidation:
         unpack_states(gathered, state_tensors(self.shadow.state_dict()))
         n_dpu = dpu_count(len(cast(Sized, self.off.val_set)), self.kept[epoch].share)
         mine = shard_range(n_dpu, self.comm.Get_rank(), self.comm.Get_size())
-        return allreduce_sums(self.comm, evaluate_sums(self.shadow, self.off.val_set, mine, self.off.batch_size))
+        return allreduce_sums(self.group, evaluate_sums(self.shadow, self.off.val_set, mine, self.off.batch_size))
 
 
 def _settled(req: "MPI.Request") -> bool:
@@ -470,7 +471,7 @@ class ValidationSpec:
     batch_size: int
     timeout: float
     faults: Faults                          # the run's failure record (`FallbackValidation` asks it)
-    comm: Optional["MPI.Comm"] = None       # the host ranks' communicator (None: one process, no MPI)
+    comm: Optional[HostGroup] = None        # the host ranks (None: one process, no MPI)
     topo: Optional[Topology] = None         # None: no DPU ranks (a script started without dpurun)
     plan: Optional[OffloadPlan] = None      # its `mv_ranks` validate (None or none: the host ranks do)
     fallback: bool = False                  # --dpu-failure fallback: a dead validation rank's work moves here
@@ -508,8 +509,8 @@ def build_validation(cfg: "RunConfig", topo: Topology, job: "TrainJob", faults: 
     the results follow the group as it shrinks or seats spares. The trainer makes the buffers host rank
     0's before each epoch end itself, through its `GradientSync`, and prints the results in its epoch lines."""
     spec = ValidationSpec(model=job.model, val_set=job.data.val, batch_size=cfg.val_batch_size,
-                          timeout=cfg.peer_timeout, faults=faults, comm=topo.side_comm, topo=topo, plan=job.plan,
-                          fallback=cfg.recovery_policy.survives_dpu_loss, group=group, epochs=cfg.epochs)
+                          timeout=cfg.peer_timeout, faults=faults, comm=FixedGroup.of_side(topo), topo=topo,
+                          plan=job.plan, fallback=cfg.recovery_policy.survives_dpu_loss, group=group, epochs=cfg.epochs)
     validation = assemble_validation(spec)
     if not spec.offloaded:
         return validation, None
@@ -533,11 +534,13 @@ class JobValidation:
     def __init__(self, model: nn.Module, val_set: Dataset, batch_size: int, comm: Optional["MPI.Comm"],
                  topo: Optional[Topology], plan: Optional[OffloadPlan], share: float, timeout: float,
                  faults: Faults) -> None:
+        group = None if comm is None else FixedGroup(comm, topo.side_ranks(topo.role) if topo is not None
+                                                     else range(comm.Get_size()))
         spec = ValidationSpec(model=model, val_set=val_set, batch_size=batch_size, timeout=timeout, faults=faults,
-                              comm=comm, topo=topo, plan=plan)
+                              comm=group, topo=topo, plan=plan)
         self.model, self.val_set, self.comm, self.offloaded = model, val_set, comm, spec.offloaded
         self.share = share if spec.offloaded else 0.0
-        self.buffers = MpiSync(comm) if comm is not None and comm.Get_size() > 1 else None
+        self.buffers = MpiSync(group) if group is not None and group.Get_size() > 1 else None
         self.results: dict[int, dict[str, float]] = {}
         clone = topo is not None and topo.role is Role.CLONE
         self.label, self.ranks = ("[clone]", "clone ranks") if clone else ("[dpuoffload]", "host ranks")

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The type check of the product (api, common, host, dpu, launch) with mypy at its default strictness;
-# settings in pyproject.toml ([tool.mypy]). scripts/test.sh runs it after the lint; findings fail it.
+# The type check of the product (api, common, host, dpu, launch) with mypy at its default strictness,
+# and strict on the public API (api/, checked as `dpuoffload.api`) and the planning code (common/plan/);
+# settings in pyproject.toml ([tool.mypy] and its overrides). scripts/test.sh runs it after the lint;
+# findings fail it. tests/unit/test_public_types.py holds the public API's signatures to no Any.
 #
 #   bash scripts/typecheck.sh            (about 15 s; a cache under .cache/mypy makes reruns faster)
 #

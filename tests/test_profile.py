@@ -17,6 +17,7 @@ from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.loaders import RankLoader, Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.runtime.hostgroup import FixedGroup
 from dpuoffload.common.runtime.roles import Role
 from dpuoffload.common.train.allreduce import MpiSync
 from dpuoffload.common.train.autoselect import (
@@ -62,7 +63,7 @@ def test_loop_costs_time_every_phase_and_leave_the_model_and_random_state_alone(
     topo = types.SimpleNamespace(host_ranks=(0,), side_rank=0, side_comm=MPI.COMM_SELF)
     with untouched_random_state():  # (as `gather_profile` runs it: the loader draws its seed from torch's)
         costs = loop_costs(RunConfig(batch_size=8, lr_schedule="cosine"), topo, model, tiny_set(),
-                           MpiSync(MPI.COMM_SELF))
+                           MpiSync(FixedGroup(MPI.COMM_SELF, [0])))
     assert set(costs) == {"aug", "train", "allreduce", "opt", "spread"} and all(v > 0 for v in costs.values())
     assert costs["spread"] >= 1.0  # (the steps' upper over lower quartile: `quartile_spread`)
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())

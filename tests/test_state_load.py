@@ -1,4 +1,4 @@
-"""One way to load state (`host.state.load_state`) and typed checkpoint metadata, in one process (no MPI).
+"""One way to load state (`common.state.load.load_state`) and typed checkpoint metadata, in one process (no MPI).
 
 - the meta's one writer emits the bytes the old dict-building code wrote (hand-off, script, spare
   and manifest forms), and its one reader reads them back to the same object;
@@ -19,6 +19,7 @@ import torch
 
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.ckptdirs import CheckpointError
+from dpuoffload.common.state.load import Live, Reader, StateSource, load_state
 from dpuoffload.common.state.meta import CheckpointMeta, Position, Slicing, reslice_position
 from dpuoffload.common.state.resume import config_dict
 from dpuoffload.common.state.sharding import pack_pieces, packed_nbytes, plan_shards
@@ -33,7 +34,6 @@ from dpuoffload.common.state.trainstate import (
 from dpuoffload.common.train.loop import build_optimizer
 from dpuoffload.host.clone import handoff_source, state_sha256
 from dpuoffload.host.recovery.spares import pack_state, packed_source
-from dpuoffload.host.state import Live, Reader, StateSource, load_state
 from tests.test_trainstate import trained as trainstate_trained
 
 THRESHOLD = 64

@@ -216,7 +216,7 @@ def optimizer_state_dict(meta: CheckpointMeta | Mapping[str, Any], shared: Mappi
 def restore(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
             meta: CheckpointMeta | Mapping[str, Any], shared: Mapping[str, torch.Tensor], local: LocalState) -> None:
     """Load everything into live objects; the caller restores RNG states last (`set_rng`).
-    Callers go through `host.state.load_state`, which does both in that order."""
+    Callers go through `common.state.load.load_state`, which does both in that order."""
     meta = CheckpointMeta.of(meta)
     names = [n for n, _ in model.named_parameters()]
     missing = [n for n in names if f"model.{n}" not in shared]

@@ -12,7 +12,7 @@ they talk to hosts over mpi4py point-to-point on COMM_WORLD.
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, cast
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ from torch import nn
 
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.runtime.env import horovod_available
-from dpuoffload.common.runtime.hostgroup import HostGroup, generation
+from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.train.mpibuild import horovod_mismatch
 
 if TYPE_CHECKING:
@@ -229,13 +229,13 @@ class MpiSync:
         flat = torch.cat([g.detach().reshape(-1).cpu() for g in grads]
                          + [torch.tensor([1.0 if average else weight], dtype=dtype), riding])
         out = np.empty_like(flat.numpy())
-        before = generation(self.group)
+        before = self.group.generation
         self.group.Allreduce(flat.numpy(), out)
         summed = torch.from_numpy(out)
         n = len(flat) - len(riding)   # the gradients and the weight; then the passenger's part
         if self.passenger is not None:
             self.passenger.arrived(summed[n:])
-        if generation(self.group) != before:  # the group changed in the call (replicas lost:
+        if self.group.generation != before:  # the group changed in the call (replicas lost:
             # the survivors' weighted mean; a spare replayed a dead one's step: the weights sum to the size again)
             summed[:n - 1].div_(summed[n - 1])
         elif average:
@@ -256,5 +256,5 @@ def build_sync(requested: str, group: HostGroup, timeout: float,
     backend = resolve_backend(requested)
     if backend == "mpi":
         return MpiSync(group)
-    comm = cast("MPI.Comm", group)  # (a plain communicator: --recovery, the only SurvivorGroup, takes mpi)
+    comm = group.comm  # (a fixed group's: --recovery, whose group changes, takes mpi)
     return HorovodSync(comm, device) if backend == "horovod" else TorchSync(comm, timeout, device)

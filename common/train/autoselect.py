@@ -46,6 +46,7 @@ from dpuoffload.common.plan.perfmodel import (
     predict_all,
 )
 from dpuoffload.common.runtime.env import horovod_available
+from dpuoffload.common.runtime.hostgroup import FixedGroup, HostGroup
 from dpuoffload.common.runtime.messages import Tag
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import init_torch
@@ -154,7 +155,7 @@ def step_costs(cfg: RunConfig, topo: Topology, measuring: Measuring, steps: int 
                           "replicas must train on one kind of device: give --device cpu, or --device cuda where "
                           "every host rank has a GPU")
     compute = measuring.compute
-    with live_backend(cfg.allreduce, topo.side_comm, cfg, compute) as sync:
+    with live_backend(cfg.allreduce, FixedGroup.of_side(topo), cfg, compute) as sync:
         if compute is None:
             return {**loop_costs(cfg, topo, measuring.model, measuring.train, sync),
                     "eval": eval_seconds_per_sample(measuring.model, measuring.val, cfg.val_batch_size)}
@@ -163,7 +164,7 @@ def step_costs(cfg: RunConfig, topo: Topology, measuring: Measuring, steps: int 
 
 
 @contextlib.contextmanager
-def live_backend(backend: str, group: Any, cfg: RunConfig, compute: Optional[Compute]) -> Iterator[GradientSync]:
+def live_backend(backend: str, group: HostGroup, cfg: RunConfig, compute: Optional[Compute]) -> Iterator[GradientSync]:
     """The gradient allreduce `backend` over `group` (collective over it), started for the profile
     and shut down after it: Horovod and torch.distributed start again for the run (1-2 ms)."""
     import torch
@@ -493,7 +494,7 @@ def job_allreduce_seconds(cfg: RunConfig, topo: Topology, measuring: Measuring, 
     if cfg.auto_allow != Mode.NAIVE.value:
         return timed_allreduce(topo.world, sum(p.numel() for p in measuring.model.parameters()))
     grads = gradients_like(measuring.model, None)  # (naive trains every replica on CPUs)
-    with live_backend(naive_backend(cfg, costs), topo.world, cfg, None) as sync:
+    with live_backend(naive_backend(cfg, costs), FixedGroup.of_world(topo), cfg, None) as sync:
         return timed_calls(lambda: sync.allreduce_gradients_(grads), 5)
 
 

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from dpuoffload.common.data.sampling import loader_generator
-from dpuoffload.common.runtime.hostgroup import HostGroup, generation
+from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.train.device import model_device
 
 Sums = np.ndarray  # float64 [loss sum, correct, count]
@@ -82,9 +82,9 @@ def allreduce_shards(comm: HostGroup, sums_of: Callable[[int, int], Sums]) -> Su
     moved), the shards are recomputed for the new size: else the dead rank's shard would be missing.
     """
     while True:
-        before = generation(comm)
+        before = comm.generation
         out = allreduce_sums(comm, sums_of(comm.Get_rank(), comm.Get_size()))
-        if generation(comm) == before:
+        if comm.generation == before:
             return out
 
 

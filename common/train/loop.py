@@ -37,7 +37,7 @@ from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.files import write_atomic
 from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.runtime import env, trace
-from dpuoffload.common.runtime.hostgroup import HostGroup
+from dpuoffload.common.runtime.hostgroup import FixedGroup, HostGroup
 from dpuoffload.common.runtime.metrics import JsonlLog, PhaseTimer
 from dpuoffload.common.runtime.report import Reports, build_reports
 from dpuoffload.common.runtime.roles import Topology
@@ -180,8 +180,8 @@ class Trainer:
         run's logs are appended to, and its weights come with the state, not from a broadcast."""
         self.cfg, self.topo, self.sync, self.faults = cfg, topo, sync, faults
         seed_training(cfg.seed, topo.side_rank)  # (a resume, a clone's or a spare's state restores its own later)
-        self.comm: HostGroup = topo.side_comm if group is None else group  # all training replicas (a SurvivorGroup
-        # under --recovery lossy-forward: fewer once a host rank died)
+        # all training replicas (a SurvivorGroup under --recovery lossy-forward: fewer once a host rank died)
+        self.comm: HostGroup = FixedGroup.of_side(topo) if group is None else group
         self.model = job.model
         self.validation, self.share_policy = validation, share_policy
         self.partial: dict[int, dict[str, Any]] = {}

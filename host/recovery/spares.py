@@ -47,6 +47,7 @@ from dpuoffload.common.faults.abort import PREFIX
 from dpuoffload.common.faults.policy import Recovery
 from dpuoffload.common.faults.watch import Faults, Verdict, death_line
 from dpuoffload.common.runtime.waits import wait, wait_all, wait_unless_lost
+from dpuoffload.common.state.load import Live, Reader, StateSource, load_state
 from dpuoffload.common.state.meta import CheckpointMeta, Slicing
 from dpuoffload.common.state.trainstate import (
     EpochProgress,
@@ -59,7 +60,6 @@ from dpuoffload.common.state.trainstate import (
     shared_tensors,
 )
 from dpuoffload.host.recovery.carried import Carried, decode_seats, encode_seats
-from dpuoffload.host.state import Live, Reader, StateSource, load_state
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -178,7 +178,7 @@ def packed_source(blob: bytes) -> StateSource:
 
 def unpack_state(blob: bytes, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any) -> tuple[Position, dict[int, dict[str, Any]]]:
-    """Load `pack_state`'s message into live objects (`host.state.load_state`); return its
+    """Load `pack_state`'s message into live objects (`common.state.load.load_state`); return its
     position and epoch records."""
     loaded = load_state(packed_source(blob), Live(model, optimizer, scheduler), Reader(0, SAME))
     return loaded.start, {int(e): r for e, r in (loaded.meta.pending_records or {}).items()}

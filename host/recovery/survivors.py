@@ -41,7 +41,6 @@ from dpuoffload.common.data.shards import sharded_of
 from dpuoffload.common.errors import InternalError, PeerLost
 from dpuoffload.common.faults.abort import PREFIX
 from dpuoffload.common.faults.policy import Recovery
-from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.runtime.waits import is_failure, wait
 
 if TYPE_CHECKING:
@@ -55,21 +54,6 @@ if TYPE_CHECKING:
 
 COLLECTIVE_SPIN = 0.05         # poll a collective without sleeping this long (a blocking MPI call would spin)...
 COLLECTIVE_MAX_SLEEP = 0.001   # ...then sleep at most this long between polls
-
-
-def seat_hosts(comm: HostGroup, host_ranks: tuple[int, ...]) -> list[int]:
-    """World ranks of the host ranks whose seats the ranks of `comm` fill, in its rank order: a
-    `SurvivorGroup`'s survivors (or spares in dead ranks' seats), or a plain host communicator's
-    ranks. State hand-offs route by seat, so a spare sends where the rank it replaced would have."""
-    return [host_ranks[s] for s in getattr(comm, "alive", range(comm.Get_size()))]
-
-
-def world_ranks(comm: HostGroup, host_ranks: tuple[int, ...]) -> list[int]:
-    """World ranks of the ranks of `comm`, in its rank order: under --recovery rollback a spare in
-    a seat is itself, not the host rank whose seat it fills (`seat_hosts`). Replies (the
-    checkpoint summary) go here."""
-    spares = getattr(comm, "spares", None)
-    return spares.seated_in_order() if spares is not None else seat_hosts(comm, host_ranks)
 
 
 @dataclass(frozen=True)
@@ -126,6 +110,18 @@ class SurvivorGroup:
     @property
     def start_size(self) -> int:
         return len(self.topo.host_ranks)
+
+    def seats(self) -> tuple[int, ...]:
+        """The seats the group's ranks fill, in rank order (`HostGroup.seats`): the survivors', and
+        under rollback the seats spares took."""
+        return self.alive
+
+    def members(self) -> list[int]:
+        """World ranks of the group's ranks (`HostGroup.members`): under rollback a spare in a seat
+        is itself, not the host rank whose seat it fills."""
+        if self.spares is not None:
+            return self.spares.seated_in_order()
+        return [self.topo.host_ranks[s] for s in self.alive]
 
     def Get_rank(self) -> int:  # noqa: N802 - the mpi4py name, so this stands in for a communicator
         return self.comm.Get_rank()
