@@ -130,7 +130,7 @@ class Job:
                  plan: Optional[OffloadPlan] = None, *, faults: Optional[Faults] = None,
                  fed_as: Optional[int] = None, handoff: Optional[StateHandoff] = None) -> None:
         """`faults`: the run's failure record (`Started.run.faults`; inert without one: a local job).
-        `fed_as`: a spare in a dead host rank's seat (`host.recovery.spare_rank`): that rank's world
+        `fed_as`: a spare in a dead host rank's seat (`host.spare`): that rank's world
         rank, whose DPU rank feeds this job's loaders. `handoff`: where `job.checkpoint` sends the
         state (under dpurun with --ckpt-dir or a clone to serve; None: nothing is written)."""
         self.rank, self.size, self.mode, self.comm = rank, size, mode, comm

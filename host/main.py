@@ -7,12 +7,12 @@ to `main`/`run` instead of replacing this module's attributes.
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional, Sequence, Sized, cast
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, Sized, cast
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.datasets import build_datasets
 from dpuoffload.common.data.feeds import Feed
-from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.faults.abort import run_program
@@ -28,19 +28,19 @@ from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.runtime.startup import CLOCK, Run, import_torch_ahead, start_program
 from dpuoffload.common.state.resume import find_resume, start_position, starting_line
 from dpuoffload.common.state.trainstate import describe_position, epoch_spans
-from dpuoffload.common.train.allreduce import build_sync, resolve_backend
+from dpuoffload.common.train.allreduce import GradientSync, build_sync, resolve_backend
 from dpuoffload.common.train.autoselect import report_measured
 from dpuoffload.common.train.device import Compute, resolve_device
 from dpuoffload.common.train.evaluation import LocalValidation
-from dpuoffload.common.train.loop import Recovery, Trainer, TrainJob
+from dpuoffload.common.train.loop import StateHooks, Trainer, TrainJob
 from dpuoffload.common.train.naive import build_naive_feed, measure_profile, naive_backend
+from dpuoffload.common.train.training_state import TrainingState
 from dpuoffload.host.checkpoint import report_end, resume_trainer
 from dpuoffload.host.clone import check_clone_flags, clone_config, describe_overrides
 from dpuoffload.host.extensions import CloneAdopter, HostExtensions
 from dpuoffload.host.library import attach, current
-from dpuoffload.host.recovery.spare_rank import run_spare, spare_feed
-from dpuoffload.host.recovery.spares import Rollback, SparePool
-from dpuoffload.host.recovery.survivors import LossyForward, SurvivorGroup
+from dpuoffload.host.recovery.build import HostRecovery
+from dpuoffload.host.spare import run_spare, spare_feed
 from dpuoffload.host.validation import build_validation
 
 
@@ -86,25 +86,33 @@ def check_state_flags(cfg: RunConfig, topo: Topology, job: TrainJob, run: Run) -
         StateAssignment.of(topo).keeper_of(topo.world_rank)
 
 
-def build_survivors(cfg: RunConfig, topo: Topology,
-                    faults: Faults) -> tuple[Optional[SurvivorGroup], Optional[SparePool]]:
-    """--recovery: the host ranks' `SurvivorGroup`, which shrinks to the survivors of a dead rank
-    (lossy forward) or calls a spare from the `SparePool` into its seat (rollback). Collective over
-    the host ranks (and the spare ranks under rollback). (None, None) without --recovery."""
-    if not cfg.recovery_policy.survives_host_loss:
-        return None, None
-    spares = SparePool(topo, cfg.peer_timeout, faults) if cfg.recovery_policy.uses_spares else None
-    return SurvivorGroup(topo, faults, cfg.peer_timeout, spares), spares
+@dataclass(frozen=True)
+class Assembly:
+    """How the host program builds a trainer and ends a run: one sequence for the host ranks and a
+    spare called into a seat (`host.spare`), so both train and finish alike."""
 
+    cfg: RunConfig
+    topo: Topology
+    faults: Faults
+    ext: HostExtensions
 
-def build_recovery(cfg: RunConfig, topo: Topology, job: TrainJob, trainer: Trainer,
-                   survivors: SurvivorGroup) -> Recovery:
-    """What the trainer does after a host rank's death: a spare replays the step (rollback), or the
-    survivors go on and take the dead rank's batches over (lossy forward)."""
-    if cfg.recovery_policy.uses_spares:
-        return Rollback(survivors, trainer, cfg.epochs)
-    sampling = Sampling.of(cfg, len(topo.host_ranks), topo.side_rank)
-    return LossyForward(survivors, job.train.dataset, sampling, job.feed.steps(), cfg.reassign)
+    def trainer(self, job: TrainJob, sync: GradientSync, state: TrainingState, recovery: Optional[HostRecovery],
+                group: Optional[HostGroup] = None, hooks: Optional[Callable[[Trainer], Optional[StateHooks]]] = None,
+                joining: bool = False) -> Trainer:
+        """The trainer over `group` (under --recovery: the recovery's group; default: the host ranks),
+        with its validation; `hooks` default to the extensions' (checkpoints and clones)."""
+        cfg, topo = self.cfg, self.topo
+        survivors = recovery.group if recovery is not None else None
+        validation, share = build_validation(cfg, topo, job, self.faults, survivors)
+        return Trainer(cfg, topo, job, sync, validation, share, group=survivors or group, faults=self.faults,
+                       state=state, recovery=recovery.hooks if recovery is not None else None,
+                       hooks=hooks or (lambda t: self.ext.hooks_factory(cfg, topo, t)), joining=joining)
+
+    def close(self, trainer: Trainer, sync: GradientSync) -> int:
+        """After the DPU ranks were told to stop: the sync ended, the trace written, the run's exit code."""
+        sync.shutdown()
+        trace.finish(self.topo.world, self.cfg.trace)
+        return report_end(self.cfg, self.topo, trainer)
 
 
 def report_auto(auto: dict[str, Any], records: list[dict[str, Any]], cfg: RunConfig) -> None:
@@ -124,36 +132,34 @@ def main(argv: Optional[Sequence[str]] = None, extensions: Optional[HostExtensio
     cfg, topo, job, profiles, faults = started.cfg, started.topo, started.state, started.profiles, started.run.faults
     if topo.role is Role.CLONE:
         return run_clone(cfg, topo, job, ext.adopt, faults)
+    assembly = Assembly(cfg, topo, faults, ext)
     if topo.role is Role.SPARE:
-        return run_spare(cfg, topo, job, faults)
-    survivors, spares = build_survivors(cfg, topo, faults)
-    group: HostGroup = FixedGroup.of_side(topo) if survivors is None else survivors
+        return run_spare(cfg, topo, job, faults, assembly)
+    group: HostGroup = FixedGroup.of_side(topo)
     if cfg.mode.dpu_trains:  # DPU ranks are replicas too: one gradient group over the whole job
         source = "balanced by --mode auto's profile" if started.auto is not None else "from --dpu-batch-size"
         job.feed = build_naive_feed(cfg, topo, job.train, profiles, source)
         group = FixedGroup.of_world(topo)
+    state = TrainingState.build(cfg, job.model, cfg.epochs * job.feed.steps())
+    recovery = HostRecovery.build(cfg, topo, job, faults, state)  # (None without --recovery)
+    group = recovery.group if recovery is not None else group
     sync = build_sync(naive_backend(cfg, profiles) if cfg.mode.dpu_trains else cfg.allreduce, group,
-                      cfg.peer_timeout, job.compute.device)
+                      cfg.peer_timeout, job.compute.device, recovery.passenger if recovery is not None else None)
     if topo.side_rank == 0:
         print(f"[dpuoffload] mode {cfg.mode}: {len(topo.host_ranks)} host rank(s), "
               f"{len(topo.dpu_ranks)} DPU rank(s), model {cfg.model}, dataset {cfg.dataset} "
               f"({len(cast(Sized, job.data.train))} train / {len(cast(Sized, job.data.val))} val), "
               f"allreduce {sync.name}"
               f"{'' if job.compute == Compute() else ', on ' + job.compute.describe()}", flush=True)
-    validation, share = build_validation(cfg, topo, job, faults, survivors)
-    trainer = Trainer(cfg, topo, job, sync, validation, share, group=group, faults=faults,
-                      hooks=lambda t: ext.hooks_factory(cfg, topo, t))
-    if survivors is not None:
-        trainer.recovery = build_recovery(cfg, topo, job, trainer, survivors)
+    trainer = assembly.trainer(job, sync, state, recovery, group=group)
     if job.resume is not None:
         resume_trainer(trainer, job.resume, topo)
     records = trainer.fit()
     if started.auto is not None and topo.side_rank == 0:
         report_auto(started.auto, records, cfg)
-    current().finish_over(survivors, spares)  # the loaders closed, then the DPU ranks told to stop
-    sync.shutdown()
-    trace.finish(topo.world, cfg.trace)
-    return report_end(cfg, topo, trainer)
+    current().finish_over(recovery.group if recovery is not None else None,  # the loaders closed, then the
+                          recovery.spares if recovery is not None else None)  # DPU ranks told to stop
+    return assembly.close(trainer, sync)
 
 
 def run_clone(original: RunConfig, topo: Topology, job: TrainJob, adopt: CloneAdopter, faults: Faults) -> int:

@@ -22,7 +22,7 @@ from dpuoffload.common.models.zoo import build_model
 from dpuoffload.common.runtime.messages import STAGED_CHUNK_BYTES
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.sharding import state_digest
-from dpuoffload.common.train.loop import build_optimizer
+from dpuoffload.common.train.training_state import build_optimizer
 from dpuoffload.host.clone import state_sha256
 from tests.mpijobs import DPURUN, dpurun, read_jsonl, run
 

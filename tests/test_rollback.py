@@ -26,7 +26,8 @@ from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.runtime.roles import Role, role_from_appnum
 from dpuoffload.common.state import ckptfiles
 from dpuoffload.common.state.trainstate import EpochProgress, Position
-from dpuoffload.common.train.loop import StepOutcome, build_optimizer, lr_factor
+from dpuoffload.common.train.loop import StepOutcome
+from dpuoffload.common.train.training_state import TrainingState, build_optimizer, lr_factor
 from dpuoffload.host.control import shutdown_sender
 from dpuoffload.host.recovery.carried import SeatProgress
 from dpuoffload.host.recovery.spares import CALL_IN, Command, pack_state, seat_progress, unpack_state
@@ -63,7 +64,8 @@ def test_state_message_restores_the_trainer_to_the_bit():
     dst = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
     opt2 = build_optimizer(cfg, dst)
     sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: lr_factor("cosine", s, 10))
-    assert unpack_state(blob, dst, opt2, sched2) == (Position(0, 3, 3), {})
+    state = TrainingState(dst, opt2, sched2)
+    assert unpack_state(blob, state) == Position(0, 3, 3) and state.pending == {}
     for a, b in zip(src.state_dict().values(), dst.state_dict().values()):
         assert torch.equal(a, b)
     for p, q in zip(src.parameters(), dst.parameters()):
@@ -83,7 +85,7 @@ def test_the_state_message_carries_seat_zero_s_buffers_and_every_seat_s_progress
     blob = pack_state(src, opt, sched, Position(1, 2, 10), buffers=seat0, seats=seats)
     dst = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
     opt2 = build_optimizer(parse_run_config(["--preset", "debug"]), dst)
-    unpack_state(blob, dst, opt2, torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1.0))
+    unpack_state(blob, TrainingState(dst, opt2, torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1.0)))
     assert all(torch.equal(b, seat0[name]) for name, b in dst.named_buffers())
     got = seat_progress(blob)
     assert [p.sums.tolist() for p in got] == [p.sums.tolist() for p in seats]

@@ -31,7 +31,7 @@ from dpuoffload.common.state.trainstate import (
     scheduler_state,
     shared_tensors,
 )
-from dpuoffload.common.train.loop import build_optimizer
+from dpuoffload.common.train.training_state import build_optimizer
 from dpuoffload.host.clone import handoff_source, state_sha256
 from dpuoffload.host.recovery.spares import pack_state, packed_source
 from tests.test_trainstate import trained as trainstate_trained

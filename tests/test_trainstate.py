@@ -31,7 +31,7 @@ from dpuoffload.common.state.trainstate import (
     set_rng,
     shared_tensors,
 )
-from dpuoffload.common.train.loop import build_optimizer, lr_factor
+from dpuoffload.common.train.training_state import build_optimizer, lr_factor
 from dpuoffload.host.clone import clone_config, state_sha256
 from dpuoffload.launch import export as export_cli
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.errors import ConfigError, InternalError
 from dpuoffload.common.runtime.env import horovod_available
 from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.train.mpibuild import horovod_mismatch
@@ -201,10 +201,10 @@ class MpiSync:
 
     name = "mpi"
 
-    def __init__(self, group: HostGroup) -> None:
-        """`group`: the replicas (an `MPI.Comm`, or a `SurvivorGroup` under --recovery)."""
-        self.group = group
-        self.passenger: Optional[Passenger] = None   # (set by `--recovery rollback`)
+    def __init__(self, group: HostGroup, passenger: Optional[Passenger] = None) -> None:
+        """`group`: the replicas (a `FixedGroup`, or a `SurvivorGroup` under --recovery); `passenger`:
+        what rides in each allreduce besides the gradients (`--recovery rollback`'s `Carried`)."""
+        self.group, self.passenger = group, passenger
 
     def broadcast_parameters_(self, model: nn.Module) -> None:
         self._broadcast(list(model.state_dict().values()))
@@ -250,11 +250,13 @@ class MpiSync:
 
 
 def build_sync(requested: str, group: HostGroup, timeout: float,
-               device: torch.device = torch.device("cpu")) -> GradientSync:
+               device: torch.device = torch.device("cpu"), passenger: Optional[Passenger] = None) -> GradientSync:
     """The gradient allreduce of `group`; GPU host ranks (`device` cuda) reduce on their GPUs
-    (`--allreduce mpi`: through host memory)."""
+    (`--allreduce mpi`: through host memory). A `passenger` rides in MPI's allreduce only."""
     backend = resolve_backend(requested)
     if backend == "mpi":
-        return MpiSync(group)
+        return MpiSync(group, passenger)
+    if passenger is not None:
+        raise InternalError(f"a passenger in the {backend} allreduce (--recovery takes --allreduce mpi)")
     comm = group.comm  # (a fixed group's: --recovery, whose group changes, takes mpi)
     return HorovodSync(comm, device) if backend == "horovod" else TorchSync(comm, timeout, device)

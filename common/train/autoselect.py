@@ -55,8 +55,8 @@ from dpuoffload.common.train import interference
 from dpuoffload.common.train.allreduce import GradientSync, build_sync
 from dpuoffload.common.train.device import Compute, finished, resolve_device
 from dpuoffload.common.train.evaluation import eval_seconds_per_sample
-from dpuoffload.common.train.loop import build_optimizer, lr_factor
 from dpuoffload.common.train.naive import forward_backward, naive_backend, train_seconds_per_sample
+from dpuoffload.common.train.training_state import build_optimizer, lr_factor
 
 
 @dataclass

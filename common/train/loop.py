@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ from dpuoffload.common.train.evaluation import (
     allreduce_sums,
     metrics_from_sums,
 )
+from dpuoffload.common.train.training_state import TrainingState
 
 
 class StateHooks(Protocol):
@@ -73,18 +73,19 @@ class StateHooks(Protocol):
     def finish(self) -> None: ...
 
 
-class Recovery(Protocol):
+class RecoveryHooks(Protocol):
     """What the trainer asks of `--recovery` (`host.recovery.survivors.LossyForward`,
-    `host.recovery.spares.Rollback`): every rank's record of an epoch resumed mid-way, the step's
-    batch, a hook around the step's allreduce, the epoch's totals, and after each step the failures
-    to report (each by the rank that `reports` says); between epochs a chance to change the group
-    (rollback's spares take seats left vacant)."""
+    `host.recovery.spares.Rollback`; built with the group before the trainer, `host.recovery.HostRecovery`):
+    every rank's record of an epoch resumed mid-way, the step's batch, a hook around the step's
+    allreduce (at the position of the step in flight), the epoch's totals, and after each step the
+    failures to report (each by the rank that `reports` says); between epochs a chance to change the
+    group (rollback's spares take seats left vacant)."""
 
     def batch(self, epoch: int, step: int, batch: Batch, total: Optional[int]) -> tuple[Batch, Optional[int]]: ...
 
     def resumed(self, epoch: int, seats: Sequence[EpochProgress]) -> None: ...
 
-    def replayable(self, outcome: "StepOutcome") -> contextlib.AbstractContextManager[None]: ...
+    def replayable(self, outcome: "StepOutcome", at: Position) -> contextlib.AbstractContextManager[None]: ...
 
     def epoch_totals(self, epoch: int, sums: np.ndarray, losses: list[float]) -> tuple[np.ndarray, list[float]]: ...
 
@@ -131,20 +132,6 @@ def save_state_dict(model: nn.Module, path: str) -> None:
     write_atomic(path, lambda f: torch.save(model.state_dict(), f), parents=True)
 
 
-def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.SGD:
-    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                           weight_decay=cfg.weight_decay)
-
-
-def lr_factor(schedule: str, step: int, total: int) -> float:
-    """Multiplier of the peak LR at `step` of `total` (per-step schedules)."""
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * step / max(total, 1)))
-    if schedule == "step":
-        return 0.1 ** sum(step >= total * m for m in (0.5, 0.75))
-    return 1.0
-
-
 @dataclass(frozen=True)
 class StepOutcome:
     """A step's loss and correct count, still tensors (on the device the step ran on).
@@ -171,30 +158,32 @@ class Trainer:
     def __init__(self, cfg: RunConfig, topo: Topology, job: TrainJob, sync: GradientSync,
                  validation: Validation, share_policy: Optional[SharePolicy] = None,
                  group: Optional[HostGroup] = None, *, faults: Faults,
+                 state: Optional[TrainingState] = None, recovery: Optional[RecoveryHooks] = None,
                  hooks: Optional[Callable[["Trainer"], Optional[StateHooks]]] = None, joining: bool = False) -> None:
         """`faults`: the run's failure record (`--inject` notes its moments there; the state hooks
         ask it which keepers are dead). `hooks` builds this trainer's state hooks, called once at the
         end of the constructor (they need its optimizer and schedule; `host.extensions.HooksFactory`);
         None or a build that returns None: no hand-offs, and no "handoff" phase in the timings.
+        `state`: the model, optimizer and schedule it steps (built here from the job's model when
+        None; given when another part must hold the same objects: rollback packs them for a spare).
+        `recovery`: what `--recovery` does after a host rank's death (None: a death ends the job).
         `joining`: a spare rank taking a dead host rank's seat mid-run (`--recovery rollback`): the
         run's logs are appended to, and its weights come with the state, not from a broadcast."""
         self.cfg, self.topo, self.sync, self.faults = cfg, topo, sync, faults
         seed_training(cfg.seed, topo.side_rank)  # (a resume, a clone's or a spare's state restores its own later)
         # all training replicas (a SurvivorGroup under --recovery lossy-forward: fewer once a host rank died)
         self.comm: HostGroup = FixedGroup.of_side(topo) if group is None else group
-        self.model = job.model
         self.validation, self.share_policy = validation, share_policy
-        self.partial: dict[int, dict[str, Any]] = {}
         self.criterion = nn.CrossEntropyLoss()
         self.compute = job.compute
         self.scaler = torch.amp.GradScaler(job.compute.device.type) if job.compute.scales_loss else None
-        self.optimizer = build_optimizer(cfg, self.model)
         self.feed = job.feed
         self.stream = sharded_of(job.train)  # a stream of shards: its epochs' padding and drops go in the records
         self.train_set = job.train.dataset    # (--skip-corrupt: an epoch's full sample count)
         self.total_steps = cfg.epochs * self.feed.steps()
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(cfg.lr_schedule, s, self.total_steps))
+        self.state = TrainingState.build(cfg, job.model, self.total_steps) if state is None else state
+        self.model, self.optimizer, self.scheduler = self.state.model, self.state.optimizer, self.state.scheduler
+        self.partial = self.state.pending  # (the records still waiting for validation: rollback's state carries them)
         self.timer = PhaseTimer()
         self.staging: Optional[Staging] = None  # on a GPU, the epoch's batches a step ahead
         self.finish: Optional[Finish] = None    # ...and the uint8 wire's float steps run there (`device_finish`)
@@ -211,10 +200,10 @@ class Trainer:
         self.injector = inject.for_rank(cfg.inject, topo, faults.note)  # --inject: this rank fails on purpose
         self.simulator = FailureSimulator(cfg.inject_simulate, cfg.simulate_recovery, self.total_steps, self.size) \
             if cfg.inject_simulate else None  # --inject-simulate: the study's failures, no process lost
+        self.recovery = recovery
         built = hooks(self) if hooks is not None else None
         self.hands_off = built is not None  # time the hooks as their own phase only when there are some
         self.hooks: StateHooks = built if built is not None else NoHooks()
-        self.recovery: Optional[Recovery] = None  # --recovery (`host.recovery.survivors`, `host.recovery.spares`)
         self.at = Position()  # the step in flight (rollback hands a spare the state before it)
 
     @property
@@ -459,7 +448,7 @@ class Trainer:
             grads = self.gradients()
             if failure is not None:
                 self.announce(failure, lose_gradients(grads, failure, self.comm.Get_rank(), self.size), len(grads))
-            with self.recovery.replayable(outcome) if self.recovery is not None else contextlib.nullcontext():
+            with self.recovery.replayable(outcome, self.at) if self.recovery is not None else contextlib.nullcontext():
                 self.sync.allreduce_gradients_(grads, average=total is None, weight=len(y) / total if total else 1.0)
         with self.timer.phase("optimizer"):
             self.hooks.before_optimizer_step()

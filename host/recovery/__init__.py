@@ -5,7 +5,8 @@
   (`SurvivorGroup`), optionally taking the dead rank's samples over (`--reassign`);
 - `spares`: `--recovery rollback`, a pool of spare ranks, one of which takes the dead rank's seat
   and replays the step (`SparePool`);
-- `spare_rank`: what a spare rank runs: stand by, then train in a seat;
+- `build`: `HostRecovery`, all of the above that a run uses, built before the trainer and handed
+  to the parts that use it at their construction (what a spare rank runs is `host.spare`);
 - `carried`: under rollback, what rides in each step's allreduce so a spare starts from its seat's
   own state (host rank 0's BatchNorm buffers, every seat's epoch progress).
 """

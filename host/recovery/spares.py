@@ -15,7 +15,7 @@ The recovery study's immediate mini-batch rollback (IR), with real lost processe
   BatchNorm buffers and the seat's epoch progress, which ride in every step's allreduce
   (`host.recovery.carried`). The spare takes the dead rank's batch of that step (from that rank's
   DPU rank in `da`, else built itself: per-sample seeds make it the same batch;
-  `host.recovery.spare_rank`), runs forward and backward and joins the survivors, who redo the
+  `host.spare`), runs forward and backward and joins the survivors, who redo the
   allreduce with their own unchanged gradients: the step's result is the failure-free run's, to the bit.
 - A death outside a step (in the epoch's end work) shrinks the seated ranks for that work, and
   the vacant seat is filled once the epoch is done, with the state there (nothing to replay).
@@ -42,7 +42,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from dpuoffload.common.data.feeds import Batch
-from dpuoffload.common.errors import ConfigError, DeathNotSurvived, InternalError, PeerLost
+from dpuoffload.common.errors import ConfigError, DeathNotSurvived, PeerLost
 from dpuoffload.common.faults.abort import PREFIX
 from dpuoffload.common.faults.policy import Recovery
 from dpuoffload.common.faults.watch import Faults, Verdict, death_line
@@ -59,6 +59,7 @@ from dpuoffload.common.state.trainstate import (
     safetensors_metadata,
     shared_tensors,
 )
+from dpuoffload.common.train.training_state import TrainingState
 from dpuoffload.host.recovery.carried import Carried, decode_seats, encode_seats
 
 if TYPE_CHECKING:
@@ -176,12 +177,12 @@ def packed_source(blob: bytes) -> StateSource:
     return StateSource(meta, st_load(shared), (parse_local(blob[8 + n:]),), SAME)
 
 
-def unpack_state(blob: bytes, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 scheduler: Any) -> tuple[Position, dict[int, dict[str, Any]]]:
-    """Load `pack_state`'s message into live objects (`common.state.load.load_state`); return its
-    position and epoch records."""
-    loaded = load_state(packed_source(blob), Live(model, optimizer, scheduler), Reader(0, SAME))
-    return loaded.start, {int(e): r for e, r in (loaded.meta.pending_records or {}).items()}
+def unpack_state(blob: bytes, state: TrainingState) -> Position:
+    """Load `pack_state`'s message into `state` (`common.state.load.load_state`; its epoch records
+    waiting for validation too); return its position."""
+    loaded = load_state(packed_source(blob), Live(state.model, state.optimizer, state.scheduler), Reader(0, SAME))
+    state.pending.update({int(e): r for e, r in (loaded.meta.pending_records or {}).items()})
+    return loaded.start
 
 
 # -------------------------------------------------------------------------------------------- pool
@@ -208,6 +209,7 @@ class SparePool:
         self.members = tuple(range(self.size0))   # living pool start ranks, in pool rank order
         self.vacant: tuple[int, ...] = ()
         self.vacated: dict[int, int] = {}   # seat -> world rank whose death vacated it
+        self.offered: Optional[Callable[[], tuple[Position, bytes]]] = None  # inside a step: its pre-step state
         self.active = self._split()
         faults.track_seats(self.seated_world)
 
@@ -267,10 +269,21 @@ class SparePool:
         self.active = self._split()
 
     # -- the seated ranks' side --------------------------------------------------------------
-    def regroup(self, state: Optional[Callable[[], tuple[Position, bytes]]]) -> Regroup:
+    @contextlib.contextmanager
+    def offering(self, state: Callable[[], tuple[Position, bytes]]) -> Iterator[None]:
+        """Inside a step's allreduce (`Rollback.replayable`): the pre-step state a spare called in by a
+        death there replays the step from (made only if one is called)."""
+        self.offered = state
+        try:
+            yield
+        finally:
+            self.offered = None
+
+    def regroup(self) -> Regroup:
         """After a seated member's death (agreed by the seated ranks): shrink the pool and, inside
-        a step (`state` given), call spares into the vacant seats to replay it; else keep the
+        a step (a state `offering`), call spares into the vacant seats to replay it; else keep the
         seats vacant until `fill`."""
+        state = self.offered
         t0 = time.perf_counter()
         self.comm.Revoke()   # the spares leave their standby broadcast and join the shrink
         lost, lost_world = self._shrink()
@@ -378,17 +391,19 @@ class Replaced:
 
 
 class Rollback:
-    """The trainer's side of `--recovery rollback`: hand the pre-step state to a replaying spare,
-    fill seats left vacant once the epoch is done, report.
+    """The trainer's side of `--recovery rollback` (`common.train.loop.RecoveryHooks`): hand the
+    pre-step state to a replaying spare, fill seats left vacant once the epoch is done, report.
 
-    `trainer` is the `common.train.loop.Trainer` (its model, optimizer, scheduler and `at`, the
-    position of the step in flight)."""
+    Built before the trainer (`host.recovery.build.HostRecovery`) with what it shares with it: the
+    `TrainingState` the trainer steps (packed for a spare), and `carried`, the passenger of the
+    gradient sync's allreduce (host rank 0's buffers and every seat's progress:
+    `host.recovery.carried`)."""
 
-    def __init__(self, group: "SurvivorGroup", trainer: Any, epochs: int) -> None:
-        self.group, self.trainer, self.epochs = group, trainer, epochs
+    def __init__(self, group: "SurvivorGroup", pool: "SparePool", carried: Carried, state: TrainingState,
+                 topo: "Topology", epochs: int) -> None:
+        self.group, self.pool, self.carried, self.state = group, pool, carried, state
+        self.topo, self.epochs = topo, epochs
         self.seen = 0
-        self.carried = Carried(trainer.model, group)   # (host rank 0's buffers and every seat's progress, in
-        trainer.sync.passenger = self.carried          # every step's allreduce: `host.recovery.carried`)
 
     def batch(self, epoch: int, step: int, batch: Batch, total: Optional[int]) -> tuple[Batch, Optional[int]]:
         """Before the step's forward (a spare trains the dead rank's own batches: nothing to take over)."""
@@ -405,20 +420,15 @@ class Rollback:
         """The pre-step state a spare starts from: this rank's parameters and optimizer state (the
         step's allreduce has not changed them), seat 0's buffers (this rank's are past its forward)
         and every seat's progress in the epoch."""
-        t, c = self.trainer, self.carried
-        return lambda: (position, pack_state(t.model, t.optimizer, t.scheduler, position, t.partial,
+        t, c = self.state, self.carried
+        return lambda: (position, pack_state(t.model, t.optimizer, t.scheduler, position, t.pending,
                                              buffers=c.buffers.pre_step(), seats=c.progress.at(position.epoch)))
 
-    @contextlib.contextmanager
-    def replayable(self, outcome: "StepOutcome") -> Iterator[None]:
+    def replayable(self, outcome: "StepOutcome", at: Position) -> contextlib.AbstractContextManager[None]:
         """Around a step's gradient allreduce (`outcome`: the step's loss and counts, which ride in
-        it): a death in it calls a spare in to replay the step."""
+        it; `at`: the step's position): a death in it calls a spare in to replay the step."""
         self.carried.progress.carry(outcome)
-        self.group.state_source = self._state(self.trainer.at)
-        try:
-            yield
-        finally:
-            self.group.state_source = None
+        return self.pool.offering(self._state(at))
 
     def epoch_totals(self, epoch: int, sums: np.ndarray, losses: list[float]) -> tuple[np.ndarray, list[float]]:
         """The epoch's [loss sum, correct, count] over every seat, added in seat order, and host rank
@@ -448,9 +458,7 @@ class Rollback:
         the group that trained it, and its hand-off is sliced among that group (a spare in the
         seat adds nothing to either). Not after the last epoch: nothing is left to train. Returns
         whether spares were called in."""
-        if self.group.spares is None:
-            raise InternalError("rollback's host group without its spare pool")
-        if not self.group.spares.vacant or epoch + 1 >= self.epochs:
+        if not self.pool.vacant or epoch + 1 >= self.epochs:
             return False
         self.group.fill(self._state(Position(epoch + 1, 0, global_step)))
         return True
@@ -458,7 +466,7 @@ class Rollback:
     def reports(self, event: Replaced, leader: bool) -> bool:
         """The rank that sent the state reports a call-in (it has the figures); the leader the rest."""
         sender = event.regroup.sender
-        return sender == self.trainer.topo.world_rank if sender is not None else leader
+        return sender == self.topo.world_rank if sender is not None else leader
 
     def report(self, event: Replaced, topo: "Topology", step_times: list[float]) -> dict[str, Any]:
         s, r = event.shrink, event.regroup

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from dpuoffload.common.faults.watch import Faults
     from dpuoffload.common.runtime.roles import Topology
     from dpuoffload.common.state.trainstate import EpochProgress, Position
+    from dpuoffload.common.train.loop import StepOutcome
     from dpuoffload.host.recovery.spares import Regroup, SparePool
 
 
@@ -104,8 +105,6 @@ class SurvivorGroup:
         self.generation = 0   # counts changes of the group (a caller recomputes what depended on it)
         self.redone = 0       # calls redone after a shrink that found every member alive
         self.seen: Optional[Seen] = None   # what MPI told this rank in its last call (None: it completed)
-        self.state_source: Optional[Callable[[], tuple["Position", bytes]]] = None  # set during a step's allreduce
-        # under rollback: the pre-step state a called spare replays the step from
 
     @property
     def start_size(self) -> int:
@@ -195,7 +194,7 @@ class SurvivorGroup:
         before = self.alive
         if self.spares is None:
             raise InternalError("a regroup of a host group without spares")
-        regroup = self.spares.regroup(self.state_source)
+        regroup = self.spares.regroup()  # (inside a step, with the state `Rollback` offers it)
         if not regroup.changed:   # nobody had died (see the class): redo the call, no recovery to report
             self._adopt(changed=False)
             return self._redone(what)
@@ -336,7 +335,7 @@ class LossyForward:
         begun = [t for start, t in self.takeovers if start <= (epoch, step)]
         return begun[-1] if begun else None
 
-    def replayable(self, outcome: Any) -> contextlib.AbstractContextManager[None]:
+    def replayable(self, outcome: "StepOutcome", at: "Position") -> contextlib.AbstractContextManager[None]:
         """(Rollback's hook around a step's allreduce; lossy forward replays nothing.)"""
         return contextlib.nullcontext()
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch.utils.data import default_collate
@@ -28,15 +28,18 @@ from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.state.trainstate import describe_position
 from dpuoffload.common.train.allreduce import build_sync
-from dpuoffload.common.train.loop import Trainer, TrainJob
-from dpuoffload.host.checkpoint import StateHandoff, report_end
+from dpuoffload.common.train.loop import TrainJob
+from dpuoffload.common.train.training_state import TrainingState
+from dpuoffload.host.checkpoint import StateHandoff
 from dpuoffload.host.control import end_with_dpus
 from dpuoffload.host.extensions import LoaderFeed, build_hooks
 from dpuoffload.host.library import Job
 from dpuoffload.host.loader import local_loader
-from dpuoffload.host.recovery.spares import Rollback, SparePool, seat_progress, unpack_state
-from dpuoffload.host.recovery.survivors import SurvivorGroup
-from dpuoffload.host.validation import build_validation
+from dpuoffload.host.recovery.build import HostRecovery
+from dpuoffload.host.recovery.spares import SparePool, seat_progress, unpack_state
+
+if TYPE_CHECKING:
+    from dpuoffload.host.main import Assembly
 
 
 def spare_feed(cfg: RunConfig, topo: Topology, faults: Faults, train: PerSampleSeeded, seat: int,
@@ -72,9 +75,10 @@ def warm_up(cfg: RunConfig, job: TrainJob, steps: int = 2) -> None:
     job.model.zero_grad(set_to_none=False)
 
 
-def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob, faults: Faults) -> int:
+def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob, faults: Faults, assembly: "Assembly") -> int:
     """Warm up, stand by; if called in, train in the seat to the end. Collective over the pool
-    (with the host ranks' `SparePool`). `faults`: the run's failure record."""
+    (with the host ranks' `SparePool`). `faults`: the run's failure record; `assembly`: the host
+    program's own build and end of a run (`host.main.Assembly`), which a seated spare shares."""
     warm_up(cfg, job)
     pool = SparePool(topo, cfg.peer_timeout, faults)
     call = pool.stand_by()
@@ -83,13 +87,11 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob, faults: Faults) -> 
         pool.ended()
         return 0
     feed = job.feed = spare_feed(cfg, topo, faults, job.train, call.seat, job.plan)
-    group = SurvivorGroup(topo, faults, cfg.peer_timeout, spares=pool)
-    sync = build_sync("mpi", group, cfg.peer_timeout, job.compute.device)
-    validation, share = build_validation(cfg, topo, job, faults, group)
-    trainer = Trainer(cfg, topo, job, sync, validation, share, group=group, joining=True, faults=faults,
-                      hooks=lambda t: build_hooks(cfg, topo, t))
-    position, trainer.partial = unpack_state(call.state, trainer.model, trainer.optimizer, trainer.scheduler)
-    trainer.recovery = Rollback(group, trainer, cfg.epochs)
+    state = TrainingState.build(cfg, job.model, cfg.epochs * feed.steps())
+    recovery = HostRecovery.seated(cfg, topo, faults, state, pool)
+    sync = build_sync("mpi", recovery.group, cfg.peer_timeout, job.compute.device, recovery.passenger)
+    trainer = assembly.trainer(job, sync, state, recovery, hooks=lambda t: build_hooks(cfg, topo, t), joining=True)
+    position = unpack_state(call.state, state)   # (after the trainer, which seeds the RNGs: the state's win)
     seats = seat_progress(call.state)   # (every seat's progress in the epoch: the seat's own resumes its record,
     # and every seat's is known here from now on, as after a resume: `Rollback.resumed`)
     trainer.resume_at(position, copy.deepcopy(seats[call.seat]) if seats else None, seats)
@@ -100,9 +102,8 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob, faults: Faults) -> 
           f"{describe_position(position)}, its batches from {feed.loader.where}", flush=True)
     trainer.fit()
     feed.loader.close()   # (before the barrier, as `Job.finish` on the host ranks: then the DPU ranks stop)
-    group.Barrier()
+    recovery.group.Barrier()
     faults.ending()
     pool.release()
-    end_with_dpus(topo, cfg.peer_timeout, faults, group)  # (it sends once no original host rank lives)
-    sync.shutdown()
-    return report_end(cfg, topo, trainer)  # (in seat 0 it has the checkpoint summary)
+    end_with_dpus(topo, cfg.peer_timeout, faults, recovery.group)  # (it sends once no original host rank lives)
+    return assembly.close(trainer, sync)  # (in seat 0 it has the checkpoint summary)
