@@ -35,8 +35,8 @@ EXERCISES: dict[str, tuple[str, ...]] = {
                "common/train/loop.py"),
     "study": ("common/faults/simulate.py", "common/train/loop.py", "common/train/allreduce.py"),
     "transport": ("common/data/batches.py", "common/data/feeds.py", "common/runtime/waits.py", "dpu/serve.py"),
-    "startup": ("common/runtime/startup.py", "launch", "host/main.py", "dpu/main.py", "benchmarks/plain_train.py",
-                "benchmarks/startup_probe.py"),
+    "startup": ("common/startup.py", "common/runtime/torchsetup.py", "launch", "host/main.py", "dpu/main.py",
+                "benchmarks/plain_train.py", "benchmarks/startup_probe.py"),
     "crossarch": ("common/data", "host/numerics.py", "scripts/aarch64.sh"),
 }
 

@@ -190,7 +190,7 @@ def probe(w: Workload, root: Path, device: str, steps: int, core: int) -> dict[s
     from dpuoffload.common.config import RunConfig
     from dpuoffload.common.data.sampling import PerSampleSeeded
     from dpuoffload.common.models.zoo import build_model
-    from dpuoffload.common.runtime.startup import use_deterministic_algorithms
+    from dpuoffload.common.runtime.torchsetup import use_deterministic_algorithms
     from dpuoffload.common.train.autoselect import (
         aug_seconds_per_sample,
         h2d_seconds,
@@ -232,7 +232,7 @@ def _autotuned_step(cfg: Any, compute: Any, x: Any, y: Any, steps: int) -> float
     import torch
 
     from dpuoffload.common.models.zoo import build_model
-    from dpuoffload.common.runtime.startup import use_deterministic_algorithms
+    from dpuoffload.common.runtime.torchsetup import use_deterministic_algorithms
     from dpuoffload.common.train.autoselect import train_step_seconds
 
     torch.use_deterministic_algorithms(False)

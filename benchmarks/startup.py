@@ -56,7 +56,7 @@ PARTS = [("dpurun + mpirun start", "exec"), ("interpreter + torch import", "impo
 
 TARGET_S = 2.0  # issue 16: a tiny job may cost at most this much more than the plain script
 UNCUT_BTL = "self,sm,tcp,ofi,uct"  # Open MPI's default: every transport pip's build has (ofi: ~1 s MPI_Init)
-LATE_ENV = {"DPUOFFLOAD_IMPORT_AHEAD": "0"}  # common/runtime/startup.py's import_torch_ahead, off
+LATE_ENV = {"DPUOFFLOAD_IMPORT_AHEAD": "0"}  # common/runtime/torchsetup.py's import_torch_ahead, off
 UNCUT_ENV = {"DPUOFFLOAD_FAST_EXIT": "0", **LATE_ENV}  # and common/runtime/fastexit.py's opt-out
 DA, DA_LATE = "dpurun da", "dpurun da, imports late"  # the --mode da pair: imports ahead, at first use
 

@@ -4,7 +4,7 @@
     startup_probe.py -m dpuoffload.host|dpuoffload.dpu [training flags]
 
 It wraps (times, never replaces) the steps of the real program: imports, MPI init, the start-up
-sequence (`common/runtime/startup.py`), building the allreduce, training, telling the DPU ranks to
+sequence (`common/startup.py`), building the allreduce, training, telling the DPU ranks to
 stop, the allreduce shut-down, and MPI finalize; every mark is wall-clock seconds since the
 benchmark started dpurun (`STARTUP_T0`). One JSON file per rank goes to `STARTUP_PROBE_DIR`.
 """
@@ -61,7 +61,8 @@ def instrument(package: str) -> None:
     mark("import_torch")
     main = importlib.import_module(f"{package}.main")
     mark("import_program")
-    from dpuoffload.common.runtime import startup, trace
+    from dpuoffload.common import startup
+    from dpuoffload.common.runtime import trace
 
     for owner, attr, name in ((main, "import_torch_ahead", "import_ahead"),
                               (startup, "build_topology", "mpi_init_topology"), (startup, "configure", "configure"),

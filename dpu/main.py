@@ -20,7 +20,8 @@ from dpuoffload.common.plan.offload import DA, IDLE, MV, plan_offload
 from dpuoffload.common.runtime import trace
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
-from dpuoffload.common.runtime.startup import Run, import_torch_ahead, init_torch, start_program
+from dpuoffload.common.runtime.torchsetup import import_torch_ahead, init_torch
+from dpuoffload.common.startup import Run, start_program
 from dpuoffload.dpu.control import ControlInbox
 from dpuoffload.dpu.idle import idle_until_shutdown
 

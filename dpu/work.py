@@ -2,7 +2,7 @@
 
 Everything here needs torch, so `dpu/main.py` imports this module only once the offload plan has
 given the rank something to compute (`--mode none`'s DPU ranks, and ranks the plan leaves idle,
-never import torch: see `common/runtime/startup.init_torch`).
+never import torch: see `common/runtime/torchsetup.init_torch`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.models.zoo import build_model
 from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.runtime.roles import Topology
-from dpuoffload.common.runtime.startup import Run
+from dpuoffload.common.startup import Run
 from dpuoffload.common.state.resume import find_resume, start_position
 from dpuoffload.common.state.trainstate import epoch_spans
 from dpuoffload.common.train.naive import measure_profile

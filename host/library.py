@@ -40,7 +40,7 @@ from dpuoffload.common.plan.offload import OffloadPlan, plan_offload, require_fe
 from dpuoffload.common.runtime import env
 from dpuoffload.common.runtime.hostgroup import FixedGroup, HostGroup
 from dpuoffload.common.runtime.roles import Role, Topology
-from dpuoffload.common.runtime.startup import start_program
+from dpuoffload.common.startup import start_program
 from dpuoffload.common.state.load import Live
 from dpuoffload.host.checkpoint import StateHandoff
 from dpuoffload.host.control import end_with_dpus
@@ -223,7 +223,7 @@ class Job:
         wire = choose(dataset, self.wire_policy, host_steps, sampling)  # (uint8: the host runs the float steps)
         steps = steps_for(dataset, sampling)
         if isinstance(cfg.da_host_share, str):
-            raise InternalError("--da-host-share auto unresolved after start-up (`common.runtime.startup` resolves it)")
+            raise InternalError("--da-host-share auto unresolved after start-up (`common.startup` resolves it)")
         split = StepSplit(cfg.da_host_share, steps)
         remote = RemoteSource(topo.world, feeder, topo.describe(feeder), len(self.loaders), wire.layout, steps,
                               cfg.peer_timeout, copy, epochs, split, pinned=self.device.type == "cuda",

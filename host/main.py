@@ -25,7 +25,8 @@ from dpuoffload.common.runtime import trace
 from dpuoffload.common.runtime.hostgroup import FixedGroup, HostGroup
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
-from dpuoffload.common.runtime.startup import CLOCK, Run, import_torch_ahead, start_program
+from dpuoffload.common.runtime.torchsetup import CLOCK, import_torch_ahead
+from dpuoffload.common.startup import Run, start_program
 from dpuoffload.common.state.resume import find_resume, start_position, starting_line
 from dpuoffload.common.state.trainstate import describe_position, epoch_spans
 from dpuoffload.common.train.allreduce import GradientSync, build_sync, resolve_backend

@@ -192,7 +192,7 @@ def test_deterministic_mode_fixes_the_cublas_workspace_and_only_warns_where_a_gp
     deterministic CUDA kernel) and any matmul (cuBLAS without a fixed workspace) would raise."""
     import os
 
-    from dpuoffload.common.runtime.startup import use_deterministic_algorithms
+    from dpuoffload.common.runtime.torchsetup import use_deterministic_algorithms
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -211,7 +211,7 @@ def test_deterministic_mode_fixes_the_cublas_workspace_and_only_warns_where_a_gp
 def test_gpu_resnet50_trains_under_the_ranks_deterministic_mode(deterministic_state):
     from torchvision.models import resnet50
 
-    from dpuoffload.common.runtime.startup import use_deterministic_algorithms
+    from dpuoffload.common.runtime.torchsetup import use_deterministic_algorithms
 
     use_deterministic_algorithms()
     compute = Compute.of(torch.device("cuda", 0), "bf16", True)

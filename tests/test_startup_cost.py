@@ -7,7 +7,7 @@ import sys
 CHECK = """
 import sys
 import torch
-from dpuoffload.common.runtime.startup import use_deterministic_algorithms
+from dpuoffload.common.runtime.torchsetup import use_deterministic_algorithms
 use_deterministic_algorithms()
 print(torch.are_deterministic_algorithms_enabled(), "torch._dynamo" in sys.modules)
 import torchvision  # loads inductor itself; the flag must survive it
@@ -26,7 +26,7 @@ def test_the_startup_clock_gives_each_stage_its_seconds_from_the_process_start(m
     since the process was created, a stage marked twice added up; they sum to `startup_s`."""
     import psutil
 
-    from dpuoffload.common.runtime import startup
+    from dpuoffload.common.runtime import torchsetup as startup
 
     clock, times = startup.StartupClock(), iter([102.0, 103.5, 106.0, 106.25])
     monkeypatch.setattr(startup.time, "time", lambda: next(times))
@@ -39,7 +39,7 @@ def test_the_startup_clock_gives_each_stage_its_seconds_from_the_process_start(m
 
 AHEAD = """
 import sys
-from dpuoffload.common.runtime.startup import import_torch_ahead
+from dpuoffload.common.runtime.torchsetup import import_torch_ahead
 import_torch_ahead(torchvision=sys.argv[1] == "yes")
 print("torch" in sys.modules, "torchvision" in sys.modules)
 """

@@ -266,7 +266,7 @@ def death_line(topo: "Topology", rank: int, v: Verdict) -> str:
 class Faults:
     """What this rank knows of rank failures, and its part in reporting them: one per process.
 
-    Built by `common.runtime.startup.start_program` (on `Started.run`) and passed to every object
+    Built by `common.startup.start_program` (on `Started.run`) and passed to every object
     that asks which ranks are dead, records a failure or ends its part in the job; nothing reads
     it from a module global. It holds the `FailureWatch` thread (under `--dpu-failure fallback` or
     `--recovery`, from the end of start-up), the deaths collectives found first (`mark_dead`), where

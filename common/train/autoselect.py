@@ -49,7 +49,7 @@ from dpuoffload.common.runtime.env import horovod_available
 from dpuoffload.common.runtime.hostgroup import FixedGroup, HostGroup
 from dpuoffload.common.runtime.messages import Tag
 from dpuoffload.common.runtime.roles import Role, Topology
-from dpuoffload.common.runtime.startup import init_torch
+from dpuoffload.common.runtime.torchsetup import init_torch
 from dpuoffload.common.runtime.waits import wait
 from dpuoffload.common.train import interference
 from dpuoffload.common.train.allreduce import GradientSync, build_sync

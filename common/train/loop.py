@@ -40,7 +40,7 @@ from dpuoffload.common.runtime.hostgroup import FixedGroup, HostGroup
 from dpuoffload.common.runtime.metrics import JsonlLog, PhaseTimer
 from dpuoffload.common.runtime.report import Reports, build_reports
 from dpuoffload.common.runtime.roles import Topology
-from dpuoffload.common.runtime.startup import CLOCK
+from dpuoffload.common.runtime.torchsetup import CLOCK
 from dpuoffload.common.state.resume import ResumePoint
 from dpuoffload.common.state.sharding import state_digest
 from dpuoffload.common.state.trainstate import EpochProgress, EpochSpan, Position, epoch_spans
