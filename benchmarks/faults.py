@@ -57,8 +57,8 @@ Every try also counts the host group's calls redone after a shrink that found ev
 with one keeps the ranks' `[dpuoffload]` lines in its record (`said`: what MPI told each rank).
 
 Prints one table (passed out of tries; median and max times; redone calls) and writes
-`results/faults.json`. The test suite runs one try of each (tests/test_dpu_failure.py,
-tests/test_faults.py, tests/test_rollback.py).
+`results/faults.json`. The test suite runs one try of each (tests/jobs/test_dpu_failure.py,
+tests/jobs/test_faults.py, tests/jobs/test_rollback.py).
 """
 
 from __future__ import annotations

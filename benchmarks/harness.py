@@ -315,7 +315,7 @@ def pyplot():
 # throttled DPU rank also imports torch at that speed (4-5 s of CPU: 8-10 s at 0.5), which the host
 # waits for at the start-up handshake, so throttling doubled every quick job's cost while proving
 # nothing a quick run checks. The throttle itself: interference and sweep (quick too), and
-# tests/test_supervise.py.
+# tests/jobs/test_supervise.py.
 QUICK_DPU_SPEED = 1.0
 
 

@@ -169,8 +169,7 @@ def run_clone(original: RunConfig, topo: Topology, job: TrainJob, adopt: CloneAd
     group = FixedGroup.of_side(topo)
     sync = build_sync(cfg.allreduce, group, cfg.peer_timeout, job.compute.device)
     trainer = Trainer(cfg, topo, job, sync, LocalValidation(job.model, job.data.val, cfg.val_batch_size, group),
-                      group=group, faults=faults)
-    trainer.label = "[clone] "
+                      group=group, faults=faults, label="[clone] ")
     if topo.side_rank == 0:
         print(f"[clone] {len(topo.clone_ranks)} clone rank(s) standing by for the state of step "
               f"{original.clone_at} ({describe_overrides(original, cfg)})", flush=True)

@@ -1,8 +1,25 @@
 #!/usr/bin/env bash
-# Set up (idempotent) and run the whole test suite: unit tests and real mpirun jobs with host and
-# DPU ranks (oversubscribed on small machines). Extra arguments go to pytest (e.g. -k handshake).
+# Set up (idempotent) and run the whole test suite: its three tiers (docs/testing.md, "Three tiers"),
+# tests/unit (one process each: no mpirun, dpurun, subprocess or worker process), tests/jobs (real mpirun
+# and dpurun jobs with host and DPU ranks, oversubscribed on small machines, and other processes) and
+# tests/cluster (root set-ups: emulated machines, an aarch64 DPU through qemu, Slurm). Extra arguments go
+# to pytest (e.g. -k handshake, or a folder: bash scripts/test.sh tests/jobs).
+#
+#   bash scripts/test.sh --unit [pytest arguments]     (or DPUOFFLOAD_TEST_TIER=unit)
+# runs the unit tier alone, about 25 s of pytest on this 2-core box: the set-up of the main venv, the lint
+# and the type check as below, but no MPICH, aarch64, Slurm or minimum-Python environment and no docs
+# build, then pytest on tests/unit only.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TIER=${DPUOFFLOAD_TEST_TIER:-all}
+if [ "${1:-}" = "--unit" ]; then
+  TIER=unit
+  shift
+fi
+case "$TIER" in
+  all|unit) ;;
+  *) echo "test.sh: DPUOFFLOAD_TEST_TIER=$TIER: 'all' (the default) or 'unit'" >&2; exit 2 ;;
+esac
 bash "$ROOT/scripts/setup.sh"
 VENV=${DPUOFFLOAD_VENV:-$ROOT/.venv}
 cd "$ROOT"
@@ -15,9 +32,9 @@ if [ -n "${DPUOFFLOAD_WHEELS:-}" ]; then
   echo "test.sh: no package index (DPUOFFLOAD_WHEELS): no MPICH, aarch64, Slurm or minimum-Python environment; their tests skip"
 fi
 # A second venv on MPICH (PyPI's wheel, Hydra's mpiexec) sharing the first one's torch through a
-# .pth file, so tests/test_mpich.py runs real MPMD jobs under MPICH too (~1 min the first time;
+# .pth file, so tests/jobs/test_mpich.py runs real MPMD jobs under MPICH too (~1 min the first time;
 # DPUOFFLOAD_TEST_MPICH=0 skips it and those tests say so).
-if [ "${DPUOFFLOAD_TEST_MPICH:-1}" = "1" ]; then
+if [ "$TIER" = all ] && [ "${DPUOFFLOAD_TEST_MPICH:-1}" = "1" ]; then
   DPUOFFLOAD_VENV="$ROOT/.venv-mpich" DPUOFFLOAD_MPI=mpich-wheel DPUOFFLOAD_HOROVOD=0 \
     DPUOFFLOAD_TORCH_FROM="$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")" \
     bash "$ROOT/scripts/setup.sh"
@@ -27,7 +44,7 @@ fi
 # DPU program as a real aarch64 process on an aarch64 emulated machine (scripts/nodes.sh up h0 d0:aarch64).
 # DPUOFFLOAD_TEST_AARCH64=0 skips it and those tests say so; without root it cannot be made (apt-get,
 # binfmt_misc), and they say that instead.
-if [ "${DPUOFFLOAD_TEST_AARCH64:-1}" = "1" ]; then
+if [ "$TIER" = all ] && [ "${DPUOFFLOAD_TEST_AARCH64:-1}" = "1" ]; then
   if [ "$(id -u)" = 0 ]; then
     bash "$ROOT/scripts/aarch64.sh" setup
   else
@@ -36,10 +53,10 @@ if [ "${DPUOFFLOAD_TEST_AARCH64:-1}" = "1" ]; then
 fi
 export DPUOFFLOAD_TEST_AARCH64=${DPUOFFLOAD_TEST_AARCH64:-1}
 # A real Slurm: Debian's slurm-wlm 22.05 and munge (scripts/slurm.sh install: apt-get, ~15 s the first
-# time, nothing after), so tests/test_slurm_cluster.py sbatches dpurun jobs on a Slurm cluster of
+# time, nothing after), so tests/cluster/test_slurm_cluster.py sbatches dpurun jobs on a Slurm cluster of
 # emulated machines that it brings up and takes down. DPUOFFLOAD_TEST_SLURM=0 skips it and those tests
 # say so; without root, or where the packages cannot be installed, they say that instead.
-if [ "${DPUOFFLOAD_TEST_SLURM:-1}" = "1" ]; then
+if [ "$TIER" = all ] && [ "${DPUOFFLOAD_TEST_SLURM:-1}" = "1" ]; then
   if [ "$(id -u)" = 0 ]; then
     bash "$ROOT/scripts/slurm.sh" install || echo "test.sh: Slurm could not be installed (above): its tests skip"
   else
@@ -57,7 +74,9 @@ fi
 bash "$ROOT/scripts/typecheck.sh"
 # The docs (mkdocs.yml, docs/): a strict build, so a broken link or anchor fails; into a temporary
 # directory, so nothing is left in the tree. A venv set up offline (DPUOFFLOAD_WHEELS) may have no MkDocs.
-if [ -x "$VENV/bin/mkdocs" ]; then
+if [ "$TIER" = unit ]; then
+  echo "test.sh: --unit: the docs are not built"
+elif [ -x "$VENV/bin/mkdocs" ]; then
   SITE=$(mktemp -d)
   "$VENV/bin/mkdocs" build --strict --quiet --site-dir "$SITE" || { rm -rf "$SITE"; exit 1; }
   rm -rf "$SITE"
@@ -65,7 +84,7 @@ else
   echo "test.sh: no mkdocs in $VENV (set up offline?): the docs are not built; tests/test_docs.py skips it too"
 fi
 # The minimum Python (3.10, pyproject.toml) byte-compiles the project and runs the torch-free tests.
-if [ "${DPUOFFLOAD_TEST_MIN_PYTHON:-1}" = "1" ]; then
+if [ "$TIER" = all ] && [ "${DPUOFFLOAD_TEST_MIN_PYTHON:-1}" = "1" ]; then
   bash "$ROOT/scripts/test-min-python.sh"
 fi
 # The project's bytecode, written once here: with PYTHONDONTWRITEBYTECODE set (as on this box and its CI)
@@ -79,5 +98,9 @@ fi
 # assertions hold under a second job's load (that is what they were written for).
 # DPUOFFLOAD_TEST_WORKERS=0 runs them in this one process (easier to read when debugging).
 # The 25 slowest tests are listed at the end: where the suite's time goes (target: 20 minutes on 2 cores).
+# The unit tier too: --dist load (test by test) took 61 s for it where loadfile took 24 s.
 WORKERS=${DPUOFFLOAD_TEST_WORKERS:-2}
+if [ "$TIER" = unit ]; then
+  set -- tests/unit "$@"
+fi
 exec "$VENV/bin/python" -m pytest -ra --durations=25 -n "$WORKERS" --dist loadfile "$@"

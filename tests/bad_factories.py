@@ -1,4 +1,4 @@
-"""User factories with the mistakes a new user makes; tests/test_prelaunch.py names them as
+"""User factories with the mistakes a new user makes; tests/jobs/test_prelaunch.py names them as
 `--model tests.bad_factories:...` / `--dataset tests.bad_factories:...` and expects dpurun to refuse
 them before launch, in one line."""
 

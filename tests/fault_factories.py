@@ -1,4 +1,5 @@
-"""User factories that fail on purpose, named as `--model tests.fault_factories:...` by tests/test_rank_errors.py."""
+"""User factories that fail on purpose, named as `--model tests.fault_factories:...` by
+tests/jobs/test_rank_errors.py."""
 
 import torch
 

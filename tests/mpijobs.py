@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -90,20 +90,57 @@ def mpmd(n_host: int, host_argv: Sequence[str], n_dpu: int, dpu_argv: Sequence[s
                 *dpu_argv], timeout=timeout)
 
 
-def machines_unavailable(switch: Optional[str] = None, needs: str = "ip netns add") -> Optional[str]:
+class Unavailable(str):
+    """Why a set-up the tests need cannot be had here (the text), and whether that is a broken set-up
+    (`broken`: tools, namespaces or an environment missing where they should be) rather than a choice
+    (`broken` False: turned off by its switch, or not root). `skip_or_fail` decides by it."""
+
+    broken: bool
+
+    def __new__(cls, reason: str, broken: bool) -> "Unavailable":
+        self = super().__new__(cls, reason)
+        self.broken = broken
+        return self
+
+
+def under_ci() -> bool:
+    """Whether this runs under CI: CI=true in the environment (as CI services set it)."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def switched_off(switch: str) -> bool:
+    """`switch`=0 in the environment: those tests turned off on purpose (DPUOFFLOAD_TEST_MPICH=0 ...)."""
+    return os.environ.get(switch, "1") == "0"
+
+
+def skip_or_fail(reason: str, broken: bool) -> NoReturn:
+    """Skip the test with `reason`; but where `broken` (a set-up that should be there and is not, rather
+    than one turned off or not permitted here) and under CI (CI=true), fail it with the same message: a
+    CI run must not count a broken emulation (nodes, aarch64, Slurm, MPICH) as tests it need not run.
+    Deliberate skips (a DPUOFFLOAD_TEST_*=0 switch, not root, no CUDA GPU) stay skips under CI too."""
+    import pytest
+
+    if broken and under_ci():
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+def machines_unavailable(switch: Optional[str] = None, needs: str = "ip netns add") -> Optional[Unavailable]:
     """Why emulated machines (scripts/nodes.sh: network namespaces) cannot be had here, or None.
-    `switch`: an environment variable that turns the tests off with 0; `needs`: what root is for."""
+    `switch`: an environment variable that turns the tests off with 0; `needs`: what root is for.
+    Turned off and not root are choices; the rest (no ip or unshare, no namespaces) a broken set-up."""
     import shutil
 
-    if switch and os.environ.get(switch, "1") == "0":
-        return f"{switch}=0: turned off"
+    if switch and switched_off(switch):
+        return Unavailable(f"{switch}=0: turned off", broken=False)
     if os.geteuid() != 0:
-        return f"emulated machines need root ({needs})"
+        return Unavailable(f"emulated machines need root ({needs})", broken=False)
     if shutil.which("ip") is None or shutil.which("unshare") is None:
-        return "emulated machines need iproute2's ip and util-linux's unshare"
+        return Unavailable("emulated machines need iproute2's ip and util-linux's unshare", broken=True)
     probe = subprocess.run(["unshare", "--net", "--mount", "true"], capture_output=True, text=True)
     if probe.returncode != 0:  # (root in a container without the capabilities: a limit of the machine)
-        return f"this machine cannot make network and mount namespaces (unshare: {probe.stderr.strip()})"
+        return Unavailable(f"this machine cannot make network and mount namespaces (unshare: {probe.stderr.strip()})",
+                           broken=True)
     return None
 
 

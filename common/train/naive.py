@@ -6,7 +6,7 @@ epoch) is cut into steps of sum(batch sizes) samples and each step's chunk is de
 rank order, so every sample is visited exactly once per epoch (the last step may leave some
 replicas fewer or no samples; with `--drop-last` the partial step is dropped). Gradients are the
 sample-weighted mean, not the published design's plain average of unequal batches: each replica
-scales its mean loss by n_i / sum(n) and the allreduce sums (`Trainer.step`).
+scales its mean loss by n_i / sum(n) and the allreduce sums (`Stepper.step`).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class NaiveFeed:
 def train_seconds_per_sample(model: nn.Module, dataset: PerSampleSeeded, batch_size: int, steps: int = 4) -> float:
     """Measured forward+backward cost per sample on this rank (on a copy: the weights stay untouched).
 
-    Shaped as the trainer's "forward_backward" phase (`loop.Trainer.step`): the gradients zeroed in
+    Shaped as the trainer's "forward_backward" phase (`step.Stepper.step`): the gradients zeroed in
     place (not freed: the trainer keeps them for the allreduce), forward, loss, backward, and the
     loss and correct count read. A bare forward/backward left the zeroing and the reads out, 2-6 %
     of resnet20's step. The median of `steps` timed steps after one warm-up: on a shared machine
@@ -103,7 +103,7 @@ def train_seconds_per_sample(model: nn.Module, dataset: PerSampleSeeded, batch_s
 
 
 def forward_backward(model: nn.Module, criterion: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
-    """The work of the trainer's "forward_backward" phase on a CPU (`loop.Trainer.step`), for the
+    """The work of the trainer's "forward_backward" phase on a CPU (`step.Stepper.step`), for the
     profiles that time it: the gradients zeroed in place (the trainer keeps them for the allreduce),
     forward, loss, backward, and the loss and correct count read."""
     model.zero_grad(set_to_none=False)

@@ -34,7 +34,7 @@ from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.state.trainstate import EpochProgress
 
 if TYPE_CHECKING:
-    from dpuoffload.common.train.loop import StepOutcome
+    from dpuoffload.common.train.step import StepOutcome
 
 SLOT = 3   # a seat's part of `SeatProgress`'s message: its step's mean loss, correct count, sample count
 

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
     from dpuoffload.common.runtime.roles import Topology
-    from dpuoffload.common.train.loop import StepOutcome
+    from dpuoffload.common.train.step import StepOutcome
     from dpuoffload.host.recovery.survivors import Shrink, SurvivorGroup
 
 END, CALL_IN, REGROUP = 1, 2, 3      # Command.kind

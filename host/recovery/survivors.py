@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from dpuoffload.common.faults.watch import Faults
     from dpuoffload.common.runtime.roles import Topology
     from dpuoffload.common.state.trainstate import EpochProgress, Position
-    from dpuoffload.common.train.loop import StepOutcome
+    from dpuoffload.common.train.step import StepOutcome
     from dpuoffload.host.recovery.spares import Regroup, SparePool
 
 

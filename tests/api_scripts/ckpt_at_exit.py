@@ -1,4 +1,4 @@
-"""A script that checkpoints after each of 4 steps and returns without `job.finish()` (tests/test_api_jobs.py).
+"""A script that checkpoints after each of 4 steps and returns without `job.finish()` (tests/jobs/test_api_jobs.py).
 
 The job finishes at exit; a checkpoint the keeper could not write must still make the job's exit
 code non-zero, from the exit hook. A resumed run prints what `job.restore` returned and trains the

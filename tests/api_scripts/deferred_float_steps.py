@@ -1,4 +1,4 @@
-"""A script run under dpurun by `tests/test_wire.py`: two loaders over one data set on the uint8
+"""A script run under dpurun by `tests/jobs/test_wire.py`: two loaders over one data set on the uint8
 wire, one handing its float steps to the script (`loader.defer_float_steps()`, what the built-in
 trainer does on a GPU host rank, which then runs them on the GPU after the copy), one running them
 on this host rank as usual. The script runs the handed steps on whole batches (`HostSteps.batch`,

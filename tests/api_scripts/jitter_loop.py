@@ -1,4 +1,4 @@
-"""A user script whose training set has a float ColorJitter (tests/test_numerics_jobs.py runs it under
+"""A user script whose training set has a float ColorJitter (tests/jobs/test_numerics_jobs.py runs it under
 dpurun with a DPU rank on other CPU kernels): the numerics check runs on `job.loader`'s first batch."""
 
 from __future__ import annotations

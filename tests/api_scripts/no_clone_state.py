@@ -1,5 +1,5 @@
 """A script started with clone ranks that neither hands the state off nor restores it
-(tests/test_api_jobs.py): both mistakes must end the job in one line each, not leave the clones waiting."""
+(tests/jobs/test_api_jobs.py): both mistakes must end the job in one line each, not leave the clones waiting."""
 
 import dpuoffload as dpu
 

@@ -1,4 +1,4 @@
-"""A user script that trains from streams of shards (tests/test_stream_jobs.py runs it under dpurun).
+"""A user script that trains from streams of shards (tests/jobs/test_stream_jobs.py runs it under dpurun).
 
 Five loaders over the same kind of data: WebDataset tar shards (`dpuoffload.webdataset`, with a
 torchvision augmentation the uint8 wire splits), the same shards through the user's own webdataset

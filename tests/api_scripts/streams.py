@@ -1,4 +1,4 @@
-"""A user script that walks its loaders the awkward ways (tests/test_api_jobs.py runs it under dpurun).
+"""A user script that walks its loaders the awkward ways (tests/jobs/test_api_jobs.py runs it under dpurun).
 
 It records a sha256 of every batch it receives, per access, so a `--mode da` run (batches from the
 DPU rank, over plans and markers) can be compared with a `--mode none` run (built here). Accesses:

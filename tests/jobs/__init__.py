@@ -1,0 +1,1 @@
+"""Tests that start real processes: mpirun and dpurun jobs, benchmarks, Python subprocesses, worker pools."""
