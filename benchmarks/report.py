@@ -8,7 +8,7 @@ A figure in a page is marked inline, `<!-- fig:NAME -->TEXT<!-- /fig -->`, and a
 its own, `<!-- table:NAME -->` ... `<!-- /table -->` (HTML comments: invisible once rendered, on
 GitHub and in MkDocs). NAME is a key of `FIGURES` or `TABLES` below: a function of
 `benchmarks/results/*.json` that returns the text. After a benchmark run writes a new results file,
-this script rewrites the text; `tests/test_docs.py` fails while a page still quotes the old one.
+this script rewrites the text; `tests/unit/test_docs.py` fails while a page still quotes the old one.
 
 Results files carry no date, so where one benchmark wrote several files (`faults.py --out`), the
 order they were run in is written here (`FAULT_RUNS`) and the test checks it names every such file.
@@ -438,7 +438,7 @@ def startup_target() -> list[str]:
 
 
 # Every run of benchmarks/faults.py kept in results/, oldest first: a kind's latest result is in the
-# last file that holds it. A new run gets its own `--out` name, appended here (tests/test_docs.py fails
+# last file that holds it. A new run gets its own `--out` name, appended here (tests/unit/test_docs.py fails
 # until it is); one that overwrites a file listed here must be moved to the end of the list.
 FAULT_RUNS = ("faults.json", "faults-host-lossy.json", "faults-host-rollback.json", "faults-dpu-validation.json",
               "faults-dpu-keeper.json", "faults-host-mv.json", "faults-host-lossy-ckpt.json",

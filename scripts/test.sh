@@ -81,7 +81,7 @@ elif [ -x "$VENV/bin/mkdocs" ]; then
   "$VENV/bin/mkdocs" build --strict --quiet --site-dir "$SITE" || { rm -rf "$SITE"; exit 1; }
   rm -rf "$SITE"
 else
-  echo "test.sh: no mkdocs in $VENV (set up offline?): the docs are not built; tests/test_docs.py skips it too"
+  echo "test.sh: no mkdocs in $VENV (set up offline?): the docs are not built; tests/jobs/test_docs_build.py skips it too"
 fi
 # The minimum Python (3.10, pyproject.toml) byte-compiles the project and runs the torch-free tests.
 if [ "$TIER" = all ] && [ "${DPUOFFLOAD_TEST_MIN_PYTHON:-1}" = "1" ]; then
