@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from dpuoffload.common.config import InClone, RunConfig, field_names
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.modes import FlagValue
 
 
 def _boolean(value: str) -> bool:
@@ -21,9 +22,11 @@ def _boolean(value: str) -> bool:
 
 
 def _parser(name: str) -> Callable[[str], Any]:
-    """How `--clone-override` reads a value of field `name`: by the field's type (`Optional[int]`: int)."""
+    """How `--clone-override` reads a value of field `name`: by the field's type (`Optional[int]`: int; an
+    enum such as `LrSchedule`: its string, which `RunConfig` turns into the member, or refuses naming the choices)."""
     hint = typing.get_type_hints(RunConfig)[name]
     types = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
+    types = [str if isinstance(t, type) and issubclass(t, FlagValue) else t for t in types]
     if len(types) != 1 or types[0] not in (bool, int, float, str):
         raise TypeError(f"RunConfig.{name} is declared InClone.OVERRIDE, but --clone-override cannot parse a {hint}")
     return _boolean if types[0] is bool else types[0]

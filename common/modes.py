@@ -1,11 +1,13 @@
 """The offload modes (`--mode`), one enum, and what each one asks of the DPU ranks; and the numerics
 policy (`--numerics`), what a difference between DPU-built and host-built samples does, and the
 wire (`--wire`), what DPU ranks send; and how a checkpoint's slice leaves the weights' memory
-(`--ckpt-copy`).
+(`--ckpt-copy`); and the training flags whose values are a fixed set (`--allreduce`, `--device`,
+`--amp`, `--lr-schedule`, `--ckpt-errors`).
 
 Code asks a mode what it does (`Mode.DA.augments_on_dpu`) instead of comparing strings, so a new
 mode is added here once. `Mode` is a `str` enum: configs stay JSON-serialisable and hash the same,
-and `Mode("da")` parses a flag value.
+and `Mode("da")` parses a flag value. So are the others (`FlagValue`): `RunConfig` turns the flag's
+string into the member, and a member still equals its string (`AllReduce.MPI == "mpi"`).
 """
 
 from __future__ import annotations
@@ -106,3 +108,53 @@ class StateCopy(FlagValue):
     @property
     def in_background(self) -> bool:
         return self is StateCopy.OVERLAP
+
+
+class AllReduce(FlagValue):
+    """`--allreduce`: how the host ranks sum their gradients (`common.train.allreduce`)."""
+
+    AUTO = "auto"        # Horovod when it imports and matches this job's MPI, else torch (mpi under --recovery)
+    HOROVOD = "horovod"  # Horovod's grouped allreduce
+    TORCH = "torch"      # torch.distributed (NCCL on GPUs, gloo on CPUs)
+    MPI = "mpi"          # one MPI allreduce through host memory (the one that can shrink its group)
+
+    @property
+    def shrinks(self) -> bool:
+        """Can go on in a smaller group after a host rank's death (Horovod and torch.distributed cannot;
+        auto resolves to mpi under --recovery)."""
+        return self not in (AllReduce.HOROVOD, AllReduce.TORCH)
+
+
+class Device(FlagValue):
+    """`--device`: where the host ranks train (`common.train.device.resolve_device`)."""
+
+    AUTO = "auto"  # this host rank's GPU when torch sees one, else the CPU
+    CPU = "cpu"
+    CUDA = "cuda"  # one GPU per host rank, by its rank on its node
+
+
+class Amp(FlagValue):
+    """`--amp`: the dtype the forward pass autocasts to."""
+
+    OFF = "off"
+    BF16 = "bf16"
+    FP16 = "fp16"  # with loss scaling (`common.train.device.Compute.scales_loss`)
+
+
+class LrSchedule(FlagValue):
+    """`--lr-schedule`: the per-step multiplier of the peak learning rate (`common.train.training_state`)."""
+
+    COSINE = "cosine"      # half a cosine from 1 to 0 over the run
+    STEP = "step"          # 1, then 0.1 from half the run, 0.01 from three quarters
+    CONSTANT = "constant"  # 1 throughout
+
+
+class CkptErrors(FlagValue):
+    """`--ckpt-errors`: what a checkpoint that cannot be written does to the run."""
+
+    CONTINUE = "continue"  # train on, try again at the next one, exit non-zero at the end
+    FAIL = "fail"          # stop the job at the first failure
+
+    @property
+    def stops_job(self) -> bool:
+        return self is CkptErrors.FAIL

@@ -35,7 +35,7 @@ from dpuoffload.common.data.wire import policy as wire_policy
 from dpuoffload.common.errors import ConfigError, InternalError
 from dpuoffload.common.faults.abort import JobFailed, abort_job, failure_line, set_rank_label
 from dpuoffload.common.faults.watch import Faults
-from dpuoffload.common.modes import Mode, Wire
+from dpuoffload.common.modes import Device, Mode, Wire
 from dpuoffload.common.plan.offload import OffloadPlan, plan_offload, require_feeder
 from dpuoffload.common.runtime import env
 from dpuoffload.common.runtime.hostgroup import FixedGroup, HostGroup
@@ -152,7 +152,7 @@ class Job:
         `job.loader` arrive in host memory; move them with `.to(job.device, non_blocking=True)`."""
         from dpuoffload.common.train.device import resolve_device
 
-        requested = self.cfg.device if self.cfg is not None else "auto"
+        requested = self.cfg.device if self.cfg is not None else Device.AUTO
         return resolve_device(requested, self.topo.local_rank if self.topo is not None else 0)
 
     @functools.cached_property

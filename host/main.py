@@ -18,7 +18,7 @@ from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.faults.abort import run_program
 from dpuoffload.common.faults.watch import Faults
 from dpuoffload.common.models.zoo import build_model
-from dpuoffload.common.modes import Mode
+from dpuoffload.common.modes import Device, Mode
 from dpuoffload.common.plan.assign import StateAssignment
 from dpuoffload.common.plan.offload import plan_offload
 from dpuoffload.common.runtime import trace
@@ -56,7 +56,7 @@ def prepare(cfg: RunConfig, topo: Topology, run: Run, extensions: HostExtensions
     if topo.role is Role.HOST:  # the public API's job: the da feed's loader and the end of the run
         attach(cfg, topo, plan, run.faults)
     train = PerSampleSeeded(data.train, cfg.seed)
-    compute = Compute.of(resolve_device("cpu" if cfg.mode.dpu_trains or cfg.mode is Mode.AUTO else cfg.device,
+    compute = Compute.of(resolve_device(Device.CPU if cfg.mode.dpu_trains or cfg.mode is Mode.AUTO else cfg.device,
                                         topo.local_rank), cfg.amp, cfg.channels_last)  # naive, auto: CPU replicas
     if compute.device.type == "cuda" and cfg.ckpt_copy.from_tensor_memory:
         raise ConfigError("--ckpt-copy zero sends the state from the tensors' own memory, which is GPU memory with "

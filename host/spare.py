@@ -24,6 +24,7 @@ from dpuoffload.common.data.datasets import build_train_set
 from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.faults.watch import Faults
+from dpuoffload.common.modes import AllReduce
 from dpuoffload.common.plan.offload import OffloadPlan
 from dpuoffload.common.runtime.roles import Topology
 from dpuoffload.common.state.trainstate import describe_position
@@ -89,7 +90,7 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob, faults: Faults, ass
     feed = job.feed = spare_feed(cfg, topo, faults, job.train, call.seat, job.plan)
     state = TrainingState.build(cfg, job.model, cfg.epochs * feed.steps())
     recovery = HostRecovery.seated(cfg, topo, faults, state, pool)
-    sync = build_sync("mpi", recovery.group, cfg.peer_timeout, job.compute.device, recovery.passenger)
+    sync = build_sync(AllReduce.MPI, recovery.group, cfg.peer_timeout, job.compute.device, recovery.passenger)
     trainer = assembly.trainer(job, sync, state, recovery, hooks=lambda t: build_hooks(cfg, topo, t), joining=True)
     position = unpack_state(call.state, state)   # (after the trainer, which seeds the RNGs: the state's win)
     seats = seat_progress(call.state)   # (every seat's progress in the epoch: the seat's own resumes its record,

@@ -11,8 +11,8 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${DPUOFFLOAD_MIN_VENV:-$ROOT/.cache/venv-min-python}
-TESTS="tests/unit/test_config.py tests/unit/test_config_file.py tests/unit/test_plan_pure.py tests/jobs/test_plan_pure.py
-       tests/unit/test_perfmodel.py tests/unit/test_offload_plan.py tests/unit/test_validation_split.py
+TESTS="tests/unit/test_config.py tests/unit/test_config_file.py tests/unit/test_config_sections.py tests/unit/test_plan_pure.py
+       tests/jobs/test_plan_pure.py tests/unit/test_perfmodel.py tests/unit/test_offload_plan.py tests/unit/test_validation_split.py
        tests/unit/test_roles.py tests/unit/test_launch_command.py tests/jobs/test_launch_command.py"
 say() { printf '\033[1m[min-python]\033[0m %s\n' "$*"; }
 

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import HandshakeError
+from dpuoffload.common.modes import FlagValue
 from dpuoffload.common.runtime.roles import Role, Topology
 from dpuoffload.common.version import PROTOCOL_VERSION, __version__
 
@@ -57,13 +58,18 @@ def find_mismatch(ids: Sequence[Identity]) -> Optional[str]:
                     f"{other.label()} on {other.machine} ({other.byteorder}-endian); batches and state travel as raw "
                     "little-endian buffers: run host and DPU programs on machines of one byte order")
         if other.config_hash != ref.config_hash:
-            diffs = [f"{k}={ref.config.get(k)!r} vs {other.config.get(k)!r}"
+            diffs = [f"{k}={_shown(ref.config.get(k))} vs {_shown(other.config.get(k))}"
                      for k in sorted(set(ref.config) | set(other.config))
                      if ref.config.get(k) != other.config.get(k)]
             return (f"run config mismatch: {ref.label()} has config {ref.config_hash}, {other.label()} "
                     f"has {other.config_hash} ({'; '.join(diffs)}); pass the same training flags to "
                     "both programs (dpurun does)")
     return None
+
+
+def _shown(value: Any) -> str:
+    """A config value as its flag is written: a flag enum's string ('mpi'), not the member's repr."""
+    return repr(value.value if isinstance(value, FlagValue) else value)
 
 
 def check_peers(topo: Topology, cfg: RunConfig) -> None:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from dpuoffload.common.errors import ConfigError, InternalError
+from dpuoffload.common.modes import AllReduce
 from dpuoffload.common.runtime.env import horovod_available
 from dpuoffload.common.runtime.hostgroup import HostGroup
 from dpuoffload.common.train.mpibuild import horovod_mismatch
@@ -68,16 +69,16 @@ class Passenger(Protocol):
         """At the epoch's end: set the model's buffers from what arrived, or False to broadcast."""
 
 
-def resolve_backend(requested: str) -> str:
+def resolve_backend(requested: AllReduce) -> AllReduce:
     """'auto' means Horovod when it imports and was built against this job's MPI, torch.distributed otherwise."""
-    if requested == "auto":
-        return "horovod" if horovod_available() and horovod_mismatch() is None else "torch"
-    if requested == "mpi":
+    if requested == AllReduce.AUTO:
+        return AllReduce.HOROVOD if horovod_available() and horovod_mismatch() is None else AllReduce.TORCH
+    if requested == AllReduce.MPI:
         return requested
-    if requested == "horovod" and not horovod_available():
+    if requested == AllReduce.HOROVOD and not horovod_available():
         raise ConfigError("--allreduce horovod: Horovod is not installed; run scripts/setup.sh (it builds "
                           "Horovod for this platform) or use --allreduce torch")
-    if requested == "horovod" and (why := horovod_mismatch()) is not None:
+    if requested == AllReduce.HOROVOD and (why := horovod_mismatch()) is not None:
         raise ConfigError(f"--allreduce horovod: {why}")
     return requested
 
@@ -249,14 +250,14 @@ class MpiSync:
         """Nothing to end: the group is the caller's (freed at MPI_Finalize)."""
 
 
-def build_sync(requested: str, group: HostGroup, timeout: float,
+def build_sync(requested: AllReduce, group: HostGroup, timeout: float,
                device: torch.device = torch.device("cpu"), passenger: Optional[Passenger] = None) -> GradientSync:
     """The gradient allreduce of `group`; GPU host ranks (`device` cuda) reduce on their GPUs
     (`--allreduce mpi`: through host memory). A `passenger` rides in MPI's allreduce only."""
     backend = resolve_backend(requested)
-    if backend == "mpi":
+    if backend == AllReduce.MPI:
         return MpiSync(group, passenger)
     if passenger is not None:
         raise InternalError(f"a passenger in the {backend} allreduce (--recovery takes --allreduce mpi)")
     comm = group.comm  # (a fixed group's: --recovery, whose group changes, takes mpi)
-    return HorovodSync(comm, device) if backend == "horovod" else TorchSync(comm, timeout, device)
+    return HorovodSync(comm, device) if backend == AllReduce.HOROVOD else TorchSync(comm, timeout, device)

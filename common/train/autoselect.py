@@ -34,7 +34,7 @@ from dpuoffload.common.data.sampling import PerSampleSeeded
 from dpuoffload.common.errors import ConfigError
 from dpuoffload.common.faults.abort import collective_call
 from dpuoffload.common.models.zoo import build_model
-from dpuoffload.common.modes import Mode
+from dpuoffload.common.modes import AllReduce, Mode
 from dpuoffload.common.plan.offload import plan_offload
 from dpuoffload.common.plan.perfmodel import (
     Prediction,
@@ -164,7 +164,8 @@ def step_costs(cfg: RunConfig, topo: Topology, measuring: Measuring, steps: int 
 
 
 @contextlib.contextmanager
-def live_backend(backend: str, group: HostGroup, cfg: RunConfig, compute: Optional[Compute]) -> Iterator[GradientSync]:
+def live_backend(backend: AllReduce, group: HostGroup, cfg: RunConfig,
+                 compute: Optional[Compute]) -> Iterator[GradientSync]:
     """The gradient allreduce `backend` over `group` (collective over it), started for the profile
     and shut down after it: Horovod and torch.distributed start again for the run (1-2 ms)."""
     import torch

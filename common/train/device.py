@@ -17,16 +17,17 @@ import torch
 from torch import nn
 
 from dpuoffload.common.errors import ConfigError
+from dpuoffload.common.modes import Amp, Device
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Finish = Callable[[torch.Tensor], torch.Tensor]  # the uint8 wire's float steps on a device batch
-AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+AMP_DTYPES = {Amp.OFF: None, Amp.BF16: torch.bfloat16, Amp.FP16: torch.float16}
 
 
-def resolve_device(requested: str, local_rank: int) -> torch.device:
+def resolve_device(requested: Device, local_rank: int) -> torch.device:
     """`auto`: this host rank's GPU when torch sees one, else the CPU. `cuda` without a GPU, or
     more host ranks on a node than GPUs, is a ConfigError naming the fix."""
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+    if requested == Device.CPU or (requested == Device.AUTO and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError(f"--device cuda, but torch {torch.__version__} sees no GPU here (torch.cuda.is_available() "
@@ -47,7 +48,7 @@ class Compute:
     channels_last: bool = False
 
     @classmethod
-    def of(cls, device: torch.device, amp: str, channels_last: bool) -> "Compute":
+    def of(cls, device: torch.device, amp: Amp, channels_last: bool) -> "Compute":
         return cls(device, AMP_DTYPES[amp], channels_last)
 
     @property

@@ -23,6 +23,7 @@ from torch.utils.data import default_collate
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.data.feeds import Batch
 from dpuoffload.common.data.sampling import PerSampleSeeded, collated
+from dpuoffload.common.modes import AllReduce
 from dpuoffload.common.plan.naive import balanced_dpu_batch, naive_steps
 from dpuoffload.common.runtime.roles import Role, Topology
 
@@ -152,8 +153,8 @@ def build_naive_feed(cfg: RunConfig, topo: Topology, train: PerSampleSeeded,
     return NaiveFeed(cfg, train, topo.world_rank, sizes, sample_shape)
 
 
-def naive_backend(cfg: RunConfig, profiles: Sequence[dict[str, Any]]) -> str:
+def naive_backend(cfg: RunConfig, profiles: Sequence[dict[str, Any]]) -> AllReduce:
     """'auto' picks Horovod only if every rank, host and DPU, can import it (they must agree)."""
-    if cfg.allreduce != "auto":
+    if cfg.allreduce is not AllReduce.AUTO:
         return cfg.allreduce
-    return "horovod" if all(p.get("horovod") for p in profiles) else "torch"
+    return AllReduce.HOROVOD if all(p.get("horovod") for p in profiles) else AllReduce.TORCH

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from dpuoffload.common.config import RunConfig
+from dpuoffload.common.modes import LrSchedule
 
 
 def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.SGD:
@@ -24,11 +25,11 @@ def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.SGD:
                            weight_decay=cfg.weight_decay)
 
 
-def lr_factor(schedule: str, step: int, total: int) -> float:
+def lr_factor(schedule: LrSchedule, step: int, total: int) -> float:
     """Multiplier of the peak LR at `step` of `total` (per-step schedules)."""
-    if schedule == "cosine":
+    if schedule == LrSchedule.COSINE:
         return 0.5 * (1.0 + math.cos(math.pi * step / max(total, 1)))
-    if schedule == "step":
+    if schedule == LrSchedule.STEP:
         return 0.1 ** sum(step >= total * m for m in (0.5, 0.75))
     return 1.0
 

@@ -115,7 +115,7 @@ class CommitRules:
 
     @classmethod
     def of(cls, cfg: "RunConfig") -> "CommitRules":
-        return cls(keep=cfg.ckpt_keep, stop_on_failure=cfg.ckpt_errors == "fail")
+        return cls(keep=cfg.ckpt_keep, stop_on_failure=cfg.ckpt_errors.stops_job)
 
 
 @dataclass(frozen=True)

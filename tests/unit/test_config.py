@@ -48,6 +48,8 @@ def test_handshake_names_both_values():
     assert "speaks protocol 1" in msg and "speaks 2" in msg
     msg = find_mismatch([ident(0, Role.HOST), ident(1, Role.DPU, cfg=RunConfig(seed=5))])
     assert "run config mismatch" in msg and "seed=0 vs 5" in msg
+    msg = find_mismatch([ident(0, Role.HOST), ident(1, Role.DPU, cfg=RunConfig(allreduce="mpi", mode="da"))])
+    assert "allreduce='auto' vs 'mpi'" in msg and "mode='none' vs 'da'" in msg  # a flag enum: as the flag reads
 
 
 def test_handshake_takes_another_architecture_but_not_another_byte_order():

@@ -84,3 +84,16 @@ def test_every_run_config_field_is_a_valid_key():
         default = field.default
         if default is not None and default != ():
             assert _config_value(field.name, default) == default, field.name
+
+
+def test_an_enum_setting_is_written_as_its_flag_value(tmp_path):
+    from dpuoffload.common.modes import AllReduce, Amp, Numerics
+
+    path = write(tmp_path, 'mode = "da"\nallreduce = "mpi"\namp = "bf16"\nnumerics = "strict"\n')
+    cfg = parse_run_config(["--config", path])
+    assert (cfg.allreduce, cfg.amp, cfg.numerics) == (AllReduce.MPI, Amp.BF16, Numerics.STRICT)
+    assert cfg == parse_run_config(["--mode", "da", "--allreduce", "mpi", "--amp", "bf16", "--numerics", "strict"])
+    with pytest.raises(ConfigError, match="'amp' must be str, got int 16"):
+        parse_run_config(["--config", write(tmp_path, "amp = 16\n")])
+    with pytest.raises(ConfigError, match="--amp 'fp8' is not one of: off, bf16, fp16"):
+        parse_run_config(["--config", write(tmp_path, 'amp = "fp8"\n')])
