@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -208,3 +209,32 @@ def test_own_loop_benchmark_quick(tmp_path):
         assert all(math.isfinite(r["next_us"][v]["median"]) and r["next_us"][v]["steps"] == 2 for v in ("peer", "api"))
         assert f"| {w} | 2 |" in res.stdout
     assert "**API per-step overhead**" in res.stdout
+
+
+def test_goodputs_killer_finds_a_jobs_rank_by_its_command_line_and_kills_it_once_it_trains(tmp_path):
+    """`benchmarks/goodput.py`'s killer: a process whose command line holds the run's marker and whose
+    environment has its world rank is found (a DPU rank here, not a spare), left alone until the run's
+    output says it trains, then SIGKILLed after `every` seconds; the kill is recorded."""
+    import signal
+
+    from benchmarks import goodput
+
+    marker, out = str(tmp_path / "log"), tmp_path / "stdout.txt"
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "dpuoffload.dpu", marker],
+                            env={**job_env(), "OMPI_COMM_WORLD_RANK": "3"})
+    try:
+        deadline = time.monotonic() + 10
+        while not goodput.job_ranks(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert goodput.job_ranks(marker) == [goodput.Rank(rank.pid, 3, True, False)]
+        killer = goodput.Killer(marker, 0.5, "dpu", expected=1, seed=0, stdout=out)
+        killer.start()
+        time.sleep(1.5)
+        assert rank.poll() is None and not killer.kills  # (no "mode" line yet: not training)
+        out.write_text(goodput.BANNER + "da: ...\n")
+        assert rank.wait(timeout=10) == -signal.SIGKILL
+        killer.done.set()
+        killer.join(timeout=5)
+        assert [(k["world_rank"], k["dpu"]) for k in killer.kills] == [(3, True)]
+    finally:
+        rank.kill()

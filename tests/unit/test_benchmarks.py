@@ -279,3 +279,19 @@ def test_netmodel_settings_and_their_ratios():
     assert row["stream"]["ratio_last_arriving"] == pytest.approx(0.375)
     assert row["idle"]["predicted_s"] is None and row["idle"]["ratio"] is None
     assert netmodel._rate_bps("1gbit") == 1e9 and netmodel._rate_bps("fast") is None
+
+
+def test_goodput_counts_useful_samples_over_the_failure_free_rate():
+    """`benchmarks/goodput.py`: useful samples (less those lost) per second over the failure-free run's;
+    a job that did not finish did no useful work, and survived every kill but the last."""
+    from benchmarks import goodput
+
+    ref = {"wall": 100.0, "final_acc": 0.5}
+    done = {"finished": True, "exit": 0, "wall": 125.0, "kills": [{}, {}], "survived": 2, "samples_lost": 40,
+            "replayed_steps": 1, "restarts": 0, "recoveries": 2, "final_acc": 0.48, "tail": ""}
+    r = goodput.row("lossy forward", 30.0, done, ref, samples=1000)
+    assert r["goodput"] == (960 / 125.0) / (1000 / 100.0) and r["killed"] == 2 and r["survived"] == 2
+    assert abs(r["acc_delta_pts"] - -2.0) < 1e-9
+    failed = done | {"finished": False, "exit": 1, "survived": 1, "final_acc": None}
+    r = goodput.row("rollback", 10.0, failed, ref, samples=1000)
+    assert r["goodput"] == 0 and r["acc_delta_pts"] is None and r["survived"] == 1
