@@ -17,7 +17,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, cast
+from typing import Optional, cast
 
 from dpuoffload.common.config import RunConfig
 from dpuoffload.common.errors import ConfigError
@@ -39,7 +39,7 @@ class Restored:
     epoch: int
     step: int
     global_step: int
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
     path: Optional[Path] = None
 
 
@@ -57,7 +57,7 @@ class ScriptState:
         self.cloned = False      # host ranks: the --clone-at state was handed off; clone ranks: received
         self.last_global_step = -1
 
-    def checkpoint(self, live: Live, position: Position, extra: Optional[dict[str, Any]]) -> Optional[str]:
+    def checkpoint(self, live: Live, position: Position, extra: Optional[dict[str, object]]) -> Optional[str]:
         """Hand the state off as the kinds due at `position` need. Returns why no checkpoint is
         written (a warning for the script, once), or None."""
         extra = _json_data(extra)
@@ -172,7 +172,7 @@ class ScriptState:
                           "state; checkpoint at that step or choose one the script reaches")
 
 
-def _json_data(extra: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+def _json_data(extra: Optional[dict[str, object]]) -> Optional[dict[str, object]]:
     """`extra=` as the JSON it is stored as (a copy), or the error that names what is not JSON."""
     if extra is None:
         return None

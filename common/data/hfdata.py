@@ -17,10 +17,14 @@ else by name (image/img/jpg/png, label/labels/cls); `image=` and `label=` name t
 from __future__ import annotations
 
 import io
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
 from dpuoffload.common.data.shards import SHUFFLE_BUFFER, ShardedSet
 from dpuoffload.common.errors import ConfigError
+
+if TYPE_CHECKING:
+    import datasets
+    from PIL import Image
 
 IMAGE_NAMES = ("image", "img", "jpg", "jpeg", "png", "webp")
 LABEL_NAMES = ("label", "labels", "cls", "class")
@@ -55,15 +59,15 @@ def _pil(value: Any) -> Any:
 class Columns:
     """A map-style Hugging Face data set as (image, label) pairs; `transform` applies to the image."""
 
-    def __init__(self, ds: Any, transform: Optional[Callable[[Any], Any]] = None, image: Optional[str] = None,
-                 label: Optional[str] = None) -> None:
+    def __init__(self, ds: Any, transform: Optional[Callable[["Image.Image"], object]] = None,
+                 image: Optional[str] = None, label: Optional[str] = None) -> None:
         self.ds, self.transform = ds, transform
         self.image, self.label = _columns(ds, image, label)
 
     def __len__(self) -> int:
         return len(self.ds)
 
-    def __getitem__(self, i: int) -> tuple[Any, int]:
+    def __getitem__(self, i: int) -> tuple[object, int]:
         row = self.ds[int(i)]
         x = _pil(row[self.image])
         return (self.transform(x) if self.transform is not None else x), int(row[self.label])
@@ -72,8 +76,8 @@ class Columns:
 class HFShards:
     """A streaming Hugging Face data set as a `ShardSource`: shard k is `ds.shard(num_shards, k)`."""
 
-    def __init__(self, ds: Any, transform: Optional[Callable[[Any], Any]] = None, image: Optional[str] = None,
-                 label: Optional[str] = None) -> None:
+    def __init__(self, ds: Any, transform: Optional[Callable[["Image.Image"], object]] = None,
+                 image: Optional[str] = None, label: Optional[str] = None) -> None:
         self.image, self.label = _columns(ds, image, label)
         n = getattr(ds, "num_shards", None) or getattr(ds, "n_shards", None)
         if not n:
@@ -93,13 +97,14 @@ class HFShards:
         for batch in self.ds.shard(num_shards=self.count, index=int(shard)).iter(batch_size=1):
             yield {k: v[0] for k, v in batch.items()}
 
-    def sample(self, record: dict[str, Any]) -> tuple[Any, int]:
+    def sample(self, record: dict[str, Any]) -> tuple[object, int]:
         x = _pil(record[self.image])
         return (self.transform(x) if self.transform is not None else x), int(record[self.label])
 
 
-def huggingface(ds: Any, transform: Optional[Callable[[Any], Any]] = None, *, image: Optional[str] = None,
-                label: Optional[str] = None, shuffle_buffer: int = SHUFFLE_BUFFER) -> Any:
+def huggingface(ds: Union["datasets.Dataset", "datasets.IterableDataset"],
+                transform: Optional[Callable[["Image.Image"], object]] = None, *, image: Optional[str] = None,
+                label: Optional[str] = None, shuffle_buffer: int = SHUFFLE_BUFFER) -> Union[Columns, ShardedSet]:
     """A Hugging Face data set for `job.loader`: map-style as (image, label) pairs, streaming as a stream of shards.
 
     Args:
@@ -109,6 +114,9 @@ def huggingface(ds: Any, transform: Optional[Callable[[Any], Any]] = None, *, im
             the uint8 wire splits it, the numerics check traces it).
         image, label: the columns, when the features do not say.
         shuffle_buffer: a stream's records per host rank's shuffle buffer.
+
+    Returns:
+        A map-style set of (image, label) pairs (`Columns`), or a `ShardedSet` for a streaming one.
     """
     if hasattr(ds, "__getitem__") and hasattr(ds, "__len__") and not _is_streaming(ds):
         return Columns(ds, transform, image, label)

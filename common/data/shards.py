@@ -45,7 +45,7 @@ import copy
 import itertools
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence, TypeVar, cast
 
 from torch.utils.data import Dataset
 
@@ -59,17 +59,22 @@ _ORDER_SALT = 1 << 40          # keeps the shard order's seed apart from the buf
 _BUFFER_SALT = 1 << 41
 
 T = TypeVar("T")
+_Record = TypeVar("_Record")   # a stream's own record type: what `open_shard` yields is what `sample` takes
 
 
-class ShardSource(Protocol):
-    """What a stream provides to be trained from (duck-typed; `missing_members` names what lacks)."""
+class ShardSource(Protocol[_Record]):
+    """What a stream provides to be trained from (duck-typed; `missing_members` names what lacks).
+    `_Record` is the stream's own record type (bytes, a path, a row); a sample is anything the
+    batches' collation takes, typically (image tensor, label)."""
 
-    shards: Sequence[str]
+    @property
+    def shards(self) -> Sequence[str]:
+        """The shard names, in a fixed order (read only: a list attribute provides it)."""
 
-    def open_shard(self, shard: str) -> Iterable[Any]:
+    def open_shard(self, shard: str, /) -> Iterable[_Record]:
         """The shard's records, in order, the same every time (no randomness here)."""
 
-    def sample(self, record: Any) -> Any:
+    def sample(self, record: _Record, /) -> object:
         """One record made into a training sample: typically (transform(decode(image)), label)."""
 
 
@@ -77,12 +82,12 @@ class ShardError(ConfigError):
     """A shard that cannot be read, or reads differently from when it was counted."""
 
 
-def missing_members(source: Any) -> list[str]:
+def missing_members(source: object) -> list[str]:
     """The members of `ShardSource` that `source` lacks (empty: it is a stream we can train from)."""
     return [m for m in REQUIRED if not hasattr(source, m)]
 
 
-def refusal(source: Any, where: str) -> ConfigError:
+def refusal(source: object, where: str) -> ConfigError:
     """The one line for a stream without the shard protocol."""
     lacking = ", ".join(missing_members(source))
     return ConfigError(f"{where} takes a map-style data set (with __getitem__ and __len__) or a stream of shards; "
@@ -199,17 +204,19 @@ class ShardPlan:
 
 
 # ---------------------------------------------------------------------------------- the data set
-class ShardedSet(Dataset):
+class ShardedSet(Dataset[object]):
     """A stream seen as a map-style data set over global sample ids (`__getitem__(id)`), read in
     shard order by a `ShardReader`. The loaders walk it in `ShardPlan` order (`plan`), never in index
     order. Its `transform` is the source's (what the uint8 wire splits and the numerics check traces).
     """
 
-    def __init__(self, source: Any, shuffle_buffer: int = SHUFFLE_BUFFER,
+    def __init__(self, source: ShardSource[_Record], shuffle_buffer: int = SHUFFLE_BUFFER,
                  sizes: Optional[Sequence[int]] = None, name: Optional[str] = None) -> None:
         if missing_members(source):
             raise refusal(source, "job.loader")
-        self.source = source
+        # (the record type is the source's own: records go only from its `open_shard` to its `sample`,
+        # so the set holds it as a source of `object` records)
+        self.source = cast("ShardSource[object]", source)
         self.shards: tuple[str, ...] = tuple(str(s) for s in source.shards)
         if not self.shards:
             raise ConfigError(f"{name or type(source).__name__}: the stream names no shards")
@@ -225,12 +232,13 @@ class ShardedSet(Dataset):
 
     # (the transform lives on the source: `sample` applies it; views of this set get their own source)
     @property
-    def transform(self) -> Any:
+    def transform(self) -> object:
+        """The source's `transform` (typically a torchvision Compose), None when it has none."""
         return getattr(self.source, "transform", None)
 
     @transform.setter
-    def transform(self, value: Any) -> None:
-        self.source.transform = value
+    def transform(self, value: object) -> None:
+        setattr(self.source, "transform", value)  # (an attribute of the source, not of `ShardSource`)
 
     def __copy__(self) -> "ShardedSet":
         """A view with its own source (the uint8 wire and the numerics check swap its transform) and
@@ -294,7 +302,7 @@ class ShardedSet(Dataset):
             self._reader = ShardReader(self, keep=2 * self.shuffle_buffer + 256)
         return self._reader
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, index: int) -> object:
         record = self.reader.get(int(index))
         try:
             return self.source.sample(record)
@@ -319,7 +327,7 @@ class ShardedSet(Dataset):
 
 
 class _Cursor:
-    def __init__(self, it: Iterator[Any]) -> None:
+    def __init__(self, it: Iterator[object]) -> None:
         self.it, self.offset = it, 0
 
 
@@ -332,12 +340,12 @@ class ShardReader:
 
     def __init__(self, data: ShardedSet, keep: int) -> None:
         self.data, self.keep = data, keep
-        self.kept: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self.kept: collections.OrderedDict[int, object] = collections.OrderedDict()
         self.cursors: collections.OrderedDict[int, _Cursor] = collections.OrderedDict()
         self.opened = 0
         self.read = 0
 
-    def get(self, index: int) -> Any:
+    def get(self, index: int) -> object:
         if index in self.kept:
             return self.kept.pop(index)
         shard, offset = self.data.locate(index)
@@ -365,7 +373,7 @@ class ShardReader:
         self.opened += 1
         return _Cursor(it)
 
-    def _next(self, shard: int, cursor: _Cursor) -> Any:
+    def _next(self, shard: int, cursor: _Cursor) -> object:
         name = self.data.shards[shard]
         if self.data.seeded_reads:  # (the pipeline augments as it reads: under this record's own seeds)
             reseed(sample_seed(*self.data.seeds, self.data.starts[shard] + cursor.offset))
@@ -385,7 +393,7 @@ class ShardReader:
         self.read += 1
         return record
 
-    def _keep(self, index: int, record: Any) -> None:
+    def _keep(self, index: int, record: object) -> None:
         self.kept[index] = record
         while len(self.kept) > self.keep:
             self.kept.popitem(last=False)

@@ -20,14 +20,18 @@ import io
 import os
 import tarfile
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Iterator, Optional, Sequence, Union
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union, cast
 
 from dpuoffload.common.data.shards import SHUFFLE_BUFFER, ShardedSet
 from dpuoffload.common.errors import ConfigError
 
+if TYPE_CHECKING:
+    from PIL import Image
+
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp")
 LABEL_KEYS = ("cls", "label", "class")
-Record = dict[str, Any]
+Record = dict[str, Union[str, bytes]]   # a tar record: each member's bytes by extension, and `__key__` (str)
+_Image = TypeVar("_Image")               # what a decode makes of a record's image (a PIL image by default)
 
 
 def expand(pattern: Union[str, Sequence[str]]) -> list[str]:
@@ -198,7 +202,7 @@ class Decode:
     image: tuple[str, ...] = IMAGE_KEYS
     label: tuple[str, ...] = LABEL_KEYS
 
-    def __call__(self, record: Record) -> tuple[Any, int]:
+    def __call__(self, record: Record) -> tuple["Image.Image", int]:
         from PIL import Image
 
         img_key = next((k for k in self.image if k in record), None)
@@ -206,11 +210,11 @@ class Decode:
         if img_key is None or lab_key is None:
             wanted = self.image if img_key is None else self.label
             what = f"{'an image' if img_key is None else 'a label'} ({'/'.join(wanted)})"
-            raise ConfigError(f"record {record.get('__key__')} has no {what} member; it has: "
+            raise ConfigError(f"record {cast(Optional[str], record.get('__key__'))} has no {what} member; it has: "
                               f"{', '.join(k for k in record if k != '__key__')}")
-        with Image.open(io.BytesIO(record[img_key])) as im:
+        with Image.open(io.BytesIO(cast(bytes, record[img_key]))) as im:  # (members are bytes, only __key__ is not)
             image = im.convert("RGB")
-        return image, int(record[lab_key].decode().strip())
+        return image, int(cast(bytes, record[lab_key]).decode().strip())
 
 
 class TarShards:
@@ -259,19 +263,20 @@ class PipelineShards:
         return record
 
 
-def webdataset(pattern: Union[str, Sequence[str]], transform: Optional[Callable[[Any], Any]] = None, *,
-               decode: Optional[Callable[[Record], tuple[Any, int]]] = None,
-               pipeline: Optional[Callable[[str], Any]] = None,
+def webdataset(pattern: Union[str, Sequence[str]], transform: Optional[Callable[[_Image], object]] = None, *,
+               decode: Optional[Callable[[Record], tuple[_Image, int]]] = None,
+               pipeline: Optional[Callable[[str], Iterable[object]]] = None,
                shuffle_buffer: int = SHUFFLE_BUFFER) -> ShardedSet:
     """WebDataset tar shards as a training stream for `job.loader` (public API: `dpuoffload.webdataset`).
 
     Args:
         pattern: shard paths, a brace pattern (`"data/train-{000000..000146}.tar"`), a list of them,
             or `pipe:CMD` names (with webdataset installed).
-        transform: applied to each decoded PIL image under the sample's seeds (a torchvision
-            Compose: the uint8 wire splits it, the numerics check traces it).
-        decode: record (member bytes by extension) -> (image, label); default: the first image
-            member (jpg, png, ...) as PIL RGB and the `cls` member as an int.
+        transform: applied to each decoded image (a PIL image with the default `decode`, else what
+            `decode` makes) under the sample's seeds (a torchvision Compose: the uint8 wire splits
+            it, the numerics check traces it).
+        decode: record (member bytes by extension, and its `__key__` string) -> (image, label);
+            default: the first image member (jpg, png, ...) as PIL RGB and the `cls` member as an int.
         pipeline: instead of `transform` and `decode`, your own webdataset pipeline for one shard,
             `pipeline(name)` -> an iterable of (sample, label), e.g. `wds.WebDataset(name,
             shardshuffle=False, nodesplitter=None, workersplitter=None).decode("pil").to_tuple("jpg",
@@ -342,7 +347,7 @@ class TarIndexed:
             record = self.record(i)
             key = next((k for k in keys if k in record), None)
             if key is not None:
-                out.append(int(record[key].decode().strip()))
+                out.append(int(cast(bytes, record[key]).decode().strip()))
         return out
 
     def __getitem__(self, i: int) -> tuple[Any, int]:

@@ -13,7 +13,7 @@ Torch-free and MPI-free: a protocol and the fixed group.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -35,7 +35,9 @@ class HostGroup(Protocol):
 
     def Get_size(self) -> int: ...  # noqa: N802
 
-    def Allreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, /, op: Any = ...) -> None: ...  # noqa: N802
+    def Allreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, /,  # noqa: N802
+                  op: Optional["MPI.Op"] = None) -> None:
+        """`recvbuf` = the reduction of every rank's `sendbuf` by `op` (None: MPI.SUM)."""
 
     def Bcast(self, buf: np.ndarray, /, root: int = 0) -> None: ...  # noqa: N802
 
@@ -86,7 +88,8 @@ class FixedGroup:
     def Get_size(self) -> int:  # noqa: N802
         return self._comm.Get_size()
 
-    def Allreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, /, op: Any = None) -> None:  # noqa: N802
+    def Allreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, /,  # noqa: N802
+                  op: Optional["MPI.Op"] = None) -> None:
         if op is None:
             self._comm.Allreduce(sendbuf, recvbuf)
         else:

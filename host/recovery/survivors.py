@@ -128,7 +128,7 @@ class SurvivorGroup:
     def Get_size(self) -> int:  # noqa: N802
         return self.comm.Get_size()
 
-    def Allreduce(self, send: np.ndarray, out: np.ndarray, op: Any = None) -> None:  # noqa: N802
+    def Allreduce(self, send: np.ndarray, out: np.ndarray, op: Optional["MPI.Op"] = None) -> None:  # noqa: N802
         """`out` = the reduction of every survivor's `send` (`send` is left untouched, so a retry
         after a shrink reduces the same contributions)."""
         from mpi4py import MPI
