@@ -176,8 +176,46 @@ def role_from_appnum(appnum: Optional[int], expected: Role, standby: Optional[st
     return expected
 
 
+INIT_BOUND_S = 600.0   # MPI init's bound when the command line sets no --peer-timeout (RunConfig's default)
+
+
+def init_bound(argv: Sequence[str]) -> float:
+    """Seconds MPI init may take: `--peer-timeout` from the rank's command line (read before any
+    config exists: a value set only in a `--config` file is not seen here), else `INIT_BOUND_S`."""
+    for i, arg in enumerate(argv):
+        value = argv[i + 1] if arg == "--peer-timeout" and i + 1 < len(argv) else \
+            arg.split("=", 1)[1] if arg.startswith("--peer-timeout=") else None
+        if value is not None:
+            try:
+                return max(float(value), 1.0)
+            except ValueError:
+                break   # (the config's own check names a bad value, once MPI is up)
+    return INIT_BOUND_S
+
+
+def init_mpi(bound: float) -> None:
+    """`MPI_Init` (mpi4py's import), ended with exit status 1 if it takes longer than `bound` seconds.
+
+    Why: under MPI's fault tolerance (`--recovery`, `--dpu-failure fallback`: `mpirun --with-ft ulfm`)
+    a rank that dies before every rank has finished MPI init leaves the others in init's exchange
+    forever: mpirun does not end a job for a death there, and init holds the interpreter, so no
+    Python timer could run. `faulthandler`'s watchdog is a C thread: past the bound it prints where
+    the rank waited (the `init_mpi` frame, under a "Timeout" line) and exits the process with status
+    1, which ends the job as a failure. Cancelled as soon as init returns."""
+    import faulthandler
+
+    faulthandler.dump_traceback_later(max(bound, 1.0), exit=True)
+    try:
+        from mpi4py import MPI  # noqa: F401 - initializes MPI
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
 def build_topology(expected: Role, world: Optional["MPI.Comm"] = None) -> Topology:
     """Collective over `world`: determine roles, split communicators, compute the pairing."""
+    import sys
+
+    init_mpi(init_bound(sys.argv))
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD if world is None else world
