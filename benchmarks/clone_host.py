@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dpuoffload.common.errors import ConfigError  # noqa: E402
 from dpuoffload.common.files import write_atomic  # noqa: E402
+from dpuoffload.common.runtime.hostgroup import FixedGroup  # noqa: E402
 from dpuoffload.common.runtime.messages import StateKind, Tag  # noqa: E402
 from dpuoffload.common.runtime.roles import Topology  # noqa: E402
 from dpuoffload.common.state.ckptfiles import Received  # noqa: E402
@@ -100,7 +101,7 @@ class PointToPointHandoff(StateHandoff):
         from mpi4py import MPI
 
         saved = self.comm, self.keeper
-        self.comm, self.keeper = MPI.COMM_SELF, clone
+        self.comm, self.keeper = FixedGroup(MPI.COMM_SELF, [self.topo.host_ranks[0]]), clone  # (as before)
         try:
             yield
         finally:

@@ -1,5 +1,4 @@
-"""User factories that fail on purpose, named as `--model tests.fault_factories:...` by
-tests/jobs/test_rank_errors.py."""
+"""Failing user factories (`--model tests.fault_factories:...`, tests/jobs/test_rank_errors.py)."""
 
 import torch
 
