@@ -38,6 +38,8 @@ EXERCISES: dict[str, tuple[str, ...]] = {
     "startup": ("common/startup.py", "common/runtime/torchsetup.py", "launch", "host/main.py", "dpu/main.py",
                 "benchmarks/plain_train.py", "benchmarks/startup_probe.py"),
     "crossarch": ("common/data", "host/numerics.py", "scripts/aarch64.sh"),
+    "goodput": ("host/recovery", "host/spare.py", "common/faults", "common/state", "dpu/keeper", "launch/restart.py",
+                "launch/supervise.py", "common/train"),
 }
 
 

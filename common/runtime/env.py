@@ -27,6 +27,7 @@ STANDBY = "DPUOFFLOAD_STANDBY"          # "spare": app context 2 holds spare hos
 FAST_EXIT = "DPUOFFLOAD_FAST_EXIT"        # exit the ordinary way, teardown included (common/runtime/fastexit.py)
 MALLOC = "DPUOFFLOAD_MALLOC"              # leave the allocator alone (common/runtime/malloc.py)
 GC_FREEZE = "DPUOFFLOAD_GC_FREEZE"        # leave Python's garbage collector alone (common/runtime/malloc.py)
+INIT_TIMEOUT = "DPUOFFLOAD_INIT_TIMEOUT"  # seconds MPI init may take (common/runtime/roles.py, init_mpi)
 IMPORT_AHEAD = "DPUOFFLOAD_IMPORT_AHEAD"  # import torch at first use, not before MPI init (runtime/torchsetup.py)
 RANK_OPT_OUTS = (FAST_EXIT, MALLOC, GC_FREEZE, IMPORT_AHEAD)
 

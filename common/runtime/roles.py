@@ -177,20 +177,27 @@ def role_from_appnum(appnum: Optional[int], expected: Role, standby: Optional[st
 
 
 INIT_BOUND_S = 600.0   # MPI init's bound when the command line sets no --peer-timeout (RunConfig's default)
+INIT_MIN_S = 120.0     # ...and never less: init waits for the slowest rank's start (its imports, on a busy core)
 
 
-def init_bound(argv: Sequence[str]) -> float:
-    """Seconds MPI init may take: `--peer-timeout` from the rank's command line (read before any
-    config exists: a value set only in a `--config` file is not seen here), else `INIT_BOUND_S`."""
+def init_bound(argv: Sequence[str], environ: Mapping[str, str]) -> float:
+    """Seconds MPI init may take: `DPUOFFLOAD_INIT_TIMEOUT` when set (tests), else `--peer-timeout`
+    from the rank's command line (read before any config exists: a value set only in a `--config`
+    file is not seen here) or `INIT_BOUND_S`, at least `INIT_MIN_S`: a peer timeout of seconds bounds
+    waits between running ranks, while init also waits for every rank to get there."""
+    if environ.get(env.INIT_TIMEOUT):
+        return max(float(environ[env.INIT_TIMEOUT]), 1.0)
+    bound = INIT_BOUND_S
     for i, arg in enumerate(argv):
         value = argv[i + 1] if arg == "--peer-timeout" and i + 1 < len(argv) else \
             arg.split("=", 1)[1] if arg.startswith("--peer-timeout=") else None
         if value is not None:
             try:
-                return max(float(value), 1.0)
+                bound = float(value)
             except ValueError:
-                break   # (the config's own check names a bad value, once MPI is up)
-    return INIT_BOUND_S
+                pass   # (the config's own check names a bad value, once MPI is up)
+            break
+    return max(bound, INIT_MIN_S)
 
 
 def init_mpi(bound: float) -> None:
@@ -215,7 +222,7 @@ def build_topology(expected: Role, world: Optional["MPI.Comm"] = None) -> Topolo
     """Collective over `world`: determine roles, split communicators, compute the pairing."""
     import sys
 
-    init_mpi(init_bound(sys.argv))
+    init_mpi(init_bound(sys.argv, os.environ))
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD if world is None else world

@@ -2,7 +2,8 @@
 
 Under `--recovery` (and `--dpu-failure fallback`) mpirun runs with ULFM, which does not end a job for a
 dead rank; a rank that dies before every rank has finished MPI init left the others waiting in init
-forever. Each rank now bounds its MPI init by `--peer-timeout` (`common.runtime.roles.init_mpi`)."""
+forever. Each rank now bounds its MPI init (`common.runtime.roles.init_mpi`: `--peer-timeout`, at
+least 120 s; `DPUOFFLOAD_INIT_TIMEOUT` here)."""
 
 from __future__ import annotations
 
@@ -24,16 +25,17 @@ exec {python} "$@"
 
 
 @pytest.mark.timeout(200)
-def test_a_rank_lost_before_mpi_init_ends_the_job_within_the_peer_timeout(bundled_data, tmp_path):
+def test_a_rank_lost_before_mpi_init_ends_the_job_within_the_init_bound(bundled_data, tmp_path, monkeypatch):
     wrapper = tmp_path / "python"
     wrapper.write_text(DIES_BEFORE_INIT.format(python=PY))
     wrapper.chmod(0o755)
     log = tmp_path / "log"
+    monkeypatch.setenv("DPUOFFLOAD_INIT_TIMEOUT", "15")  # (the default: --peer-timeout, at least 120 s)
     t0 = time.monotonic()
     res = dpurun(["--host-ranks", "2", "--dpu-ranks", "2", "--python", str(wrapper), "--dpu-python", PY],
                  ["--preset", "debug", "--no-progress", "--mode", "da", "--data", str(bundled_data / "cifar10"),
                   "--train-subset", "64", "--epochs", "1", "--batch-size", "16", "--log-dir", str(log),
-                  "--recovery", "lossy-forward", "--peer-timeout", "15"], timeout=150)
+                  "--recovery", "lossy-forward"], timeout=150)
     took = time.monotonic() - t0
     out = res.stdout + res.stderr
     assert res.returncode != 0, out[-3000:]

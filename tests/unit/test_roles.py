@@ -74,3 +74,16 @@ def test_a_dpu_is_another_machine_than_the_host_node_it_serves():
     infos = [RankInfo(0, D, "n0-bf", "n0"), RankInfo(1, H, "n0", "n0"), RankInfo(2, H, "n0-bf", "n0")]
     topo = Topology(MPI.COMM_SELF, MPI.COMM_SELF, D, tuple(infos), pair_ranks(infos))  # this rank: world rank 0
     assert topo.on_other_machine(1) and not topo.on_other_machine(2) and not topo.on_other_machine(0)
+
+
+def test_mpi_inits_bound_is_the_peer_timeout_but_never_less_than_two_minutes():
+    """`init_mpi`'s bound (a rank lost while the job starts must not hang it): the command line's
+    `--peer-timeout`, at least `INIT_MIN_S` (init waits for the slowest rank's start), 600 s without
+    one, or `DPUOFFLOAD_INIT_TIMEOUT` when set."""
+    from dpuoffload.common.runtime.roles import INIT_BOUND_S, INIT_MIN_S, init_bound
+
+    assert init_bound(["x", "--peer-timeout", "900"], {}) == 900.0
+    assert init_bound(["x", "--peer-timeout=2"], {}) == INIT_MIN_S == 120.0
+    assert init_bound(["x"], {}) == INIT_BOUND_S == 600.0
+    assert init_bound(["x", "--peer-timeout", "soon"], {}) == INIT_BOUND_S  # (the config names a bad value)
+    assert init_bound(["x", "--peer-timeout", "900"], {"DPUOFFLOAD_INIT_TIMEOUT": "15"}) == 15.0
