@@ -1,7 +1,7 @@
 """Goodput: the same training with host ranks killed from outside at a rate, under each recovery.
 
     python benchmarks/goodput.py [--every 60 30 10] [--only NAME ...] [--victims host|dpu]
-                                 [--epochs 3] [--subset 1497] [--host-ranks 4] [--spares 3] [--quick]
+                                 [--epochs 24] [--subset 1497] [--host-ranks 4] [--spares 3] [--quick]
 
 Every run is a real dpurun job (`--host-ranks` host + 2 DPU ranks, `--mode da`, resnet20 on the bundled
 CIFAR-10, batch 16 per host rank). A killer thread in this process finds the job's ranks by their
@@ -205,7 +205,7 @@ def main() -> None:
     p.add_argument("--only", nargs="+", choices=STRATEGIES, default=list(STRATEGIES), metavar="NAME",
                    help=f"strategies (default: all of {', '.join(STRATEGIES)})")
     p.add_argument("--victims", choices=("host", "dpu"), default="host", help="what the killer kills")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=24)
     p.add_argument("--subset", type=int, default=1497, help="training samples (default: the bundled 1,497)")
     p.add_argument("--host-ranks", type=int, default=4)
     p.add_argument("--spares", type=int, default=3, help="rollback's spare ranks (default: 3)")
