@@ -93,12 +93,12 @@ fi
 # by hand"). Python reads these files whatever that variable says, and skips any a later edit made stale.
 "$VENV/bin/python" -m compileall -q -j 0 api common host dpu launch benchmarks examples tests >/dev/null
 # Two pytest workers by default, one test file each at a time (--dist loadfile, so the jobs a file's
-# tests share run once): a single worker leaves the 2 cores 30 % idle between and inside MPI jobs
-# (start-up, waits), two fill them: 10:04 vs 13:01 min for the suite on this 2-core box. The tests'
-# assertions hold under a second job's load (that is what they were written for).
-# DPUOFFLOAD_TEST_WORKERS=0 runs them in this one process (easier to read when debugging).
+# tests share run once), except that the files whose jobs keep both cores busy are one unit of work
+# (tests/conftest.py, BOTH_CORES): one worker runs them one after another while the other takes every
+# other file (the unit tier, jobs that mostly wait). Two busy jobs side by side were slower than one after the other; one worker alone left the
+# cores idle while a job waited (docs/testing.md). DPUOFFLOAD_TEST_WORKERS=0 runs the tests in this one
+# process (easier to read when debugging).
 # The 25 slowest tests are listed at the end: where the suite's time goes (target: 20 minutes on 2 cores).
-# The unit tier too: --dist load (test by test) took 61 s for it where loadfile took 24 s.
 WORKERS=${DPUOFFLOAD_TEST_WORKERS:-2}
 if [ "$TIER" = unit ]; then
   set -- tests/unit "$@"

@@ -20,6 +20,35 @@ def bundled_data(tmp_path_factory) -> Path:
     return out
 
 
+# The test files whose jobs keep both cores busy (CPU seconds over wall seconds 1.3 or more, measured
+# with DPUOFFLOAD_TEST_TIMES in a one-worker run): under `--dist loadfile` (scripts/test.sh) they are one
+# unit of work, run by one worker one after another, and every other file (the unit tier, and jobs that
+# wait: emulated machines, Slurm, peer timeouts, the benchmarks' smoke runs) is a unit of its own for the
+# other worker. Why: two such jobs side by side on 2 cores took longer than one after the other (one test
+# alone 26 s; two at once 52 and 61 s, with a quarter more CPU between them), while a job that waits
+# leaves room beside it.
+BOTH_CORES = frozenset(f"tests/jobs/test_{name}.py" for name in (
+    "api_jobs", "auto", "checkpoint", "clone_standby", "dpu_failure", "examples", "lossy_forward", "mpich",
+    "naive", "nothing_lost", "numerics_jobs", "offload_modes", "partner_copies", "progress", "rank_errors",
+    "restart", "rollback", "simulate", "stream_jobs", "stream_trainer", "trace", "training", "wire"))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, with the `BOTH_CORES` files as one unit (xdist's own `loadgroup` would take
+    `xdist_group` marks, but it renames tests through an attribute pytest 9.2 no longer reads, so it
+    spreads them test by test instead)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class BothCoresAsOne(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return "both cores" if path in BOTH_CORES else path
+
+    return BothCoresAsOne(config, log)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """With DPUOFFLOAD_TEST_TIMES=FILE, append each test's wall seconds and the CPU seconds it and the

@@ -8,7 +8,7 @@ import gc
 
 import pytest
 
-from dpuoffload.common.runtime.malloc import freeze_startup_objects, tune_malloc, user_tunes_malloc
+from dpuoffload.common.runtime.malloc import freeze_startup_objects, pause_collector, tune_malloc, user_tunes_malloc
 
 
 @pytest.mark.parametrize("environ", [{"DPUOFFLOAD_MALLOC": "0"},
@@ -38,4 +38,16 @@ def test_start_up_objects_are_frozen_out_of_full_collections():
         gc.collect()
         assert marker[0] == ["start-up object"]
     finally:
+        gc.unfreeze()
+
+
+def test_the_collector_is_off_from_a_programs_entry_until_start_ups_objects_are_frozen():
+    """The entry turns the collector off (start-up's imports make objects that live for good); the
+    freeze at the end of start-up turns it back on; opted out, it is never turned off."""
+    try:
+        assert pause_collector({"DPUOFFLOAD_GC_FREEZE": "0"}) is False and gc.isenabled()
+        assert pause_collector({}) is True and not gc.isenabled()
+        assert freeze_startup_objects({}) is True and gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        gc.enable()
         gc.unfreeze()
