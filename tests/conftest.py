@@ -33,6 +33,7 @@ BOTH_CORES = frozenset(f"tests/jobs/test_{name}.py" for name in (
     "restart", "rollback", "simulate", "stream_jobs", "stream_trainer", "trace", "training", "wire"))
 
 
+@pytest.hookimpl(optionalhook=True)  # (no xdist in the minimum-Python run: scripts/test-min-python.sh)
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile`, with the `BOTH_CORES` files as one unit (xdist's own `loadgroup` would take
     `xdist_group` marks, but it renames tests through an attribute pytest 9.2 no longer reads, so it
