@@ -105,8 +105,8 @@ class Assembly:
         cfg, topo = self.cfg, self.topo
         survivors = recovery.group if recovery is not None else None
         validation, share = build_validation(cfg, topo, job, self.faults, survivors)
-        return Trainer(cfg, topo, job, sync, validation, share, group=survivors or group, faults=self.faults,
-                       state=state, recovery=recovery.hooks if recovery is not None else None,
+        return Trainer(cfg, topo, job, sync, validation, share, group=survivors if survivors is not None else group,
+                       faults=self.faults, state=state, recovery=recovery.hooks if recovery is not None else None,
                        hooks=hooks or (lambda t: self.ext.hooks_factory(cfg, topo, t)), joining=joining)
 
     def close(self, trainer: Trainer, sync: GradientSync) -> int:
