@@ -57,8 +57,10 @@ PARTS = [("dpurun + mpirun start", "exec"), ("interpreter + torch import", "impo
 TARGET_S = 2.0  # issue 16: a tiny job may cost at most this much more than the plain script
 UNCUT_BTL = "self,sm,tcp,ofi,uct"  # Open MPI's default: every transport pip's build has (ofi: ~1 s MPI_Init)
 LATE_ENV = {"DPUOFFLOAD_IMPORT_AHEAD": "0"}  # common/runtime/torchsetup.py's import_torch_ahead, off
-UNCUT_ENV = {"DPUOFFLOAD_FAST_EXIT": "0", **LATE_ENV}  # and common/runtime/fastexit.py's opt-out
+GC_ON_ENV = {"DPUOFFLOAD_GC_FREEZE": "0"}  # common/runtime/malloc.py's pause_collector (and freeze), off
+UNCUT_ENV = {"DPUOFFLOAD_FAST_EXIT": "0", **LATE_ENV, **GC_ON_ENV}  # and common/runtime/fastexit.py's opt-out
 DA, DA_LATE = "dpurun da", "dpurun da, imports late"  # the --mode da pair: imports ahead, at first use
+DA_GC_ON = "dpurun da, collector on"  # ...and the collector left on through start-up
 
 
 def job_flags(data: Path, subset: int) -> list[str]:
@@ -127,6 +129,7 @@ def run(args: argparse.Namespace) -> Section:
     if not args.quick:
         variants[DA] = lambda: timed(dpurun_cmd(data, subset, mode="da"))
         variants[DA_LATE] = lambda: timed(dpurun_cmd(data, subset, mode="da"), LATE_ENV)
+        variants[DA_GC_ON] = lambda: timed(dpurun_cmd(data, subset, mode="da"), GC_ON_ENV)
         variants["dpurun, uncut"] = lambda: timed(dpurun_cmd(data, subset, uncut=True), UNCUT_ENV)
     walls: dict[str, list[float]] = {v: [] for v in variants}
     for rep in range(reps):  # interleaved: machine noise hits every variant alike
@@ -139,6 +142,7 @@ def run(args: argparse.Namespace) -> Section:
         parts["dpurun, uncut"] = breakdown(data, subset, uncut=True)
         parts[DA] = breakdown(data, subset, mode="da")
         parts[DA_LATE] = breakdown(data, subset, mode="da", extra_env=LATE_ENV)
+        parts[DA_GC_ON] = breakdown(data, subset, mode="da", extra_env=GC_ON_ENV)
     stats, summary = summarize(walls)
     payload = {"machine": machine(), "settings": settings(args), "reps": reps, "subset": subset,
                "launcher": launcher_flags(), "walls_s": walls, "stats": stats, "summary": summary,
@@ -154,15 +158,19 @@ def summarize(walls: dict[str, list[float]]) -> tuple[dict[str, Any], dict[str, 
     stats = {k: spread(v) for k, v in walls.items()}
     summary = {k: {"difference_s": spread([a - b for a, b in zip(walls[k], walls["plain"])]),
                    "ratio": stats[k]["median"] / stats["plain"]["median"]} for k in walls if k != "plain"}
-    if DA in walls:  # (the imports before MPI init, on and off, in the mode where the DPU computes)
+    if DA in walls and DA_LATE in walls:  # (the imports before MPI init, on and off, where the DPU computes)
         summary["imports ahead"] = {"difference_s": spread([a - b for a, b in zip(walls[DA], walls[DA_LATE])]),
                                     "ratio": stats[DA]["median"] / stats[DA_LATE]["median"]}
+    if DA in walls and DA_GC_ON in walls:  # (the collector paused through start-up, against left on)
+        summary["collector paused"] = {"difference_s": spread([a - b for a, b in zip(walls[DA], walls[DA_GC_ON])]),
+                                       "ratio": stats[DA]["median"] / stats[DA_GC_ON]["median"]}
     return stats, summary
 
 
 def markdown(stats: dict[str, Any], summary: dict[str, Any], parts: dict[str, Any]) -> str:
     names = {"dpurun": "dpurun, 1 host + 1 DPU rank (--mode none)", DA: "dpurun --mode da",
              DA_LATE: "dpurun --mode da, imports at first use (DPUOFFLOAD_IMPORT_AHEAD=0)",
+             DA_GC_ON: "dpurun --mode da, the collector on through start-up (DPUOFFLOAD_GC_FREEZE=0)",
              "dpurun, uncut": "dpurun --mode none without the start-up cuts",
              "plain": "plain torchvision + DataLoader script"}
     rows = []
@@ -178,6 +186,10 @@ def markdown(stats: dict[str, Any], summary: dict[str, Any], parts: dict[str, An
         a = summary["imports ahead"]
         md += (f" `--mode da` with torch and torchvision imported before MPI init − at first use: "
                f"{fmt_spread(a['difference_s'])} s per pair (ratio {a['ratio']:.2f}).")
+    if "collector paused" in summary:
+        c = summary["collector paused"]
+        md += (f" `--mode da` with the collector paused through start-up − left on: "
+               f"{fmt_spread(c['difference_s'])} s per pair (ratio {c['ratio']:.2f}).")
     md += "\n\nWhere one job's time goes (host rank 0, marks from `startup_probe.py`; one run each):\n\n"
     labels = list(parts["dpurun"]["parts_s"])
     cols = list(parts)

@@ -200,6 +200,20 @@ def test_startup_compares_imports_ahead_with_imports_at_first_use_pair_by_pair()
     assert "imports ahead" not in startup.summarize({k: walls[k] for k in ("dpurun", "plain")})[1]
 
 
+def test_startup_compares_the_collector_paused_with_it_left_on_pair_by_pair():
+    from benchmarks import startup
+
+    walls = {"dpurun": [5.0, 6.0], "plain": [5.0, 5.0], "dpurun da": [5.0, 5.5],
+             "dpurun da, collector on": [5.5, 6.5]}
+    stats, summary = startup.summarize(walls)
+    paused = summary["collector paused"]
+    assert (paused["difference_s"]["min"], paused["difference_s"]["max"]) == (-1.0, -0.5)
+    assert paused["ratio"] == pytest.approx(5.25 / 6.0)
+    text = startup.markdown(stats, summary, {"dpurun": {"parts_s": {"MPI init + topology": 0.1}, "wall_s": 5.0}})
+    assert "collector paused through start-up − left on: -0.75 (-1.00–-0.50) s per pair (ratio 0.88)" in text
+    assert "| dpurun --mode da, the collector on through start-up (DPUOFFLOAD_GC_FREEZE=0) | 6.00 (5.50–6.50) |" in text
+
+
 def test_multinode_table_compares_each_mode_to_none_and_checks_the_training():
     from benchmarks import multinode
 
