@@ -20,7 +20,7 @@ from dpuoffload.common.plan.offload import DA, IDLE, MV, plan_offload
 from dpuoffload.common.runtime import trace
 from dpuoffload.common.runtime.metrics import JsonlLog
 from dpuoffload.common.runtime.roles import Role, Topology
-from dpuoffload.common.runtime.torchsetup import import_torch_ahead, init_torch
+from dpuoffload.common.runtime.torchsetup import import_torch_ahead, import_torchvision_without_compiler, init_torch
 from dpuoffload.common.startup import Run, start_program
 from dpuoffload.dpu.control import ControlInbox
 from dpuoffload.dpu.idle import idle_until_shutdown
@@ -64,6 +64,7 @@ def prepare(cfg: RunConfig, topo: Topology, run: Run) -> DpuJob:
     if work == IDLE:
         return DpuJob(IDLE, None, keeper)
     init_torch()
+    import_torchvision_without_compiler()  # (before the data sets' own import of it: imported ahead or not)
     from dpuoffload.dpu import work as works
 
     if work == DA:
@@ -141,7 +142,7 @@ def needs(argv: Optional[Sequence[str]]) -> Needs:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     wanted = needs(argv)
     if wanted is not Needs.NOTHING:
-        import_torch_ahead(torchvision=wanted is Needs.TORCH_AND_TORCHVISION)
+        import_torch_ahead(torchvision=wanted is Needs.TORCH_AND_TORCHVISION, compiler=False)
     started = start_program(Role.DPU, argv, prepare, profile)
     cfg, topo, job, profiles, faults = started.cfg, started.topo, started.state, started.profiles, started.run.faults
     if not topo.host_ranks:

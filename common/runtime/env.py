@@ -29,7 +29,8 @@ MALLOC = "DPUOFFLOAD_MALLOC"              # leave the allocator alone (common/ru
 GC_FREEZE = "DPUOFFLOAD_GC_FREEZE"        # leave Python's garbage collector alone (common/runtime/malloc.py)
 INIT_TIMEOUT = "DPUOFFLOAD_INIT_TIMEOUT"  # seconds MPI init may take (common/runtime/roles.py, init_mpi)
 IMPORT_AHEAD = "DPUOFFLOAD_IMPORT_AHEAD"  # import torch at first use, not before MPI init (runtime/torchsetup.py)
-RANK_OPT_OUTS = (FAST_EXIT, MALLOC, GC_FREEZE, IMPORT_AHEAD)
+LEAN_TORCHVISION = "DPUOFFLOAD_LEAN_TORCHVISION"  # DPU ranks: torchvision with torch's compiler (runtime/torchsetup.py)
+RANK_OPT_OUTS = (FAST_EXIT, MALLOC, GC_FREEZE, IMPORT_AHEAD, LEAN_TORCHVISION)
 
 
 def format_node_map(dpu_to_node: Mapping[str, str]) -> str:

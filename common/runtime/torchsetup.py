@@ -2,8 +2,9 @@
 and that training code (`common.train`) uses without the start-up sequence itself.
 
 `init_torch` applies a rank's torch settings once; `import_torch_ahead` imports torch before MPI
-init; `use_deterministic_algorithms` without importing torch._inductor; `CLOCK` records where a
-process's start-up went (`startup_parts_s` in the run's end record).
+init; `import_torchvision_without_compiler` spares a DPU rank torch's compiler; `use_deterministic_algorithms`
+without importing torch._inductor; `CLOCK` records where a process's start-up went (`startup_parts_s`
+in the run's end record).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import importlib
 import os
 import sys
 import time
+import types
 from dataclasses import dataclass, field
+from typing import Any
 
 from dpuoffload.common.runtime import env
 
@@ -92,8 +95,61 @@ def init_torch() -> None:
     use_deterministic_algorithms()
 
 
-def import_torch_ahead(torchvision: bool = True) -> None:
-    """Import torch (and torchvision) now, before MPI init, in a program that will use them.
+def import_torchvision_without_compiler() -> None:
+    """Import torchvision without the torch compiler (torch._dynamo, sympy) it pulls in; for DPU ranks.
+
+    Why: `import torchvision` runs `torchvision/ops/roi_align.py`'s `from torch._dynamo.utils import
+    is_compile_supported` (torchvision 0.2x), which imports all of torch._dynamo and sympy: 1.2 s of CPU
+    and 150 MB of memory per process on this box, for an operator a DPU rank never calls, in a program
+    that never compiles (measured with `torchvision.transforms` and `datasets` loaded: 1.8 s user and
+    531 MB against 3.0 s and 683 MB). A DPU's cores are slower and its memory is shared by every rank
+    on it. torchvision's own maintainers keep dynamo out of eager users' imports where they can
+    (pytorch/vision#8436, "importing dynamo has undesirable side effects for eager mode only users").
+
+    How: for the length of `import torchvision` only, `torch._dynamo.utils` is a module holding that
+    one function, which imports the real one when called; afterwards it leaves `sys.modules`, so
+    anything that later imports torch._dynamo (torch.compile, torchvision.transforms.v2, an optimizer's
+    first step) gets the real module, and `roi_align` still works. If the import fails this way (a
+    torchvision whose import needs more of dynamo), it is undone and torchvision imported as usual.
+    Host ranks do not use it: their optimizer's first step imports torch._dynamo anyway, and the cost
+    belongs in start-up, not in the first step's time. `DPUOFFLOAD_LEAN_TORCHVISION=0` turns it off.
+    """
+    if "torchvision" in sys.modules or os.environ.get(env.LEAN_TORCHVISION) == "0":
+        return
+    if "torch._dynamo" in sys.modules:  # (the compiler is loaded already: nothing to spare)
+        importlib.import_module("torchvision")
+        return
+    name = "torch._dynamo.utils"
+    stand_in = types.ModuleType(name, "Stands in for torch._dynamo.utils while torchvision is imported "
+                                      "(dpuoffload.common.runtime.torchsetup.import_torchvision_without_compiler).")
+    stand_in.is_compile_supported = _is_compile_supported  # type: ignore[attr-defined]
+    sys.modules[name] = stand_in
+    try:
+        importlib.import_module("torchvision")
+    except ImportError:
+        _forget("torchvision", "torch._dynamo")
+        importlib.import_module("torchvision")
+    finally:
+        if sys.modules.get(name) is stand_in:
+            del sys.modules[name]
+
+
+def _is_compile_supported(device_type: Any) -> Any:
+    """torch._dynamo.utils.is_compile_supported, imported at its first call (roi_align's)."""
+    from torch._dynamo.utils import is_compile_supported
+
+    return is_compile_supported(device_type)
+
+
+def _forget(*packages: str) -> None:
+    """Drop these packages and their submodules from `sys.modules` (a failed import's leftovers)."""
+    for module in [m for m in sys.modules if any(m == p or m.startswith(p + ".") for p in packages)]:
+        del sys.modules[module]
+
+
+def import_torch_ahead(torchvision: bool = True, compiler: bool = True) -> None:
+    """Import torch (and torchvision; without torch's compiler if not `compiler`: DPU ranks,
+    `import_torchvision_without_compiler`) now, before MPI init, in a program that will use them.
 
     Why: MPI init returns once every rank of the job has reached it. A DPU rank imported torch and
     torchvision after it (once its plan gave it work), a host rank torchvision (with its data
@@ -111,7 +167,9 @@ def import_torch_ahead(torchvision: bool = True) -> None:
         return
     try:
         init_torch()
-        if torchvision:
+        if torchvision and compiler:
             importlib.import_module("torchvision")
+        elif torchvision:
+            import_torchvision_without_compiler()
     except Exception:  # noqa: BLE001 (see above: imported again, and reported, where it is needed)
         pass
