@@ -392,7 +392,8 @@ class LoaderService:
         return got
 
     def handle(self, host: int, message: Any) -> None:
-        if host not in self.hosts and not (self.cfg.recovery_policy.uses_spares and host in self.topo.spare_ranks):
+        spares = self.topo.spare_ranks
+        if host not in self.hosts and not (self.cfg.recovery_policy.fills_seats(len(spares)) and host in spares):
             raise PeerError(f"{self.topo.describe(host)} sent a loader message to {self.topo.describe()}, "
                             "which does not feed it: host and DPU programs disagree on the offload plan")
         if isinstance(message, OpenLoader):

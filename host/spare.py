@@ -1,5 +1,5 @@
-"""A spare host rank (`dpurun --spare-ranks S`, `--recovery rollback`): stand by, then train in a
-dead host rank's seat.
+"""A spare host rank (`dpurun --spare-ranks S`, `--recovery rollback` or `lossy-forward`): stand by,
+then train in a dead host rank's seat.
 
 The spare builds everything a host rank has at start-up (data sets, model), then waits in the
 pool's broadcast (`host.recovery.spares.SparePool.stand_by`). Called in, it receives the state of
@@ -89,13 +89,14 @@ def run_spare(cfg: RunConfig, topo: Topology, job: TrainJob, faults: Faults, ass
         return 0
     feed = job.feed = spare_feed(cfg, topo, faults, job.train, call.seat, job.plan)
     state = TrainingState.build(cfg, job.model, cfg.epochs * feed.steps())
-    recovery = HostRecovery.seated(cfg, topo, faults, state, pool)
+    recovery = HostRecovery.seated(cfg, topo, job, faults, state, pool, call.seat)
     sync = build_sync(AllReduce.MPI, recovery.group, cfg.peer_timeout, job.compute.device, recovery.passenger)
     trainer = assembly.trainer(job, sync, state, recovery, hooks=lambda t: build_hooks(cfg, topo, t), joining=True)
     position = unpack_state(call.state, state)   # (after the trainer, which seeds the RNGs: the state's win)
     seats = seat_progress(call.state)   # (every seat's progress in the epoch: the seat's own resumes its record,
     # and every seat's is known here from now on, as after a resume: `Rollback.resumed`)
     trainer.resume_at(position, copy.deepcopy(seats[call.seat]) if seats else None, seats)
+    recovery.joined(position.epoch)
     if isinstance(trainer.hooks, StateHandoff):  # checkpoints: the seat's keeper hears from this rank now
         trainer.hooks.join(position, resend=call.replay)
     what = "replays the failed step from" if call.replay else "starts at"

@@ -170,9 +170,10 @@ def check_ranks(cfg: RunConfig, facts: LaunchFacts) -> None:
     if cfg.recovery_policy.uses_spares and facts.spare_ranks == 0:
         raise ConfigError("--recovery rollback puts a spare rank in a dead host rank's place: add --spare-ranks S "
                           "before '--'")
-    if facts.spare_ranks and not cfg.recovery_policy.uses_spares:
-        raise ConfigError(f"--spare-ranks {facts.spare_ranks} without --recovery rollback: the spares would only "
-                          "stand by; add --recovery rollback after '--'")
+    if facts.spare_ranks and not cfg.recovery_policy.fills_seats(facts.spare_ranks):
+        raise ConfigError(f"--spare-ranks {facts.spare_ranks} without --recovery rollback or lossy-forward: the spares "
+                          "would only stand by; add --recovery rollback (a spare replays the lost step) or "
+                          "--recovery lossy-forward (a spare fills the seat at the next epoch) after '--'")
     if not facts.cluster and cfg.ckpt_mem_keep and cfg.ckpt_mem_replicas:  # (across machines: the ranks check it)
         from dpuoffload.common.state.memstore import place_copies
 

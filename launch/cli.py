@@ -110,7 +110,9 @@ def _add_rank_flags(g: argparse._ArgumentGroup) -> None:
                         "from --clone-at STEP (on the host cores/nodes)")
     g.add_argument("--spare-ranks", type=int, default=0, metavar="S",
                    help="extra host program ranks that stand by to take a dead host rank's place "
-                        "(--recovery rollback; on the host cores/nodes, like clone ranks)")
+                        "(--recovery rollback: at once, replaying the step; --recovery lossy-forward: at the "
+                        "next epoch, the group growing back to full size; on the host cores/nodes, like clone "
+                        "ranks)")
     g.add_argument("--clone-cores", metavar="LIST",
                    help="cores for the clone ranks when emulating, e.g. 1: a stand-in for the other "
                         "nodes clones run on in a cluster (default: the host ranks' cores)")

@@ -84,8 +84,15 @@ class RecoveryPolicy:
 
     @property
     def uses_spares(self) -> bool:
-        """Spare ranks stand by and take dead host ranks' seats (rollback)."""
+        """Spare ranks stand by and take dead host ranks' seats at once, to replay the step (rollback,
+        which needs them)."""
         return self.host_loss is Recovery.ROLLBACK
+
+    def fills_seats(self, spare_ranks: int) -> bool:
+        """Spare ranks (`dpurun --spare-ranks`, `spare_ranks` of them) take dead host ranks' seats: under
+        rollback at once, under lossy forward at the next epoch's start (the group grows back to full
+        size). Every peer of the host ranks then takes a seat's requests from the spare in it."""
+        return self.uses_spares or (self.shrinks_group and spare_ranks > 0)
 
     @property
     def survives_dpu_loss(self) -> bool:

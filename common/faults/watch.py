@@ -132,8 +132,8 @@ def _work_verdict(dead: int, topo: "Topology", cfg: "RunConfig", plan: "OffloadP
 def _host_verdict(dead: int, topo: "Topology", cfg: "RunConfig", gone: frozenset[int],
                   seated: Optional[frozenset[int]] = None) -> Verdict:
     policy = cfg.recovery_policy
-    if policy.uses_spares:
-        return _rollback_verdict(dead, topo, gone, seated)
+    if policy.fills_seats(len(topo.spare_ranks)):
+        return _seats_verdict(dead, topo, gone, seated, policy.uses_spares)
     if not policy.survives_host_loss or dead not in topo.host_ranks:
         return Verdict(False, "it trained (--recovery lossy-forward or rollback survive host ranks; dpurun "
                               "--restarts N relaunches after a lost host rank)")
@@ -144,18 +144,24 @@ def _host_verdict(dead: int, topo: "Topology", cfg: "RunConfig", gone: frozenset
                    f"--recovery {cfg.recovery}")
 
 
-def _rollback_verdict(dead: int, topo: "Topology", gone: frozenset[int], seated: Optional[frozenset[int]]) -> Verdict:
-    """--recovery rollback: a death is survived while a seated rank lives to hand a spare the state
-    (a spare seated in a dead host rank's place counts: the original host ranks may all be gone).
-    Without the seats (a DPU rank), only the loss of every host and spare rank is judged fatal
-    here; the host and spare ranks, who know the seats, end the job otherwise."""
+def _seats_verdict(dead: int, topo: "Topology", gone: frozenset[int], seated: Optional[frozenset[int]],
+                   replays: bool) -> Verdict:
+    """Spares fill seats (--recovery rollback, or lossy-forward with spare ranks): a death is survived
+    while a seated rank lives to hand a spare the state (a spare seated in a dead host rank's place
+    counts: the original host ranks may all be gone). Without the seats (a DPU rank), only the loss of
+    every host and spare rank is judged fatal here; the host and spare ranks, who know the seats, end
+    the job otherwise. `replays`: rollback (a spare takes the seat at once), else lossy forward (the
+    survivors go on, a spare takes the seat at the next epoch)."""
+    flag = "--recovery rollback" if replays else "--recovery lossy-forward"
     left = [r for r in (seated if seated is not None else (*topo.host_ranks, *topo.spare_ranks)) if r not in gone]
     if not left:
         return Verdict(False, "it was the last host rank in a seat (no rank is left to hand a spare the state)")
     if dead in topo.spare_ranks and (seated is None or dead not in seated):
-        return Verdict(True, "it was a spare rank (one that had taken a seat is replaced in turn)",
-                       "--recovery rollback")
-    return Verdict(True, "it trained; a spare rank takes its seat", "--recovery rollback")
+        return Verdict(True, "it was a spare rank (one that had taken a seat is replaced in turn)", flag)
+    if replays:
+        return Verdict(True, "it trained; a spare rank takes its seat", flag)
+    return Verdict(True, "it trained; the surviving host ranks go on without it, and a spare rank takes its seat "
+                         "at the next epoch if one is left", flag)
 
 
 class FailureWatch:

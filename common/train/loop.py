@@ -262,7 +262,8 @@ class Trainer:
         return self.records.epoch(epoch, sums, losses, times, self.train_set if counts_skipped else None,
                                   self.stream, global_step=self.global_step, lr=self.scheduler.get_last_lr()[0],
                                   val_dpu_share=share, phase_shares=self.timer.shares(times[0]), step_losses=losses,
-                                  weights_sha256=state_digest(self.model))
+                                  weights_sha256=state_digest(self.model), samples=int(sums[2]),
+                                  replicas=self.size)  # (at the epoch's end: under --recovery it can change)
 
     def train_epoch(self, span: EpochSpan) -> tuple[np.ndarray, list[float], Optional[str], int]:
         """Train steps [span.start, span.stop) of an epoch; return [loss, correct, count] summed over

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 def route_for(cfg: RunConfig, topo: Topology, inbox: Inbox, idle: Callable[[], None], faults: Faults) -> Route:
     """The one route this run's hand-offs and reports take, from what the run survives."""
     policy = cfg.recovery_policy
-    if policy.uses_spares:
+    if policy.fills_seats(len(topo.spare_ranks)):
         return SeatsRoute(cfg, topo, inbox, faults)
     if policy.survives_host_loss:
         return SurvivingRoute(cfg, topo, inbox, faults)

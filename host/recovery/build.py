@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Optional
 from dpuoffload.common.data.loaders import Sampling
 from dpuoffload.common.train.training_state import TrainingState
 from dpuoffload.host.recovery.carried import Carried
+from dpuoffload.host.recovery.growback import GrowBack
 from dpuoffload.host.recovery.spares import Rollback, SparePool
 from dpuoffload.host.recovery.survivors import LossyForward, SurvivorGroup
 
@@ -28,9 +29,10 @@ if TYPE_CHECKING:
 class HostRecovery:
     """What `--recovery` adds to a host rank (or a seated spare) for the run.
 
-    `group`: the host ranks, which shrink to the survivors (lossy forward) or seat spares (rollback);
-    `hooks`: the trainer's side (`common.train.loop.RecoveryHooks`); under rollback `spares`, the pool
-    the dead ranks' seats are filled from, and `passenger`, what rides in each gradient allreduce.
+    `group`: the host ranks, which shrink to the survivors (lossy forward) or seat spares (rollback;
+    lossy forward with spare ranks, at the next epoch); `hooks`: the trainer's side
+    (`common.train.loop.RecoveryHooks`); with spare ranks `spares`, the pool the dead ranks' seats
+    are filled from; under rollback `passenger`, what rides in each gradient allreduce.
     """
 
     group: SurvivorGroup
@@ -46,17 +48,30 @@ class HostRecovery:
         policy = cfg.recovery_policy
         if not policy.survives_host_loss:
             return None
-        if policy.uses_spares:
-            return cls.seated(cfg, topo, faults, state, SparePool(topo, cfg.peer_timeout, faults))
+        if policy.fills_seats(len(topo.spare_ranks)):
+            pool = SparePool(topo, cfg.peer_timeout, faults)
+            return cls.seated(cfg, topo, job, faults, state, pool, topo.side_rank)
         group = SurvivorGroup(topo, faults, cfg.peer_timeout)
         sampling = Sampling.of(cfg, len(topo.host_ranks), topo.side_rank)
         return cls(group, LossyForward(group, job.train.dataset, sampling, job.feed.steps(), cfg.reassign))
 
     @classmethod
-    def seated(cls, cfg: "RunConfig", topo: "Topology", faults: "Faults", state: TrainingState,
-               pool: SparePool) -> "HostRecovery":
-        """Rollback, for a rank in a seat of `pool`: a host rank at the start, or a spare once called
-        in. Collective over the seated ranks."""
+    def seated(cls, cfg: "RunConfig", topo: "Topology", job: "TrainJob", faults: "Faults", state: TrainingState,
+               pool: SparePool, seat: int) -> "HostRecovery":
+        """For a rank in seat `seat` of `pool`: a host rank at the start, or a spare once called in.
+        Rollback (a spare replays the step), or lossy forward with spares (a spare fills the seat at
+        the next epoch: `host.recovery.growback`). Collective over the seated ranks."""
         group = SurvivorGroup(topo, faults, cfg.peer_timeout, pool)
+        if not cfg.recovery_policy.uses_spares:
+            growth = GrowBack(group, pool, state, cfg.epochs)
+            sampling = Sampling.of(cfg, len(topo.host_ranks), seat)
+            hooks = LossyForward(group, job.train.dataset, sampling, job.feed.steps(), cfg.reassign, growth)
+            return cls(group, hooks, pool)
         carried = Carried(state.model, group)
         return cls(group, Rollback(group, pool, carried, state, topo, cfg.epochs), pool, carried)
+
+    def joined(self, epoch: int) -> None:
+        """On a spare called into a seat before `epoch` (lossy forward: it takes over its slice of the
+        seats still vacant, as the rest of the group does)."""
+        if isinstance(self.hooks, LossyForward):
+            self.hooks.joined(epoch)

@@ -295,10 +295,12 @@ class SparePool:
             return Regroup(lost, lost_world, (), shrink_s, time.perf_counter() - t1, 0.0, 0, None, False)
         return dataclasses.replace(self.fill(state, replay=True), lost=lost, lost_world=lost_world, shrink_s=shrink_s)
 
-    def fill(self, state: Callable[[], tuple[Position, bytes]], replay: bool = False) -> Regroup:
-        """Call standing-by spares into the vacant seats and send them `state()` (from the root)."""
+    def fill(self, state: Callable[[], tuple[Position, bytes]], replay: bool = False, every: bool = True) -> Regroup:
+        """Call standing-by spares into the vacant seats and send them `state()` (from the root).
+        `every`: each vacant seat must be filled (rollback: a seat left vacant would lose its step),
+        else as many as spares are left, lowest seats first (lossy forward growing back)."""
         free = self.free
-        if len(free) < len(self.vacant):
+        if every and len(free) < len(self.vacant):
             seat = self.vacant[-1]
             what = (f"it trained, and no spare rank is left to take host rank {seat}'s seat (all spares of dpurun "
                     "--spare-ranks are in use): start more spares, or use --recovery lossy-forward, which goes on "

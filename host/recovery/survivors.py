@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from dpuoffload.common.runtime.roles import Topology
     from dpuoffload.common.state.trainstate import EpochProgress, Position
     from dpuoffload.common.train.step import StepOutcome
+    from dpuoffload.host.recovery.growback import GrewBack, GrowBack
     from dpuoffload.host.recovery.spares import Regroup, SparePool
 
 
@@ -223,11 +224,13 @@ class SurvivorGroup:
             print(f"{PREFIX} host rank {seat}'s call, in {what} redone after a shrink with every rank alive: "
                   f"{self.seen}", flush=True)
 
-    def fill(self, state: Callable[[], tuple["Position", bytes]]) -> None:
-        """Rollback, at a step boundary: spares into the seats a death outside a step left vacant."""
+    def fill(self, state: Callable[[], tuple["Position", bytes]], every: bool = True) -> None:
+        """At a step boundary, spares into vacant seats: under rollback the seats a death outside a
+        step left vacant (`every` one), under lossy forward those its deaths left, as many as spares
+        are left (`every` False)."""
         if self.spares is None:
             raise InternalError("a fill of a host group without spares")
-        regroup = self.spares.fill(state)
+        regroup = self.spares.fill(state, every=every)
         self.regroups.append((Shrink((), self.alive, self.alive, 0.0, 0.0, time.time()), regroup))
         self._adopt()
 
@@ -322,10 +325,13 @@ class Failure:
 
 class LossyForward:
     """The trainer's side of `--recovery lossy-forward`: notice shrinks, account for the lost
-    samples, take the dead ranks' batches over, report."""
+    samples, take the dead ranks' batches over, report; with spare ranks (`growth`), fill the vacant
+    seats between epochs and stop taking their batches over (`host.recovery.growback`)."""
 
-    def __init__(self, group: SurvivorGroup, dataset: Any, sampling: Sampling, steps: int, reassign: bool) -> None:
+    def __init__(self, group: SurvivorGroup, dataset: Any, sampling: Sampling, steps: int, reassign: bool,
+                 growth: Optional["GrowBack"] = None) -> None:
         self.group, self.dataset, self.sampling, self.steps, self.reassign = group, dataset, sampling, steps, reassign
+        self.growth = growth
         self.seen = 0                      # shrinks already handled
         self.takeovers: list[tuple[tuple[int, int], Takeover]] = []  # ((epoch, step) it applies from, it)
 
@@ -346,30 +352,47 @@ class LossyForward:
         """(The survivors' own: the dead ranks' samples are lost.)"""
         return sums, losses
 
-    def reports(self, failure: "Failure", leader: bool) -> bool:
-        """The new host rank 0 reports."""
-        return leader
+    def reports(self, event: "Failure | GrewBack", leader: bool) -> bool:
+        """The new host rank 0 reports a failure; the rank that sent the state a growth."""
+        if isinstance(event, Failure) or self.growth is None:
+            return leader
+        return self.growth.reports(event)
 
     def between_epochs(self, epoch: int, global_step: int) -> bool:
-        """(Rollback fills vacant seats here; lossy forward goes on without them.)"""
-        return False
+        """After epoch `epoch` is done: with spare ranks, fill the seats deaths left vacant (the group
+        grows back) and take over only the batches of seats still vacant from the next epoch on;
+        whether spares were called in. Without spares, lossy forward goes on without the dead ranks."""
+        if self.growth is None or not self.growth.fill(epoch, global_step):
+            return False
+        self.joined(epoch + 1)
+        return True
+
+    def joined(self, epoch: int) -> None:
+        """The group's seats changed before `epoch` (spares called in; on a called spare, the group it
+        joined): from there each seated rank takes over its slice of the seats still vacant only."""
+        self._take_over_from((epoch, 0))
+
+    def _take_over_from(self, start: tuple[int, int]) -> None:
+        dead = tuple(h for h in range(self.group.start_size) if h not in self.group.alive)
+        takeover = Takeover(self.dataset, self.sampling, dead, self.group.Get_rank(), self.group.Get_size())
+        self.takeovers = [(s, t) for s, t in self.takeovers if s < start] + [(start, takeover)]
 
     def batch(self, epoch: int, step: int, batch: Batch, total: Optional[int]) -> tuple[Batch, Optional[int]]:
         """The step's batch and sample total, with this rank's share of the dead ranks' batches."""
         takeover = self.takeover_at(epoch, step)
         return (batch, total) if takeover is None else takeover.extend(epoch, step, batch)
 
-    def check(self, epoch: int, step: int, global_step: int) -> list[Failure]:
+    def check(self, epoch: int, step: int, global_step: int) -> list["Failure | GrewBack"]:
         """After a step (`step` of `epoch`, -1: after the epoch's end work): the failures its
-        collectives met, with their lost samples; the takeover is set up for what follows."""
+        collectives met, with their lost samples; the takeover is set up for what follows. Between
+        epochs, with spares: the growths back (`between_epochs`)."""
         new = self.group.shrinks[self.seen:]
         self.seen = len(self.group.shrinks)
-        out = [self._account(s, epoch, step, global_step) for s in new]
+        out: list[Failure | GrewBack] = [self._account(s, epoch, step, global_step) for s in new]
         if new:
-            dead = tuple(h for h in range(self.group.start_size) if h not in self.group.alive)
-            start = (epoch, step + 1) if self.reassign and 0 <= step < self.steps - 1 else (epoch + 1, 0)
-            takeover = Takeover(self.dataset, self.sampling, dead, self.group.Get_rank(), self.group.Get_size())
-            self.takeovers = [(s, t) for s, t in self.takeovers if s < start] + [(start, takeover)]
+            self._take_over_from((epoch, step + 1) if self.reassign and 0 <= step < self.steps - 1 else (epoch + 1, 0))
+        if self.growth is not None:
+            out += self.growth.events(epoch + 1 if step < 0 else epoch, global_step)
         return out
 
     def _account(self, shrink: Shrink, epoch: int, step: int, global_step: int) -> Failure:
@@ -387,8 +410,13 @@ class LossyForward:
                     failure.lost_ids += earlier.mine(epoch, s, shrink.before.index(d))
         return failure
 
-    def report(self, failure: Failure, topo: "Topology", step_times: list[float]) -> dict[str, Any]:
-        """The failure's line (printed by the caller, the new host rank 0) and metrics record."""
+    def report(self, failure: "Failure | GrewBack", topo: "Topology", step_times: list[float]) -> dict[str, Any]:
+        """The failure's line (printed by the caller, the new host rank 0) and metrics record; a
+        growth's (`growback.GrowBack.report`)."""
+        if not isinstance(failure, Failure):
+            if self.growth is None:
+                raise InternalError("a growth back of a host group without spares")
+            return self.growth.report(failure, topo)
         s = failure.shrink
         who = ", ".join(topo.describe(topo.host_ranks[h]) for h in s.lost)
         normal = statistics.median(step_times[:-1]) if len(step_times) > 1 else None
@@ -400,7 +428,7 @@ class LossyForward:
         line = (f"{PREFIX} {who} died at {where}: lossy forward, the {len(s.survivors)} surviving host rank(s) "
                 f"finished the step with their own gradients (agreed failed after {s.failed_call_s * 1e3:.0f} ms, "
                 f"group shrunk in {s.shrink_s * 1e3:.1f} ms){took}; {len(failure.lost_ids)} samples lost{left}; "
-                f"they take its batches over from {self._from()}")
+                f"{self._next(failure)}")
         record = {"event": "recovery", "strategy": Recovery.LOSSY_FORWARD, "reassign": self.reassign,
                   "lost_host_ranks": list(s.lost), "survivors": list(s.survivors), "epoch": failure.epoch,
                   "step": failure.step, "global_step": failure.global_step, "failed_call_s": s.failed_call_s,
@@ -409,6 +437,15 @@ class LossyForward:
                   "normal_step_s": normal, "samples_lost": len(failure.lost_ids), "lost_ids": failure.lost_ids,
                   "reported_time": time.time()}  # (right after the failed step: the study's "next completed step")
         return {"line": line, "record": record}
+
+    def _next(self, failure: Failure) -> str:
+        """What becomes of the dead ranks' batches: taken over, and with a spare standing by (`growth`)
+        until it takes the seat, before the next epoch (`between_epochs`)."""
+        taken = f"they take its batches over from {self._from()}"
+        if self.growth is None or not self.growth.pool.free or failure.epoch + 1 >= self.growth.epochs:
+            return taken
+        spare = f"a spare rank takes its seat before epoch {failure.epoch + 2}"
+        return spare if self.takeovers[-1][0] >= (failure.epoch + 1, 0) else f"{taken}, until {spare}"
 
     def _from(self) -> str:
         epoch, step = self.takeovers[-1][0]

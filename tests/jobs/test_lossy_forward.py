@@ -123,3 +123,43 @@ def test_checkpoints_go_on_from_the_survivors(bundled_data, tmp_path):
                    timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "step-000000012 (re-sliced from 1 host rank(s)" in again.stdout
+
+
+@pytest.mark.mpi
+def test_the_group_grows_back_from_a_spare_and_trains_on_as_a_full_group_would(bundled_data, tmp_path):
+    """--mode da, 2 host ranks each fed by its own DPU rank, one spare (`dpurun --spare-ranks 1`); host
+    rank 1 is killed after step 5 of epoch 1. The survivor finishes epoch 1 alone (lossy forward), then
+    the spare takes host rank 1's seat with the survivor's state, its batches from host rank 1's DPU rank:
+    epochs 2 and 3 train all 256 samples on 2 host ranks, no batch taken over. And the group grown back
+    trains as a full group would: a run resumed from the checkpoint at the end of epoch 1 (the survivor's)
+    on 2 host ranks gives epochs 2 and 3 the same step losses and weights, to the bit."""
+    launch = ["--host-ranks", "2", "--dpu-ranks", "2", "--oversubscribe"]
+    train = ["--preset", "debug", "--no-progress", "--epochs", "3", "--data", str(bundled_data / "cifar10"),
+             "--train-subset", "256", "--mode", "da"]
+    ck, log, resumed = tmp_path / "ck", tmp_path / "log", tmp_path / "resumed"
+    res = dpurun([*launch, "--spare-ranks", "1"],
+                 [*train, "--log-dir", str(log), "--recovery", "lossy-forward", "--inject", "host:1@5",
+                  "--ckpt-dir", str(ck), "--ckpt-every", "8", "--ckpt-keep", "5"], timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert "died at global step 6 (epoch 1, step 6): lossy forward, the 1 surviving host rank(s)" in out, out
+    assert ("the host group grows back: spare rank 0 (world rank 4, node" in out
+            and "took host rank 1's seat before epoch 2 (global step 9), with host rank 0 (world rank 0, node" in out
+            and "2 of 2 host ranks train; no batch is taken over from here on" in out), out
+    assert ("spare rank 0 (world rank 4, node vm) takes host rank 1's seat: it starts at end of epoch 1 (global step "
+            "8), its batches from DPU rank 1 (world rank 3" in out), out
+    metrics = read_jsonl(log / "metrics.jsonl")
+    got = epochs(metrics)
+    assert [got[e]["replicas"] for e in (0, 1, 2)] == [1, 2, 2]
+    assert [got[e]["samples"] for e in (0, 1, 2)] == [128, 256, 256]  # (epoch 1's totals: the survivor's own)
+    [grew] = [r for r in metrics if r["event"] == "grown_back"]
+    assert (grew["seats"], grew["replaced_by"], grew["epoch"], grew["host_ranks_now"]) == ([1], [[4, 1]], 1, 2)
+    assert [r["samples"] for r in read_jsonl(log / "phases-rank0.jsonl")] == [128, 128, 128]  # nothing taken over
+    assert [r["samples"] for r in read_jsonl(log / "phases-rank4.jsonl")] == [128, 128]  # the seat's own batches
+    again = dpurun(launch, [*train, "--log-dir", str(resumed), "--ckpt-dir", str(ck), "--resume",
+                            str(ck / "step-000000008")], timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    want = epochs(read_jsonl(resumed / "metrics.jsonl"))
+    for e in (1, 2):
+        for key in ("step_losses", "train_loss", "weights_sha256"):
+            assert got[e][key] == want[e][key], (e, key)

@@ -84,6 +84,26 @@ def test_which_host_deaths_are_survived():
     assert judge([*lf, "--dpu-failure", "fallback"], two, 3).survivable
 
 
+def test_with_spare_ranks_lossy_forward_fills_seats_and_judges_deaths_by_them():
+    """`dpurun --spare-ranks` beside lossy forward: spares fill seats (the group grows back at the next
+    epoch: `host.recovery.growback`), so every peer takes a seat's requests from the spare in it, and a
+    death is judged by the seats as under rollback, in lossy forward's words."""
+    from dpuoffload.common.runtime.roles import Role
+
+    lf = ["--recovery", "lossy-forward", "--mode", "da"]
+    policy = parse_run_config(lf).recovery_policy
+    assert policy.fills_seats(1) and not policy.fills_seats(0) and not policy.uses_spares
+    assert parse_run_config(["--recovery", "rollback"]).recovery_policy.fills_seats(0)
+    assert not parse_run_config([]).recovery_policy.fills_seats(1)
+    layout = [(H, "n0"), (H, "n0"), (D, "n0"), (Role.SPARE, "n0")]
+    host = judge(lf, layout, 1)
+    assert host.survivable and host.by == "--recovery lossy-forward"
+    assert host.what == ("it trained; the surviving host ranks go on without it, and a spare rank takes its seat at "
+                         "the next epoch if one is left")
+    assert judge(lf, layout, 0, gone=[1], seated=[0, 3]).survivable  # the spare seated in host rank 1's place
+    assert not judge(lf, layout, 3, gone=[0, 1], seated=[0, 3]).survivable  # no seated rank left
+
+
 def test_takeover_slices_cover_a_dead_ranks_batch_once():
     sampling = Sampling(batch_size=10, replicas=4, rank=0, seed=0)
     data = list(range(100))

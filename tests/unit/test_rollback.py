@@ -142,7 +142,7 @@ def test_spare_ranks_are_app_context_two_told_by_environment():
 
 @pytest.mark.parametrize("launcher,training,message", [
     ([], ["--recovery", "rollback"], "add --spare-ranks S before '--'"),
-    (["--spare-ranks", "1"], [], "without --recovery rollback: the spares would only stand by"),
+    (["--spare-ranks", "1"], [], "without --recovery rollback or lossy-forward: the spares would only stand by"),
 ])
 def test_launch_checks_name_the_missing_half(launcher, training, message):
     args = cli.parse_launcher_args(launcher)
