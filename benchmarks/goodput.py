@@ -9,17 +9,21 @@ command line (the run's own log directory) and their world rank (`OMPI_COMM_WORL
 environment) and `kill -9`s a random one every T seconds: T counted from when the job (or a relaunch)
 trains (host rank 0's "mode" line, after start-up; a death inside MPI's own start-up is another
 matter, see RESULTS.md), so T is training time and a relaunch's start-up is its cost.
-`--victims host` (default) kills one of the job's original host ranks (never the last one left of a
-launch, so the killer never needs to tell a seated spare from one standing by); `--victims dpu`
-kills a DPU rank (the strategies then add `--dpu-failure fallback` where they can).
+`--victims host` (default) kills a rank in a host rank's seat: one of the launch's original host ranks,
+or a spare once its line says it took a seat (never the last seated rank: a death with no rank left
+to go on is not a recovery's to survive); `--victims dpu` kills a DPU rank (the strategies then add
+`--dpu-failure fallback` where they can).
 
 Strategies (each against the failure-free run of the same settings):
 - `rollback`: `--recovery rollback`, `dpurun --spare-ranks S`: a spare replays the failed step from a
-  survivor's state, to the bit. The pool is not refilled yet (issue 59 item 1): the (S+1)-th death ends
-  the job, which the table shows as failures survived;
+  survivor's state, to the bit. The pool is the S dormant spares: once they are all seated, the next
+  death ends the job and `dpurun --restarts N` relaunches it from DPU memory (checkpoints every
+  `CKPT_EVERY` steps) with its pool full again, so every death is survived;
 - `lossy forward`: `--recovery lossy-forward --reassign`: the survivors finish the step with their own
-  gradients and take the dead rank's batches over from the next step (one batch lost per death); the
-  group does not grow back yet, so each death leaves fewer replicas;
+  gradients and take the dead rank's batches over from the next step (one batch lost per death); each
+  death leaves fewer replicas;
+- `lossy forward + spares`: the same with `dpurun --spare-ranks S`: a spare takes each vacant seat at the
+  next epoch's start, and the group is whole again (while spares are left);
 - `restart (DPU memory)`: `dpurun --restarts N` with `--ckpt-every K`: the job is relaunched and resumes
   from the keepers' DPU memory (`--ckpt-mem-keep 2`, which `--restarts` sets), replaying the steps since;
 - `restart (disk)`: the same with `--ckpt-mem-keep 0`: it resumes from the checkpoint files.
@@ -28,7 +32,10 @@ Columns: *failures* killed / survived (a strategy that runs out of spares or rep
 non-zero exit, and is counted so); *wall s*; *goodput*: useful samples per second (the epochs' samples
 less those lost) over the failure-free run's; *acc Δ*: final validation accuracy minus the
 failure-free run's, in points (a job that did not finish: none); *lost*, *replayed*: samples never
-trained, steps trained twice. Writes `results/goodput.json` (`--out`) and prints the table.
+trained, steps trained twice; *seats refilled*: spares called into seats; *relaunches*; *whole again
+after*: the median seconds from a death's notice to the group at full size again (rollback: the spare
+seated; lossy forward + spares: the next epoch's start; a restart: the job's end and relaunch until
+training resumed, the detection not counted). Writes `results/goodput.json` (`--out`) and prints the table.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -56,7 +64,8 @@ DPUS = 2
 CKPT_EVERY = 8          # steps between checkpoints under the restart strategies (the most a restart replays)
 RESTARTS = 30           # --restarts: more than any rate here kills in one run
 BANNER = "[dpuoffload] mode "   # host rank 0's line once start-up is done and training begins (host/main.py)
-STRATEGIES = ("rollback", "lossy forward", "restart (DPU memory)", "restart (disk)")
+STRATEGIES = ("rollback", "lossy forward", "lossy forward + spares", "restart (DPU memory)", "restart (disk)")
+SEATED = re.compile(r"\(world rank (\d+), node [^)]*\) takes host rank \d+'s seat")  # (host/spare.py's line)
 
 
 @dataclass(frozen=True)
@@ -106,13 +115,22 @@ class Killer(threading.Thread):
         while (launch := self._launch_up(previous, launches)) is not None:
             previous, launches = launch, launches + 1
             while self._wait(launch) == "due":
-                pool = [r for r in job_ranks(self.marker) if not r.standby and r.dpu == (self.victims == "dpu")
-                        and r.pid in launch]
+                pool = self._victims(launch, launches)
                 if len(pool) < (1 if self.victims == "dpu" else 2):
-                    break   # (never the last host rank of a launch)
+                    continue   # (never the last seated rank; a spare may take a seat later)
                 victim = self.rng.choice(pool)
                 os.kill(victim.pid, signal.SIGKILL)
                 self.kills.append({"time": time.time(), "world_rank": victim.world_rank, "dpu": victim.dpu})
+
+    def _victims(self, launch: set[int], launches: int) -> list[Rank]:
+        """The launch's living DPU ranks, or the ranks in host rank seats: its original host ranks and the
+        spares its output says took a seat (since its own start: a relaunch's world ranks repeat)."""
+        ranks = [r for r in job_ranks(self.marker) if r.dpu == (self.victims == "dpu")]
+        if self.victims == "dpu":
+            return [r for r in ranks if r.pid in launch]
+        text = self.stdout.read_text(errors="replace").split(BANNER)
+        seated = {int(w) for w in SEATED.findall(BANNER.join(text[launches:]))}
+        return [r for r in ranks if (r.pid in launch and not r.standby) or (r.standby and r.world_rank in seated)]
 
     def _wait(self, launch: set[int]) -> str:
         """"due" after `every` seconds, "ended" once the launch's ranks are gone (a relaunch comes), "done"."""
@@ -143,14 +161,15 @@ def run(args: argparse.Namespace, data: Path, strategy: Optional[str], every: Op
                     "--seed", "0", "--log-dir", str(log)]
         launch = ["--host-ranks", str(args.host_ranks), "--dpu-ranks", str(DPUS), "--oversubscribe", "--share-cores"]
         dpu_fallback = ["--dpu-failure", "fallback"] if args.victims == "dpu" else []
+        checkpoints = ["--ckpt-dir", str(Path(tmp) / "ckpt"), "--ckpt-every", str(CKPT_EVERY)]
         if strategy == "rollback":
-            training += ["--recovery", "rollback", *dpu_fallback]
-            launch += ["--spare-ranks", str(args.spares)]
-        elif strategy == "lossy forward":
+            training += ["--recovery", "rollback", *dpu_fallback, *checkpoints]
+            launch += ["--spare-ranks", str(args.spares), "--restarts", str(RESTARTS)]
+        elif strategy in ("lossy forward", "lossy forward + spares"):
             training += ["--recovery", "lossy-forward", "--reassign", *dpu_fallback]
+            launch += ["--spare-ranks", str(args.spares)] if strategy.endswith("spares") else []
         elif strategy is not None:
-            training += ["--ckpt-dir", str(Path(tmp) / "ckpt"), "--ckpt-every", str(CKPT_EVERY)]
-            training += ["--ckpt-mem-keep", "0"] if strategy == "restart (disk)" else []
+            training += [*checkpoints, *(["--ckpt-mem-keep", "0"] if strategy == "restart (disk)" else [])]
             launch += ["--restarts", str(RESTARTS)]
         out = Path(tmp) / "stdout.txt"
         killer = Killer(str(log), every, args.victims, args.host_ranks + DPUS, len(strategy or ""), out) \
@@ -178,15 +197,34 @@ def outcome(log: Path, res: subprocess.CompletedProcess[str], wall: float, kills
     metrics = read(log / "metrics.jsonl")
     epochs = {r["epoch"]: r for r in metrics if r["event"] == "epoch" and "val_acc" in r}
     recoveries = [r for r in metrics if r["event"] == "recovery" and r.get("lost_host_ranks")]
+    grown = [r for r in metrics if r["event"] == "grown_back"]
     restarts = read(log / "restarts.jsonl")
     finished = res.returncode == 0 and len(epochs) == args.epochs
     return {"exit": res.returncode, "finished": finished, "wall": wall, "kills": kills,
             "survived": len(kills) if finished else max(len(kills) - 1, 0),
             "recoveries": len(recoveries), "restarts": len(restarts),
+            "refilled": sum(len(r.get("replaced_by") or []) for r in recoveries + grown),
+            "whole_again_s": whole_again(recoveries, grown, restarts),
             "samples_lost": sum(r.get("samples_lost", 0) for r in recoveries),
             "replayed_steps": sum(r.get("replayed_steps", 0) or 0 for r in recoveries + restarts),
             "final_acc": epochs[max(epochs)]["val_acc"] if finished else None,
             "tail": "" if finished else (res.stdout[-800:] + res.stderr[-800:])}
+
+
+def whole_again(recoveries: list[dict[str, Any]], grown: list[dict[str, Any]],
+                restarts: list[dict[str, Any]]) -> list[float]:
+    """Seconds from each death's notice until the group was at full size again: a rollback's spare
+    seated (its record), a growth back (the latest notice of a death of each seat it filled, to its
+    record), a relaunch (the job's end and the relaunch until training resumed: the detection of an
+    outside kill is not known)."""
+    out = [r["reported_time"] - r["learnt_time"] for r in recoveries if r.get("replaced_by")]
+    for g in grown:
+        for seat in g["seats"]:
+            notices = [r["learnt_time"] for r in recoveries
+                       if seat in r["lost_host_ranks"] and r["learnt_time"] <= g["reported_time"]]
+            out += [g["reported_time"] - max(notices)] if notices else []
+    out += [(r.get("ended_s") or 0.0) + r["resumed_s"] for r in restarts if r.get("resumed_s") is not None]
+    return out
 
 
 def row(name: str, every: Optional[float], r: dict[str, Any], ref: dict[str, Any], samples: int) -> dict[str, Any]:
@@ -196,7 +234,8 @@ def row(name: str, every: Optional[float], r: dict[str, Any], ref: dict[str, Any
             "goodput": (useful / r["wall"]) / (samples / ref["wall"]),
             "acc_delta_pts": 100 * (r["final_acc"] - ref["final_acc"]) if r["finished"] else None,
             "samples_lost": r["samples_lost"], "replayed_steps": r["replayed_steps"],
-            "restarts": r["restarts"], "recoveries": r["recoveries"], "tail": r["tail"]}
+            "restarts": r["restarts"], "recoveries": r["recoveries"], "refilled": r["refilled"],
+            "whole_again_s": r["whole_again_s"], "tail": r["tail"]}
 
 
 def main() -> None:
@@ -234,11 +273,12 @@ def main() -> None:
     m = machine()
     print(machine_line(m))
     print(table(["strategy", "a kill every", "failures killed / survived", "finished", "wall s", "goodput",
-                 "acc Δ pts", "samples lost", "steps replayed"],
+                 "acc Δ pts", "samples lost", "steps replayed", "seats refilled", "relaunches", "whole again after s"],
                 [[r["strategy"], f"{r['every_s']:g} s", f"{r['killed']} / {r['survived']}",
                   "yes" if r["finished"] else f"no (exit {r['exit']})", f"{r['wall_s']:.1f}", f"{r['goodput']:.2f}",
                   "-" if r["acc_delta_pts"] is None else f"{r['acc_delta_pts']:+.1f}", r["samples_lost"],
-                  r["replayed_steps"]] for r in rows]))
+                  r["replayed_steps"], r["refilled"], r["restarts"],
+                  f"{statistics.median(r['whole_again_s']):.2f}" if r["whole_again_s"] else "-"] for r in rows]))
     write_json(args.out, {"machine": m, "settings": {k: v for k, v in vars(args).items() if k != "out"},
                           "samples": samples, "failure_free": ref, "rows": rows,
                           "median_goodput": {n: statistics.median(r["goodput"] for r in rows if r["strategy"] == n)

@@ -21,6 +21,7 @@ size. With fewer spares than vacant seats the lowest seats are filled and the re
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -90,5 +91,6 @@ class GrowBack:
         record = {"event": "grown_back", "strategy": "lossy-forward", "seats": [seat for _, seat in r.called],
                   "replaced_by": [list(c) for c in r.called], "state_from": r.sender, "epoch": event.epoch,
                   "global_step": event.global_step, "host_ranks_now": event.size, "host_ranks_start": event.start_size,
-                  "call_in_s": r.call_s, "transfer_s": r.transfer_s, "bytes_moved": r.nbytes}
+                  "call_in_s": r.call_s, "transfer_s": r.transfer_s, "bytes_moved": r.nbytes,
+                  "reported_time": time.time()}  # (the group whole again, at the next epoch's start)
         return {"line": line, "record": record}

@@ -302,10 +302,27 @@ def test_goodput_counts_useful_samples_over_the_failure_free_rate():
 
     ref = {"wall": 100.0, "final_acc": 0.5}
     done = {"finished": True, "exit": 0, "wall": 125.0, "kills": [{}, {}], "survived": 2, "samples_lost": 40,
-            "replayed_steps": 1, "restarts": 0, "recoveries": 2, "final_acc": 0.48, "tail": ""}
+            "replayed_steps": 1, "restarts": 0, "recoveries": 2, "refilled": 0, "whole_again_s": [],
+            "final_acc": 0.48, "tail": ""}
     r = goodput.row("lossy forward", 30.0, done, ref, samples=1000)
     assert r["goodput"] == (960 / 125.0) / (1000 / 100.0) and r["killed"] == 2 and r["survived"] == 2
     assert abs(r["acc_delta_pts"] - -2.0) < 1e-9
     failed = done | {"finished": False, "exit": 1, "survived": 1, "final_acc": None}
     r = goodput.row("rollback", 10.0, failed, ref, samples=1000)
     assert r["goodput"] == 0 and r["acc_delta_pts"] is None and r["survived"] == 1
+
+
+def test_goodput_times_each_death_until_the_group_is_whole_again():
+    """A rollback's spare: its record's report minus the death's notice; a growth back: from the latest
+    notice of a death of each seat it filled (an earlier death of the same seat, already refilled, does
+    not count); a relaunch: the job's end and the relaunch until training resumed."""
+    from benchmarks import goodput
+
+    rollback = {"lost_host_ranks": [1], "learnt_time": 10.0, "reported_time": 10.25, "replaced_by": [[4, 1]]}
+    lossy = [{"lost_host_ranks": [1], "learnt_time": 20.0, "reported_time": 20.1, "replaced_by": None},
+             {"lost_host_ranks": [2], "learnt_time": 22.0, "reported_time": 22.1},
+             {"lost_host_ranks": [1], "learnt_time": 30.0, "reported_time": 30.1}]
+    grown = [{"seats": [1, 2], "reported_time": 25.0}, {"seats": [1], "reported_time": 33.0}]
+    restarts = [{"ended_s": 1.5, "resumed_s": 12.0}, {"ended_s": None, "resumed_s": 10.0}, {"resumed_s": None}]
+    assert goodput.whole_again([rollback, *lossy], grown, restarts) == [0.25, 5.0, 3.0, 3.0, 13.5, 10.0]
+
