@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import NoReturn, Optional, Sequence
 
@@ -36,6 +37,7 @@ def run(cmd: Sequence[str], timeout: float = 240) -> subprocess.CompletedProcess
     process it started, which cannot pass that on: an MPICH job once kept its proxy and DPU ranks
     spinning for two hours that way. Here the command leads its own process group, which is told
     SIGTERM first (dpurun and mpirun forward it and end their ranks), then SIGKILL."""
+    started = time.perf_counter()
     with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job_env(),
                           cwd=REPO, start_new_session=True) as proc:
         try:
@@ -43,7 +45,20 @@ def run(cmd: Sequence[str], timeout: float = 240) -> subprocess.CompletedProcess
         except BaseException:
             end_group(proc)
             raise
+    note_job(cmd, time.perf_counter() - started)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def note_job(cmd: Sequence[str], wall: float) -> None:
+    """With DPUOFFLOAD_TEST_JOBS=FILE, append the job's command line, wall seconds and test to FILE (a
+    JSON line per job): which tests start which jobs, and the same job started by several tests
+    (docs/testing.md, "Where the suite's time goes")."""
+    path = os.environ.get("DPUOFFLOAD_TEST_JOBS")
+    if path:
+        line = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0], "argv": list(cmd),
+                "wall_s": round(wall, 2)}
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
 
 def end_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
