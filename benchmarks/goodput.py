@@ -1,6 +1,6 @@
 """Goodput: the same training with host ranks killed from outside at a rate, under each recovery.
 
-    python benchmarks/goodput.py [--every 60 30 10] [--only NAME ...] [--victims host|dpu]
+    python benchmarks/goodput.py [--every 60 30 10] [--only NAME ...] [--victims host|dpu] [--reps 1]
                                  [--epochs 24] [--subset 1497] [--host-ranks 4] [--spares 3] [--quick]
 
 Every run is a real dpurun job (`--host-ranks` host + 2 DPU ranks, `--mode da`, resnet20 on the bundled
@@ -35,7 +35,10 @@ failure-free run's, in points (a job that did not finish: none); *lost*, *replay
 trained, steps trained twice; *seats refilled*: spares called into seats; *relaunches*; *whole again
 after*: the median seconds from a death's notice to the group at full size again (rollback: the spare
 seated; lossy forward + spares: the next epoch's start; a restart: the job's end and relaunch until
-training resumed, the detection not counted). Writes `results/goodput.json` (`--out`) and prints the table.
+training resumed, the detection not counted). With `--reps N` each repetition starts with its own
+failure-free run (this box drifts by tens of percent over an hour), a strategy's goodput is against its
+repetition's, and a table cell gives the median (and range) over the repetitions, the counts added up.
+Writes `results/goodput.json` (`--out`) and prints the table.
 """
 
 from __future__ import annotations
@@ -238,16 +241,51 @@ def row(name: str, every: Optional[float], r: dict[str, Any], ref: dict[str, Any
             "whole_again_s": r["whole_again_s"], "tail": r["tail"]}
 
 
+def cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One cell per (strategy, rate) over its repetitions: medians of wall, goodput and accuracy, the
+    kills, survivals, losses, replays, refills and relaunches added up, every whole-again time pooled."""
+    out = []
+    for key in dict.fromkeys((r["strategy"], r["every_s"]) for r in rows):
+        reps = [r for r in rows if (r["strategy"], r["every_s"]) == key]
+        deltas = [r["acc_delta_pts"] for r in reps if r["acc_delta_pts"] is not None]
+        out.append({"strategy": key[0], "every_s": key[1], "reps": len(reps),
+                    "finished": sum(r["finished"] for r in reps),
+                    **{k: sum(r[k] for r in reps) for k in ("killed", "survived", "samples_lost", "replayed_steps",
+                                                             "refilled", "restarts")},
+                    "wall_s": statistics.median(r["wall_s"] for r in reps),
+                    "goodput": statistics.median(r["goodput"] for r in reps),
+                    "goodput_range": [min(r["goodput"] for r in reps), max(r["goodput"] for r in reps)],
+                    "acc_delta_pts": statistics.median(deltas) if deltas else None,
+                    "whole_again_s": [t for r in reps for t in r["whole_again_s"]]})
+    return out
+
+
+def cell_line(c: dict[str, Any]) -> list[Any]:
+    lo, hi = c["goodput_range"]
+    return [c["strategy"], f"{c['every_s']:g} s", f"{c['killed']} / {c['survived']}", f"{c['finished']} of {c['reps']}",
+            f"{c['wall_s']:.1f}", f"{c['goodput']:.2f}" + (f" ({lo:.2f}-{hi:.2f})" if c["reps"] > 1 else ""),
+            "-" if c["acc_delta_pts"] is None else f"{c['acc_delta_pts']:+.1f}", c["samples_lost"],
+            c["replayed_steps"], c["refilled"], c["restarts"],
+            f"{statistics.median(c['whole_again_s']):.2f}" if c["whole_again_s"] else "-"]
+
+
+HEADER = ["strategy", "a kill every", "failures killed / survived", "finished", "wall s", "goodput", "acc Δ pts",
+          "samples lost", "steps replayed", "seats refilled", "relaunches", "whole again after s"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--every", type=float, nargs="+", default=[60.0, 30.0, 10.0], help="seconds between kills")
     p.add_argument("--only", nargs="+", choices=STRATEGIES, default=list(STRATEGIES), metavar="NAME",
                    help=f"strategies (default: all of {', '.join(STRATEGIES)})")
     p.add_argument("--victims", choices=("host", "dpu"), default="host", help="what the killer kills")
+    p.add_argument("--reps", type=int, default=1, help="repetitions, each with its own failure-free run first "
+                                                       "(a strategy's goodput is against its repetition's)")
     p.add_argument("--epochs", type=int, default=24)
     p.add_argument("--subset", type=int, default=1497, help="training samples (default: the bundled 1,497)")
     p.add_argument("--host-ranks", type=int, default=4)
-    p.add_argument("--spares", type=int, default=3, help="rollback's spare ranks (default: 3)")
+    p.add_argument("--spares", type=int, default=3, help="the spare ranks of rollback and lossy forward + spares "
+                                                         "(default: 3)")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds one job may take")
     p.add_argument("--quick", action="store_true", help="a smoke run: 1 epoch of 512 samples, 2 host ranks, "
                                                         "1 spare, one rate (a kill every 4 s), rollback and disk")
@@ -258,29 +296,27 @@ def main() -> None:
         args.only = [s for s in args.only if s in ("rollback", "restart (disk)")]
     data = make_data(("cifar10",))
     samples = args.epochs * args.subset
-    ref = run(args, data, None, None)
-    if not ref["finished"]:
-        sys.exit(f"the failure-free run failed:\n{ref['tail']}")
-    print(f"failure-free: {samples} samples in {ref['wall']:.1f} s ({samples / ref['wall']:.1f} samples/s), "
-          f"final acc {ref['final_acc']:.3f}", flush=True)
-    rows = []
-    for every in args.every:
-        for name in args.only:
-            rows.append(row(name, every, run(args, data, name, every), ref, samples))
-            r = rows[-1]
-            print(f"{name}, a {args.victims} rank every {every:g} s: killed {r['killed']}, survived {r['survived']}, "
-                  f"goodput {r['goodput']:.2f}, wall {r['wall_s']:.1f} s, exit {r['exit']}", flush=True)
+    refs, rows = [], []
+    for rep in range(args.reps):
+        ref = run(args, data, None, None)
+        if not ref["finished"]:
+            sys.exit(f"the failure-free run failed:\n{ref['tail']}")
+        refs.append(ref)
+        print(f"repetition {rep + 1}, failure-free: {samples} samples in {ref['wall']:.1f} s "
+              f"({samples / ref['wall']:.1f} samples/s), final acc {ref['final_acc']:.3f}", flush=True)
+        for every in args.every:
+            for name in args.only:
+                rows.append({**row(name, every, run(args, data, name, every), ref, samples), "rep": rep})
+                r = rows[-1]
+                print(f"{name}, a {args.victims} rank every {every:g} s: killed {r['killed']}, survived "
+                      f"{r['survived']}, goodput {r['goodput']:.2f}, wall {r['wall_s']:.1f} s, exit {r['exit']}",
+                      flush=True)
     m = machine()
     print(machine_line(m))
-    print(table(["strategy", "a kill every", "failures killed / survived", "finished", "wall s", "goodput",
-                 "acc Δ pts", "samples lost", "steps replayed", "seats refilled", "relaunches", "whole again after s"],
-                [[r["strategy"], f"{r['every_s']:g} s", f"{r['killed']} / {r['survived']}",
-                  "yes" if r["finished"] else f"no (exit {r['exit']})", f"{r['wall_s']:.1f}", f"{r['goodput']:.2f}",
-                  "-" if r["acc_delta_pts"] is None else f"{r['acc_delta_pts']:+.1f}", r["samples_lost"],
-                  r["replayed_steps"], r["refilled"], r["restarts"],
-                  f"{statistics.median(r['whole_again_s']):.2f}" if r["whole_again_s"] else "-"] for r in rows]))
+    summary = cells(rows)
+    print(table(HEADER, [cell_line(c) for c in summary]))
     write_json(args.out, {"machine": m, "settings": {k: v for k, v in vars(args).items() if k != "out"},
-                          "samples": samples, "failure_free": ref, "rows": rows,
+                          "samples": samples, "failure_free": refs, "rows": rows, "cells": summary,
                           "median_goodput": {n: statistics.median(r["goodput"] for r in rows if r["strategy"] == n)
                                              for n in args.only}})
 

@@ -326,3 +326,19 @@ def test_goodput_times_each_death_until_the_group_is_whole_again():
     restarts = [{"ended_s": 1.5, "resumed_s": 12.0}, {"ended_s": None, "resumed_s": 10.0}, {"resumed_s": None}]
     assert goodput.whole_again([rollback, *lossy], grown, restarts) == [0.25, 5.0, 3.0, 3.0, 13.5, 10.0]
 
+
+def test_goodput_cells_take_medians_over_repetitions_and_add_the_counts_up():
+    from benchmarks import goodput
+
+    def rep(goodput_, acc, finished=True, kills=2):
+        return {"strategy": "rollback", "every_s": 10.0, "killed": kills, "survived": kills if finished else kills - 1,
+                "finished": finished, "wall_s": 100.0 / goodput_, "goodput": goodput_, "acc_delta_pts": acc,
+                "samples_lost": 0, "replayed_steps": 2, "refilled": 2, "restarts": 1, "whole_again_s": [0.2, 9.0]}
+
+    rows = [rep(0.9, 0.0), rep(0.8, None, finished=False), rep(0.95, 0.4)]
+    [cell] = goodput.cells(rows)
+    assert (cell["reps"], cell["finished"], cell["killed"], cell["survived"]) == (3, 2, 6, 5)
+    assert cell["goodput"] == 0.9 and cell["goodput_range"] == [0.8, 0.95] and cell["acc_delta_pts"] == 0.2
+    assert (cell["replayed_steps"], cell["refilled"], cell["restarts"], len(cell["whole_again_s"])) == (6, 6, 3, 6)
+    assert goodput.cell_line(cell)[3:6] == ["2 of 3", f"{100 / 0.9:.1f}", "0.90 (0.80-0.95)"]
+
