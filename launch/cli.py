@@ -507,7 +507,9 @@ def supervised(spec: LaunchSpec, restarts: int) -> int:
             print(f"{PROG}: not restarting: {why_not}", file=sys.stderr, flush=True)
             return outcome.code
         attempt, failed = attempt + 1, outcome
-        spec = dataclasses.replace(spec, training_args=tuple(restart.relaunch_args(spec.training_args)))
+        injected = outcome.events.get("injected")  # (the injected failure that ended it, if one did)
+        spec = dataclasses.replace(spec, training_args=tuple(restart.relaunch_args(
+            spec.training_args, int(injected[1][0]) if injected else None)))
         print(f"{PROG}: restart {attempt} of {restarts}: relaunching with --resume auto (the newest state in DPU "
               f"memory, else in {cfg.ckpt_dir}; from the beginning if none was kept)", file=sys.stderr, flush=True)
 

@@ -10,8 +10,10 @@ the checkpoint disk (`common.state.memstore`). What decides and what is reported
   interrupted or rejected its flags;
 - the relaunch has the same launcher flags and training flags, with `--resume auto` (the newest state
   kept, or the beginning when the failure came before any: the ranks decide, since the DPUs' memory
-  may be on machines this one cannot see) and without `--inject` (an injected failure stands for a
-  real one, which does not come back at the same step);
+  may be on machines this one cannot see) and of `--inject` only the failures at steps after the one
+  that ended the job (an injected failure stands for a real one, which does not come back at the same
+  step; a later one stands for the next failure, which a run that takes failures at a rate meets after
+  the relaunch too);
 - one report per restart (printed, and in `<log-dir>/restarts.jsonl`): detected after (the failure
   until mpirun reported it; known for injected failures), job ended after, relaunch until training
   resumed, state transfer time and size, where the state came from, steps replayed (for a rank killed
@@ -26,6 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from dpuoffload.common.faults.inject import parse as parse_injection
+from dpuoffload.common.faults.inject import split_specs
 from dpuoffload.common.state.ckptdirs import RESUME_AUTO
 from dpuoffload.launch.supervise import PREFIX, JobOutcome
 
@@ -61,12 +65,27 @@ def first_launch_args(training_args: Sequence[str]) -> list[str]:
     return [*training_args, "--ckpt-mem-keep", MEMORY_KEEP]
 
 
-def relaunch_args(training_args: Sequence[str]) -> list[str]:
+def relaunch_args(training_args: Sequence[str], failed_step: Optional[int] = None) -> list[str]:
     """The training flags of a relaunch: `--resume auto` (the newest state kept, in DPU memory or on
     disk, or the beginning when none was: the ranks look, where the DPUs' memory is, since this
-    machine may not see it), no `--inject` (see the module docstring)."""
+    machine may not see it), and of `--inject` only the failures due after `failed_step`, the step at
+    which the injected failure that ended the job fired (see the module docstring): a later one stands
+    for the next real failure, which a run that takes failures at a rate must meet after a relaunch too.
+    A failure given as a fraction of the run, or a job ended by no injected failure, keeps none."""
+    kept = [spec for spec in split_specs(_values(training_args, "--inject")) if _due_after(spec, failed_step)]
     args = _without(_without(training_args, "--inject"), "--resume")
-    return [*args, "--resume", RESUME_AUTO]
+    return [*args, *(["--inject", ",".join(kept)] if kept else []), "--resume", RESUME_AUTO]
+
+
+def _values(args: Sequence[str], flag: str) -> list[str]:
+    """Every value of `flag VALUE` / `flag=VALUE` in `args`."""
+    out = [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
+    return out + [b for a, b in zip(args, args[1:]) if a == flag]
+
+
+def _due_after(spec: str, failed_step: Optional[int]) -> bool:
+    injection = parse_injection(spec)
+    return failed_step is not None and injection.step is not None and injection.step > failed_step
 
 
 def refusal(outcome: JobOutcome) -> Optional[str]:

@@ -28,11 +28,14 @@ def bundled_data(tmp_path_factory) -> Path:
 # other (one test alone 26 s; two at once 52 and 61 s, with a quarter more CPU between them), while a
 # job that waits leaves room beside it. Moving four of them (naive, auto, nothing_lost, numerics_jobs)
 # to the other worker to even the two workers' shares made the suite slower (21:56 against 20:22,
-# RESULTS.md): they ran beside the busy ones.
+# RESULTS.md): they ran beside the busy ones. The benchmarks' smoke runs (benchmarks, gpu_benchmark:
+# ~330 CPU s, most of the other worker's) joined them: beside them a 2+2 job that takes 8 s alone took
+# 38 s (RESULTS.md, the thirtieth session's clean clones).
 BOTH_CORES = frozenset(f"tests/jobs/test_{name}.py" for name in (
-    "api_jobs", "auto", "checkpoint", "clone_standby", "dpu_failure", "examples", "lossy_forward", "mpich",
-    "naive", "nothing_lost", "numerics_jobs", "offload_modes", "partner_copies", "progress", "rank_errors",
-    "restart", "rollback", "simulate", "stream_jobs", "stream_trainer", "trace", "training", "wire"))
+    "api_jobs", "auto", "benchmarks", "checkpoint", "clone_standby", "dpu_failure", "examples", "gpu_benchmark",
+    "lossy_forward", "mpich", "naive", "nothing_lost", "numerics_jobs", "offload_modes", "partner_copies",
+    "progress", "rank_errors", "restart", "rollback", "simulate", "stream_jobs", "stream_trainer", "trace",
+    "training", "wire"))
 
 
 @pytest.hookimpl(optionalhook=True)  # (no xdist in the minimum-Python run: scripts/test-min-python.sh)

@@ -93,7 +93,7 @@ def _who_when(spec: str) -> tuple[str, int, Optional[int], Optional[float], str]
     raise _Bad(f"WHEN {when!r} is neither a step >= 1 nor a fraction strictly between 0 and 1")
 
 
-def _specs(specs: Sequence[str]) -> list[str]:
+def split_specs(specs: Sequence[str]) -> list[str]:
     """The flag's values, repeated or comma-separated."""
     return [s for part in specs for s in part.split(",") if s.strip()]
 
@@ -111,7 +111,7 @@ def parse(spec: str) -> Injection:
 
 
 def parse_all(specs: Sequence[str]) -> tuple[Injection, ...]:
-    return tuple(parse(s) for s in _specs(specs))
+    return tuple(parse(s) for s in split_specs(specs))
 
 
 # --------------------------------------------------------------- simulated failures (the study's)
@@ -156,7 +156,7 @@ def _progress(share: str) -> float:
 
 
 def parse_simulated_all(specs: Sequence[str]) -> tuple[Simulated, ...]:
-    return tuple(parse_simulated(s) for s in _specs(specs))
+    return tuple(parse_simulated(s) for s in split_specs(specs))
 
 
 def targets_me(inj: Injection, host_rank: Optional[int], dpu_rank: Optional[int],

@@ -240,12 +240,14 @@ def test_host_rank_zero_lost_at_an_epoch_end_checkpoints_go_on(bundled_data, tmp
 @pytest.mark.mpi
 def test_no_spare_left_is_a_death_that_dpurun_restarts_from_dpu_memory(bundled_data, tmp_path, reference,
                                                                         monkeypatch):
-    """Host rank 1 dies at step 3 (the spare takes its seat), host rank 0 at step 9 with no spare
-    left: that death ends the job, named as a death (not the survivors' error), so `dpurun
-    --restarts 1` relaunches it from the state the keeper holds in DPU memory, and the run ends on
-    the uninterrupted run's weights."""
+    """Three host-rank deaths in one run, each replayed to the bit. Host rank 1 dies at step 3 (the
+    spare takes its seat), host rank 0 at step 9 with no spare left: that death ends the job, named as
+    a death (not the survivors' error), so `dpurun --restarts 1` relaunches it from the state the keeper
+    holds in DPU memory, with the pool full again; there host rank 1 dies at step 13 (the injected
+    failures after the one that ended the job stay), a spare replays it, and the run ends on the
+    uninterrupted run's weights."""
     monkeypatch.setenv("DPUOFFLOAD_MEM_DIR", str(tmp_path / "shm"))
-    res = rollback_run(bundled_data, tmp_path, "host:1@3,host:0@9", [*SPARE, "--restarts", "1"],
+    res = rollback_run(bundled_data, tmp_path, "host:1@3,host:0@9,host:1@13", [*SPARE, "--restarts", "1"],
                        extra=["--ckpt-dir", str(tmp_path / "ck"), "--ckpt-every", "2"])
     assert res.returncode == 0, res.stdout + res.stderr
     assert "dpurun: world rank 0 = host rank 0 (host program) died: it trained, and no spare rank is left to take " \
@@ -256,6 +258,10 @@ def test_no_spare_left_is_a_death_that_dpurun_restarts_from_dpu_memory(bundled_d
     assert rep["resumed_step"] in (6, 8) and rep["replayed_steps"] == 9 - rep["resumed_step"]  # (8 unless
     # its hand-off had not landed when host rank 0 died: the newest state held)
     assert f"restarting from DPU memory: the state of step {rep['resumed_step']} " in res.stdout
+    assert "--inject host:1@13 --resume auto" in res.stderr  # (the relaunch's command line)
+    replays = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["event"] == "recovery"]
+    assert [(r["global_step"], r["lost_host_ranks"], r["replayed_steps"]) for r in replays] == \
+        [(4, [1], 1), (14, [1], 1)]  # (the steps after the injected ones, one per launch: one log)
     assert [r["weights_sha256"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["event"] == "end"] == \
         [r["weights_sha256"] for r in reference if r["event"] == "end"]
 

@@ -80,6 +80,10 @@ def test_relaunch_flags():
     args = ["--ckpt-dir", "d", "--inject", "host:0@7", "--inject=dpu:0@3", "--resume", "x", "--epochs", "2"]
     # (auto: the ranks resume from what was kept, or start from the beginning if nothing was)
     assert restart.relaunch_args(args) == ["--ckpt-dir", "d", "--epochs", "2", "--resume", "auto"]
+    # the failures due after the one that ended the job stay (the next ones of a run that meets a rate)
+    rate = ["--inject", "host:1@3,host:0@9", "--inject=host:1@13:term,dpu:0@0.9", "--inject", "node:1@20"]
+    assert restart.relaunch_args(rate, failed_step=9) == ["--inject", "host:1@13:term,node:1@20", "--resume", "auto"]
+    assert restart.relaunch_args(rate, failed_step=20) == restart.relaunch_args(rate) == ["--resume", "auto"]
     assert restart.first_launch_args(["--epochs", "2"]) == ["--epochs", "2", "--ckpt-mem-keep", "2"]
     assert restart.first_launch_args(["--ckpt-mem-keep=1"]) == ["--ckpt-mem-keep=1"]
 
