@@ -43,7 +43,7 @@ def run(cmd: Sequence[str], timeout: float = 240) -> subprocess.CompletedProcess
         try:
             out, err = proc.communicate(timeout=timeout)
         except BaseException:
-            end_group(proc)
+            print_tail(*end_group(proc))
             raise
     note_job(cmd, time.perf_counter() - started)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
@@ -61,20 +61,29 @@ def note_job(cmd: Sequence[str], wall: float) -> None:
             f.write(json.dumps(line) + "\n")
 
 
-def end_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM to `proc`'s process group (it leads one), SIGKILL if it is still there after `grace` s."""
+def end_group(proc: subprocess.Popen, grace: float = 10.0) -> tuple[str, str]:
+    """SIGTERM to `proc`'s process group (it leads one), SIGKILL if it is still there after `grace` s.
+    Returns what the job printed (all of it: `communicate` goes on from where the timeout left it)."""
     import signal
 
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
+            break
         try:
-            proc.communicate(timeout=grace)
-            return
+            return proc.communicate(timeout=grace)
         except subprocess.TimeoutExpired:
             continue
+    return "", ""
+
+
+def print_tail(out: Optional[str], err: Optional[str], lines: int = 40) -> None:
+    """The end of a job the test gave up on, into the test's captured output: where it stood (a CI
+    run showed only the test's own stack, waiting in `communicate`, for a job that hung)."""
+    for name, text in (("stdout", out), ("stderr", err)):
+        tail = (text or "").splitlines()[-lines:]
+        print(f"----- the job's {name}, last {len(tail)} lines -----", *tail, sep="\n")
 
 
 # Flags that place ranks on chosen cores or machines: a job with one keeps dpurun's pinned emulation.

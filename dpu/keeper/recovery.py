@@ -15,6 +15,7 @@ checkpoint does not tear it; a copy of a part that had come whole is dropped.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, cast
 
 from dpuoffload.common.errors import PeerError, PeerLost
@@ -144,6 +145,31 @@ class SurvivingRoute(Route):
         return all(dead)
 
 
+@dataclass
+class SeatBook:
+    """Who hands each seat's part of a hand-off over, by step: the seat's host rank, then each spare
+    that joined it from the step its JOIN names on. Why by step: a hand-off the dead rank posted
+    before it died (its part still on the way, or never whole) is that rank's to bring, not the
+    spare's that took the seat after it; asking who holds the seat *now* had the keeper wait on a
+    living spare for a part only the dead rank could send (a rollback run that hung at its end)."""
+
+    first: dict[int, int]   # seat -> its host rank (world rank)
+    joins: dict[int, list[tuple[int, int]]] = field(default_factory=dict)   # seat -> [(from step, rank)]
+
+    def join(self, seat: int, rank: int, step: int) -> None:
+        """`rank` (a spare) trains in `seat` from global step `step` on and hands its parts over."""
+        self.joins.setdefault(seat, []).append((step, rank))
+
+    def holder(self, seat: int, step: int) -> int:
+        """The rank that hands `seat`'s part of the hand-off at `step` over: the last to join at or
+        before `step` (a spare joining at `step` re-sends what was due there)."""
+        return next((rank for start, rank in reversed(self.joins.get(seat, [])) if start <= step), self.first[seat])
+
+    def last_join(self, seat: int) -> int:
+        """The global step the seat's newest spare started from (-1: none joined)."""
+        return self.joins[seat][-1][0] if self.joins.get(seat) else -1
+
+
 class SeatsRoute(SurvivingRoute):
     """Hand-offs one part per seat, from whoever trains in it: the host rank, or the spare that
     took its seat (`host.checkpoint.StateHandoff.join`)."""
@@ -151,8 +177,7 @@ class SeatsRoute(SurvivingRoute):
     def __init__(self, cfg: "RunConfig", topo: "Topology", inbox: "Inbox", faults: "Faults") -> None:
         super().__init__(cfg, topo, inbox, faults)
         self.seats = tuple(topo.host_ranks.index(h) for h in self.hosts)   # the seats this keeper keeps
-        self.sources = {s: topo.host_ranks[s] for s in self.seats}   # seat -> who trains in it now
-        self.joined: dict[int, int] = {}   # seat -> global step its newest spare started from
+        self.book = SeatBook({s: topo.host_ranks[s] for s in self.seats})   # who hands each seat's part over
         self.last_order = float("-inf")    # the last hand-off received (a later copy is dropped)
         self.steps_per_epoch: Optional[int] = None   # from the first hand-off's meta: the run's last step
 
@@ -180,9 +205,8 @@ class SeatsRoute(SurvivingRoute):
         if not join and handoff_order(head) > self.last_order:
             return True
         header = self.headers.take(source)
-        if join and head["seat"] in self.sources:
-            self.sources[head["seat"]] = source
-            self.joined[head["seat"]] = head["global_step"]
+        if join and head["seat"] in self.seats:
+            self.book.join(head["seat"], source, head["global_step"])
         elif not join:
             try:
                 self.inbox.parts(source, header)
@@ -201,13 +225,13 @@ class SeatsRoute(SurvivingRoute):
             for source in self.headers.landed(self.keep):
                 self.take_seat(source, first, got)
             waiting = [s for s in self.seats if s not in got]
-            lost = [s for s in waiting if self.seat_dead(s) and self.no_spare_brings(s, first)]
+            lost = [s for s in waiting if self.seat_dead(s, first) and self.no_spare_brings(s, first)]
             if len(got) + len(lost) >= want:
                 break
-            if time.monotonic() > deadline and not all(self.seat_dead(s) for s in waiting):
+            if time.monotonic() > deadline and not all(self.seat_dead(s, first) for s in waiting):
                 raise PeerError(f"timed out after {self.cfg.peer_timeout:.0f} s waiting for the hand-off of step "
                                 f"{first['global_step']} from " + ", ".join(
-                                    self.topo.describe(self.sources[s]) for s in waiting))
+                                    self.topo.describe(self.book.holder(s, first["global_step"])) for s in waiting))
             time.sleep(sleep)
             sleep = min(max(2 * sleep, 1e-4), SLICE_POLL_MAX_SLEEP)
         missed = [self.topo.host_ranks[s] for s in lost] if len(got) < want else []
@@ -225,13 +249,14 @@ class SeatsRoute(SurvivingRoute):
         except PeerLost:
             self.headers.gone.add(source)   # (its spare sends the part again)
             return
-        self.sources[head["seat"]] = source
         got.setdefault(head["seat"], part)
         if self.steps_per_epoch is None and part.head["small_nbytes"]:
             self.steps_per_epoch = part.meta.get("steps_per_epoch")
 
-    def seat_dead(self, seat: int) -> bool:
-        source = self.sources[seat]
+    def seat_dead(self, seat: int, first: Mapping[str, int]) -> bool:
+        """Whether the rank that hands `seat`'s part of the hand-off `first` over is dead: the seat's
+        holder at that step, not its holder now (a spare that joined after the step never sends it)."""
+        source = self.book.holder(seat, first["global_step"])
         return source in self.headers.gone or source in self.faults.dead_ranks()
 
     def no_spare_brings(self, seat: int, first: Mapping[str, int]) -> bool:
@@ -239,7 +264,7 @@ class SeatsRoute(SurvivingRoute):
         spare joined after that step, or the hand-off comes after the last point where a spare is
         called in (PREPARE, which spares skip; the run's last step; the end)."""
         step = first["global_step"]
-        if first["kind"] in (StateKind.PREPARE, StateKind.END) or self.joined.get(seat, -1) > step:
+        if first["kind"] in (StateKind.PREPARE, StateKind.END) or self.book.last_join(seat) > step:
             return True
         last = [s for s in (self.cfg.stop_at_step, self.steps_per_epoch and self.steps_per_epoch * self.cfg.epochs)
                 if s]
