@@ -1,8 +1,8 @@
 """The control messages a DPU rank receives and answers: the DPU side of the job's end (the host
 side is `host.control`; the layout and the handshake, `common.runtime.messages.ControlKind`).
 
-The receive is posted once and tested from the rank's main loop (`LoaderService.run`, the idle
-wait, a script's validation), never waited on with a blocking `Recv`, which Open MPI spins in.
+The message is polled for from the rank's main loop (`LoaderService.run`, the idle wait, a
+script's validation), never waited on with a blocking `Recv`, which Open MPI spins in.
 """
 
 from __future__ import annotations
@@ -13,32 +13,35 @@ import numpy as np
 
 from dpuoffload.common.runtime.messages import CONTROL, ControlKind
 from dpuoffload.common.runtime.roles import Topology
-from dpuoffload.common.runtime.waits import wait_unless_lost
+from dpuoffload.common.runtime.waits import probe_any, wait_unless_lost
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
 
-def post_control(topo: Topology, buf: np.ndarray, any_host: bool) -> "MPI.Request":
-    """The receive of the next control message: from host rank 0, or (`any_host`: --recovery)
-    from whichever host rank is the lowest alive at the end."""
+def post_control(topo: Topology, buf: np.ndarray, any_host: bool) -> Optional["MPI.Request"]:
+    """The receive of the next control message from host rank 0, posted once; None with `any_host`
+    (--recovery: from whichever host rank is the lowest alive at the end), whose message is probed
+    for at each poll instead (`control_arrived`)."""
+    return None if any_host else topo.world.Irecv(buf, source=topo.host_ranks[0], tag=CONTROL.tag)
+
+
+def control_arrived(topo: Topology, req: Optional["MPI.Request"], buf: np.ndarray) -> bool:
+    """Whether the control message came (into `buf`). From any host rank it is a matched probe of
+    what has arrived, then its receive, never a receive from any source posted ahead: one posted
+    before a host rank died (under ULFM such a receive is held while the death is unacknowledged)
+    never completed in about 1 of 80 rollback runs on a loaded box, though its SHUTDOWN had been
+    sent: the host ranks waited for the reply and the job hung at its end. A probe looks again
+    each time (`probe_any` acknowledges a death it meets and reports nothing that time)."""
     from mpi4py import MPI
 
-    return topo.world.Irecv(buf, source=MPI.ANY_SOURCE if any_host else topo.host_ranks[0], tag=CONTROL.tag)
-
-
-def control_arrived(topo: Topology, req: "MPI.Request") -> bool:
-    """Whether the control message came. A death elsewhere leaves a receive from any source
-    pending with an error until acknowledged (ULFM): acknowledge it, and the receive goes on."""
-    from mpi4py import MPI
-
-    try:
+    if req is not None:
         return bool(req.Test())
-    except MPI.Exception as e:
-        if e.Get_error_class() != MPI.ERR_PROC_FAILED_PENDING:
-            raise
-        topo.world.Ack_failed()
+    message = probe_any(topo.world, CONTROL.tag, MPI.Status(), matched=True)
+    if message is None:
         return False
+    message.Recv(buf)
+    return True
 
 
 class ControlInbox:
@@ -57,7 +60,7 @@ class ControlInbox:
     def shut_down(self) -> bool:
         """Whether SHUTDOWN arrived (a non-blocking test). It is the only control message a DPU rank
         gets before it replies (RELEASE comes after, on its own receive)."""
-        if self.sender is None and control_arrived(self.topo, self.req):
+        if self.sender is None and control_arrived(self.topo, self.req, self.buf):
             self.sender = CONTROL.unpack(self.buf)["value"]
         return self.sender is not None
 

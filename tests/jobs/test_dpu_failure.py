@@ -195,7 +195,7 @@ import dpuoffload.dpu.control as control
 from dpuoffload.common.runtime.fastexit import run_and_exit_fast
 from dpuoffload.dpu.main import run
 arrived = control.control_arrived
-control.control_arrived = lambda topo, req: arrived(topo, req) and (time.sleep(6.0) or True)
+control.control_arrived = lambda topo, req, buf: arrived(topo, req, buf) and (time.sleep(6.0) or True)
 run_and_exit_fast(lambda: run(sys.argv[1:]))
 """
 
