@@ -9,27 +9,79 @@ import math
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
-from tests.mpijobs import REPO, job_env
+from tests.mpijobs import REPO, job_env, run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 # ---------------------------------------------------------------------------------- real runs
+# Each benchmark's smoke run (`--quick`): the script and its arguments ({out}: the run's own folder) and
+# its time limit, longest first (their order in the pool below).
+SMOKE_RUNS: dict[str, tuple[list[str], float]] = {
+    "suite": (["run.py", "--quick", "--results", "{out}", "--markdown", "{out}/RESULTS.md"], 900),
+    "checkpoint": (["checkpoint.py", "--quick", "--reps", "1", "--models", "resnet20", "--out",
+                    "{out}/checkpoint.json"], 600),
+    "clone": (["clone.py", "--quick", "--reps", "1", "--models", "resnet20", "--out", "{out}/clone.json"], 600),
+    "streams": (["streams.py", "--quick", "--out", "{out}/streams.json"], 600),
+    "study": (["study.py", "--quick", "--out", "{out}/study.json", "--plots", "{out}"], 600),
+    "modes": (["modes.py", "--quick", "--out", "{out}/modes.json"], 600),
+    "own_loop": (["own_loop.py", "--quick", "--out", "{out}/own_loop.json"], 600),
+}
+
+
+class SmokeRuns:
+    """The smoke runs this module's selected tests name (`@pytest.mark.smoke_run`), all started as soon
+    as the first test asks, two at a time, longest first; each test waits for its own and reads it.
+
+    Why two at a time: a smoke run times what it runs, one job after another, and leaves much of the
+    box idle (CPU over wall 0.72 for this file's tests, one after another: 352 s of the suite's busy
+    worker in a clean clone). The figures a smoke run prints say nothing beside another one; what the
+    tests assert (every row measured, sizes, bit-identity, plots, error text) holds all the same."""
+
+    def __init__(self, out: Path, names: list[str]) -> None:
+        self.out = out
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="smoke")
+        self.runs = {name: self.pool.submit(self._run, name) for name in SMOKE_RUNS if name in names}
+
+    def _run(self, name: str) -> subprocess.CompletedProcess:
+        script, timeout = SMOKE_RUNS[name]
+        folder = self.out / name
+        folder.mkdir()
+        argv = [arg.format(out=folder) for arg in script]
+        return run([sys.executable, str(REPO / "benchmarks" / argv[0]), *argv[1:]], timeout=timeout)
+
+    def result(self, name: str) -> tuple[subprocess.CompletedProcess, Path]:
+        """Run `name`'s outcome (it waits for it) and its folder."""
+        return self.runs[name].result(), self.out / name
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
 @pytest.fixture(scope="module")
-def quick_suite(tmp_path_factory):
-    """One `benchmarks/run.py --quick` run (every default benchmark); several tests read its output."""
-    out = tmp_path_factory.mktemp("quick-suite")
-    md = out / "RESULTS.md"
-    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--results", str(out),
-                          "--markdown", str(md)], capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=900)
+def smoke(request, tmp_path_factory):
+    names = [m.args[0] for item in request.session.items if item.module is request.module
+             for m in item.iter_markers("smoke_run")]
+    runs = SmokeRuns(tmp_path_factory.mktemp("smoke"), names)
+    yield runs
+    runs.close()
+
+
+@pytest.fixture
+def quick_suite(smoke):
+    """`benchmarks/run.py --quick` (every default benchmark); several tests read its output."""
+    res, out = smoke.result("suite")
     assert res.returncode == 0, res.stderr[-3000:]
-    return out, md
+    return out, out / "RESULTS.md"
 
 
 @pytest.mark.mpi
+@pytest.mark.smoke_run("suite")
 @pytest.mark.timeout(900)
 def test_suite_quick(quick_suite):
     tmp_path, md = quick_suite
@@ -76,10 +128,10 @@ def test_suite_quick(quick_suite):
 
 
 @pytest.mark.mpi
-def test_modes_benchmark_quick(tmp_path):
-    out = tmp_path / "modes.json"
-    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "modes.py"), "--quick", "--out", str(out)],
-                         capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=600)
+@pytest.mark.smoke_run("modes")
+def test_modes_benchmark_quick(smoke):
+    res, folder = smoke.result("modes")
+    out = folder / "modes.json"
     assert res.returncode == 0, res.stderr
     rows = json.loads(out.read_text())["report"]["resnet20/cifar10"]
     assert set(rows) == {"none", "hybrid", "naive"}  # (--quick: every kind of DPU work, and the reference)
@@ -89,10 +141,10 @@ def test_modes_benchmark_quick(tmp_path):
 
 
 @pytest.mark.mpi
-def test_streams_benchmark_quick(tmp_path):
-    out = tmp_path / "streams.json"
-    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "streams.py"), "--quick", "--out", str(out)],
-                         capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=600)
+@pytest.mark.smoke_run("streams")
+def test_streams_benchmark_quick(smoke):
+    res, folder = smoke.result("streams")
+    out = folder / "streams.json"
     assert res.returncode == 0, res.stderr
     report = json.loads(out.read_text())["report"]
     folder, shards = report["read"]["sources"]["imagefolder"], report["read"]["sources"]["shards"]
@@ -103,6 +155,7 @@ def test_streams_benchmark_quick(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.smoke_run("suite")
 @pytest.mark.timeout(900)
 def test_transport_benchmark_quick(quick_suite):
     out, md = quick_suite
@@ -115,11 +168,10 @@ def test_transport_benchmark_quick(quick_suite):
 
 
 @pytest.mark.mpi
-def test_checkpoint_benchmark_quick(tmp_path):
-    out = tmp_path / "checkpoint.json"
-    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "checkpoint.py"), "--quick", "--reps", "1",
-                          "--models", "resnet20", "--out", str(out)],
-                         capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=600)
+@pytest.mark.smoke_run("checkpoint")
+def test_checkpoint_benchmark_quick(smoke):
+    res, folder = smoke.result("checkpoint")
+    out = folder / "checkpoint.json"
     assert res.returncode == 0, res.stdout + res.stderr
     by = json.loads(out.read_text())["results"]["resnet20"]
     assert set(by) == {"ours-zero", "rank0-torch.save", "dcp-async_save"}  # (--quick: ours and the references)
@@ -129,11 +181,10 @@ def test_checkpoint_benchmark_quick(tmp_path):
 
 
 @pytest.mark.mpi
-def test_clone_benchmark_quick(tmp_path):
-    out = tmp_path / "clone.json"
-    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "clone.py"), "--quick", "--reps", "1",
-                          "--models", "resnet20", "--out", str(out)],
-                         capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=600)
+@pytest.mark.smoke_run("clone")
+def test_clone_benchmark_quick(smoke):
+    res, folder = smoke.result("clone")
+    out = folder / "clone.json"
     assert res.returncode == 0, res.stdout + res.stderr
     payload = json.loads(out.read_text())
     by = payload["results"]["resnet20"]
@@ -143,21 +194,20 @@ def test_clone_benchmark_quick(tmp_path):
     assert "| ours-zero |" in res.stdout and "identical across methods" in res.stdout
 
 
-def test_study_benchmark_quick(tmp_path):
+@pytest.mark.smoke_run("study")
+def test_study_benchmark_quick(smoke):
     """The study's smoke run: a failure-free run, then rollback and lossy forward at one failure point;
     each failed run differs from the failure-free one after the failed mini-batch (the failure changed
     the weights). (The failed step's slowdown is a time: measured, not asserted.)"""
-    out = tmp_path / "study.json"
-    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "study.py"), "--quick", "--out", str(out),
-                          "--plots", str(tmp_path)], capture_output=True, text=True, env=job_env(), cwd=REPO,
-                         timeout=600)
+    res, folder = smoke.result("study")
+    out = folder / "study.json"
     assert res.returncode == 0, res.stdout + res.stderr
     runs = json.loads(out.read_text())["runs"]
     assert [(r["recovery"], r["survivors"], r["global_step"]) for r in runs] == [("rollback", None, 4),
                                                                                ("lossy-forward", 1, 4)]
     assert all(r["loss_after"] != r["base_loss_after"] for r in runs)
     assert all(r["slowdown"] > 0 for r in runs)
-    assert (tmp_path / "study.png").read_bytes()[:8] == PNG_MAGIC and "| IR F-50% |" in res.stdout
+    assert (folder / "study.png").read_bytes()[:8] == PNG_MAGIC and "| IR F-50% |" in res.stdout
 
 
 def test_a_results_file_is_stale_once_code_its_benchmark_exercises_changed(tmp_path):
@@ -181,6 +231,7 @@ def test_a_results_file_is_stale_once_code_its_benchmark_exercises_changed(tmp_p
 
 
 @pytest.mark.mpi
+@pytest.mark.smoke_run("suite")
 @pytest.mark.timeout(900)
 def test_startup_benchmark_quick(quick_suite):
     tmp_path, md = quick_suite
@@ -196,10 +247,10 @@ def test_startup_benchmark_quick(quick_suite):
 
 
 @pytest.mark.mpi
-def test_own_loop_benchmark_quick(tmp_path):
-    out = tmp_path / "own_loop.json"
-    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "own_loop.py"), "--quick", "--out", str(out)],
-                         capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=600)
+@pytest.mark.smoke_run("own_loop")
+def test_own_loop_benchmark_quick(smoke):
+    res, folder = smoke.result("own_loop")
+    out = folder / "own_loop.json"
     assert res.returncode == 0, res.stdout + res.stderr
     report = json.loads(out.read_text())["report"]
     assert set(report) == {"resnet20/cifar10"}  # (--quick: one workload)
