@@ -30,8 +30,9 @@ def control_arrived(topo: Topology, req: Optional["MPI.Request"], buf: np.ndarra
     """Whether the control message came (into `buf`). From any host rank it is a matched probe of
     what has arrived, then its receive, never a receive from any source posted ahead: one posted
     before a host rank died (under ULFM such a receive is held while the death is unacknowledged)
-    never completed in about 1 of 80 rollback runs on a loaded box, though its SHUTDOWN had been
-    sent: the host ranks waited for the reply and the job hung at its end. A probe looks again
+    sometimes never completed on a loaded box (a rollback job whose host rank died 3 steps before
+    the end, in loops), though its SHUTDOWN had been sent: the host ranks waited for the reply and
+    the job hung at its end. A probe looks again
     each time (`probe_any` acknowledges a death it meets and reports nothing that time)."""
     from mpi4py import MPI
 
@@ -48,8 +49,8 @@ class ControlInbox:
     """This DPU rank's part in the job's end: it learns of SHUTDOWN (`shut_down`, polled), replies
     ENDING once its failure watch judges no more (`reply`), and leaves only on RELEASE (`released`),
     which the sender sends once every living DPU rank replied. `any_host`: under --recovery the
-    sender is whichever host rank is the lowest living one in a seat, so the receive is from any
-    source; otherwise it is host rank 0."""
+    sender is whichever host rank is the lowest living one in a seat, so the message is probed for
+    from any source (`control_arrived`); otherwise it is received from host rank 0."""
 
     def __init__(self, topo: Topology, any_host: bool) -> None:
         self.topo = topo

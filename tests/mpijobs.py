@@ -70,12 +70,15 @@ def end_group(proc: subprocess.Popen, grace: float = 10.0) -> tuple[str, str]:
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            break
+            break   # (gone already: what it printed is still in the pipes)
         try:
             return proc.communicate(timeout=grace)
         except subprocess.TimeoutExpired:
             continue
-    return "", ""
+    try:
+        return proc.communicate(timeout=grace)
+    except subprocess.TimeoutExpired:
+        return "", ""
 
 
 def print_tail(out: Optional[str], err: Optional[str], lines: int = 40) -> None:

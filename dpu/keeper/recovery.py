@@ -153,7 +153,7 @@ class SeatBook:
     spare's that took the seat after it; asking who holds the seat *now* had the keeper wait on a
     living spare for a part only the dead rank could send (a rollback run that hung at its end)."""
 
-    first: dict[int, int]   # seat -> its host rank (world rank)
+    hosts: dict[int, int]   # seat -> its host rank (world rank)
     joins: dict[int, list[tuple[int, int]]] = field(default_factory=dict)   # seat -> [(from step, rank)]
 
     def join(self, seat: int, rank: int, step: int) -> None:
@@ -163,7 +163,7 @@ class SeatBook:
     def holder(self, seat: int, step: int) -> int:
         """The rank that hands `seat`'s part of the hand-off at `step` over: the last to join at or
         before `step` (a spare joining at `step` re-sends what was due there)."""
-        return next((rank for start, rank in reversed(self.joins.get(seat, [])) if start <= step), self.first[seat])
+        return next((rank for start, rank in reversed(self.joins.get(seat, [])) if start <= step), self.hosts[seat])
 
     def last_join(self, seat: int) -> int:
         """The global step the seat's newest spare started from (-1: none joined)."""
