@@ -92,14 +92,14 @@ fi
 # project again: a 1 + 1-rank job spent 9.24 s of CPU without, 8.95 s with (RESULTS.md, "Measurements
 # by hand"). Python reads these files whatever that variable says, and skips any a later edit made stale.
 "$VENV/bin/python" -m compileall -q -j 0 api common host dpu launch benchmarks examples tests >/dev/null
-# Two pytest workers by default, one test file each at a time (--dist loadfile, so the jobs a file's
-# tests share run once), except that the files whose jobs keep both cores busy are one unit of work
-# (tests/conftest.py, BOTH_CORES): one worker runs them one after another while the other takes every
-# other file (the unit tier, jobs that mostly wait). Two busy jobs side by side were slower than one after the other; one worker alone left the
-# cores idle while a job waited (docs/testing.md). DPUOFFLOAD_TEST_WORKERS=0 runs the tests in this one
-# process (easier to read when debugging).
+# Three pytest workers by default, one test file each at a time (--dist loadfile, so the jobs a file's
+# tests share run once), in lanes (tests/conftest.py): two workers take the job files that keep the
+# cores busy, longest first, and the third the unit tier and the jobs that mostly wait (emulated machines,
+# Slurm, peer timeouts), so the waits fill the busy jobs' gaps; a worker whose lane is done helps the
+# other (docs/testing.md). DPUOFFLOAD_TEST_WORKERS=0 runs the tests in this one process (easier to read
+# when debugging).
 # The 25 slowest tests are listed at the end: where the suite's time goes (target: 20 minutes on 2 cores).
-WORKERS=${DPUOFFLOAD_TEST_WORKERS:-2}
+WORKERS=${DPUOFFLOAD_TEST_WORKERS:-3}
 if [ "$TIER" = unit ]; then
   set -- tests/unit "$@"
 fi

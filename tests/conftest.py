@@ -20,39 +20,61 @@ def bundled_data(tmp_path_factory) -> Path:
     return out
 
 
-# The test files whose jobs keep both cores busy (CPU seconds over wall seconds 1.3 or more, measured
-# with DPUOFFLOAD_TEST_TIMES in a one-worker run) are one unit of work under `--dist loadfile`
-# (scripts/test.sh): one worker runs them one after another, and every other file (the unit tier, the
-# jobs that wait: emulated machines, Slurm, peer timeouts, the benchmarks' smoke runs) is a unit of its
-# own for the other worker. Why: two such jobs side by side on 2 cores took longer than one after the
-# other (one test alone 26 s; two at once 52 and 61 s, with a quarter more CPU between them), while a
-# job that waits leaves room beside it. Moving four of them (naive, auto, nothing_lost, numerics_jobs)
-# to the other worker to even the two workers' shares made the suite slower (21:56 against 20:22,
-# RESULTS.md): they ran beside the busy ones. The benchmarks' smoke runs (benchmarks, gpu_benchmark:
-# ~330 CPU s, most of the other worker's) joined them: beside them a 2+2 job that takes 8 s alone took
-# 38 s (RESULTS.md, the thirtieth session's clean clones).
-BOTH_CORES = frozenset(f"tests/jobs/test_{name}.py" for name in (
-    "api_jobs", "auto", "benchmarks", "checkpoint", "clone_standby", "dpu_failure", "examples", "gpu_benchmark",
-    "lossy_forward", "mpich", "naive", "nothing_lost", "numerics_jobs", "offload_modes", "partner_copies",
-    "progress", "rank_errors", "restart", "rollback", "simulate", "stream_jobs", "stream_trainer", "trace",
-    "training", "wire"))
+# Lanes (scripts/test.sh: three workers on two cores, one test file each at a time, `--dist loadfile`).
+# The job files that keep the cores busy (CPU over wall 1.5-1.8 alone, `DPUOFFLOAD_TEST_TIMES`) go to
+# two "busy" workers, longest first (seconds of wall in the thirty-first session's clean clone); every
+# other file (the unit tier, and the jobs that mostly wait: emulated machines, Slurm, peer timeouts) to
+# the last worker, the "waiting" lane, its longest first too. A worker whose lane has nothing left takes
+# the other lane's next file, so no worker idles while a file waits.
+# Why two busy lanes: with one (the twenty-ninth to thirty-first sessions' grouping) the suite was that
+# one worker running the busy files one after another at 1.5-1.8 cores, the other worker idle for 12 of
+# its 20 minutes. Eight busy files ran in 547 s with two workers side by side against 663 s with one
+# (1,084 and 1,124 CPU s: no CPU lost to the contention), RESULTS.md, "The test suite's own time".
+# Why a lane of its own for the waiting files: beside two busy workers they fill the cores' gaps instead
+# of holding a busy worker through their waits.
+BUSY = tuple(f"tests/jobs/test_{name}.py" for name in (
+    "benchmarks", "checkpoint", "rollback", "offload_modes", "lossy_forward", "dpu_failure", "stream_trainer",
+    "restart", "auto", "stream_jobs", "examples", "gpu_benchmark", "api_jobs", "naive", "mpich", "training",
+    "nothing_lost", "numerics_jobs", "clone_standby", "simulate", "rank_errors", "progress", "trace",
+    "partner_copies", "wire"))
+WAITING = ("tests/cluster/test_multinode.py", "tests/cluster/test_slurm_cluster.py", "tests/jobs/test_faults.py",
+           "tests/cluster/test_aarch64.py", "tests/jobs/test_startup_cost.py", "tests/jobs/test_prelaunch.py",
+           "tests/jobs/test_startup_death.py", "tests/jobs/test_supervise.py")
+
+
+def lane_rank(path: str, busy_lane: bool) -> tuple[int, int]:
+    """Sort key of a test file for a worker of the busy lane (or not): its own lane's files first, each
+    lane's longest first (`BUSY`, `WAITING`; the files they do not name after them)."""
+    busy = path in BUSY
+    order = BUSY if busy else WAITING
+    return (0 if busy == busy_lane else 1, order.index(path) if path in order else len(order))
 
 
 @pytest.hookimpl(optionalhook=True)  # (no xdist in the minimum-Python run: scripts/test-min-python.sh)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile`, with the `BOTH_CORES` files as one unit (xdist's own `loadgroup` would take
-    `xdist_group` marks, but it renames tests through an attribute pytest 9.2 no longer reads, so it
-    spreads them test by test instead)."""
+    """`--dist loadfile` in lanes (above): with N workers, the last one is the waiting lane and the others
+    the busy lane (with one worker, it runs everything). A file is still one unit of work, so the jobs
+    its tests share run once."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    class BothCoresAsOne(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = super()._split_scope(nodeid)
-            return "both cores" if path in BOTH_CORES else path
+    class Lanes(LoadFileScheduling):
+        waiting_lane = None  # the worker of the waiting lane, chosen once every worker has collected
 
-    return BothCoresAsOne(config, log)
+        def schedule(self) -> None:
+            if self.waiting_lane is None and len(self.nodes) > 1:
+                self.waiting_lane = self.nodes[-1]
+            super().schedule()
+
+        def _assign_work_unit(self, node) -> None:
+            """Hand `node` its lane's next file: moved to the front of the queue, which xdist pops."""
+            busy_lane = node is not self.waiting_lane
+            scope = min(self.workqueue, key=lambda path: lane_rank(path, busy_lane))
+            self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+    return Lanes(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)
