@@ -95,8 +95,9 @@ fi
 # Three pytest workers by default, one test file each at a time (--dist loadfile, so the jobs a file's
 # tests share run once), in lanes (tests/conftest.py): two workers take the job files that keep the
 # cores busy, longest first, and the third the unit tier and the jobs that mostly wait (emulated machines,
-# Slurm, peer timeouts), so the waits fill the busy jobs' gaps; a worker whose lane is done helps the
-# other (docs/testing.md). DPUOFFLOAD_TEST_WORKERS=0 runs the tests in this one process (easier to read
+# Slurm, peer timeouts), so the waits fill the busy jobs' gaps; a busy worker with no busy file left takes
+# a waiting one, never the other way round (three busy jobs at once cost more CPU than they saved;
+# docs/testing.md). DPUOFFLOAD_TEST_WORKERS=0 runs the tests in this one process (easier to read
 # when debugging).
 # The 25 slowest tests are listed at the end: where the suite's time goes (target: 20 minutes on 2 cores).
 WORKERS=${DPUOFFLOAD_TEST_WORKERS:-3}

@@ -5,6 +5,7 @@ import os
 import resource
 import time
 from pathlib import Path
+from typing import Iterable, Optional
 
 import pytest
 
@@ -24,14 +25,13 @@ def bundled_data(tmp_path_factory) -> Path:
 # The job files that keep the cores busy (CPU over wall 1.5-1.8 alone, `DPUOFFLOAD_TEST_TIMES`) go to
 # two "busy" workers, longest first (seconds of wall in the thirty-first session's clean clone); every
 # other file (the unit tier, and the jobs that mostly wait: emulated machines, Slurm, peer timeouts) to
-# the last worker, the "waiting" lane, its longest first too. A worker whose lane has nothing left takes
-# the other lane's next file, so no worker idles while a file waits.
-# Why two busy lanes: with one (the twenty-ninth to thirty-first sessions' grouping) the suite was that
-# one worker running the busy files one after another at 1.5-1.8 cores, the other worker idle for 12 of
-# its 20 minutes. Eight busy files ran in 547 s with two workers side by side against 663 s with one
-# (1,084 and 1,124 CPU s: no CPU lost to the contention), RESULTS.md, "The test suite's own time".
-# Why a lane of its own for the waiting files: beside two busy workers they fill the cores' gaps instead
-# of holding a busy worker through their waits.
+# the last worker, the "waiting" lane, its longest first too. A busy worker with no busy file left takes
+# the waiting lane's next file; the waiting lane never takes a busy file.
+# Why (RESULTS.md, "The test suite's own time", thirty-second session): two busy files side by side took
+# less time than one after the other for the same CPU (eight files: 547 s against 663 s of wall, 1,084 and
+# 1,124 s of CPU), but three at once cost more CPU than they saved (six files: 536 s of wall and 1,066 s of
+# CPU with three workers, 428 s and 835 s with two). The one busy worker of the earlier grouping left the
+# other idle for 12 of its 20 minutes; the waiting files beside two busy workers fill their jobs' gaps.
 BUSY = tuple(f"tests/jobs/test_{name}.py" for name in (
     "benchmarks", "checkpoint", "rollback", "offload_modes", "lossy_forward", "dpu_failure", "stream_trainer",
     "restart", "auto", "stream_jobs", "examples", "gpu_benchmark", "api_jobs", "naive", "mpich", "training",
@@ -42,19 +42,24 @@ WAITING = ("tests/cluster/test_multinode.py", "tests/cluster/test_slurm_cluster.
            "tests/jobs/test_startup_death.py", "tests/jobs/test_supervise.py")
 
 
-def lane_rank(path: str, busy_lane: bool) -> tuple[int, int]:
-    """Sort key of a test file for a worker of the busy lane (or not): its own lane's files first, each
-    lane's longest first (`BUSY`, `WAITING`; the files they do not name after them)."""
-    busy = path in BUSY
-    order = BUSY if busy else WAITING
-    return (0 if busy == busy_lane else 1, order.index(path) if path in order else len(order))
+def next_file(queue: Iterable[str], busy_lane: bool) -> Optional[str]:
+    """The test file a worker of the busy lane (or of the waiting lane) takes next from `queue`, or None
+    (the waiting lane leaves the busy files to the busy lane, above). Each lane's longest first (`BUSY`,
+    `WAITING`; the files they do not name after them, in the waiting lane)."""
+    def rank(path: str) -> tuple[int, int]:
+        busy = path in BUSY
+        order = BUSY if busy else WAITING
+        return (0 if busy == busy_lane else 1, order.index(path) if path in order else len(order))
+
+    path = min(queue, key=rank, default=None)
+    return None if path is None or (not busy_lane and path in BUSY) else path
 
 
 @pytest.hookimpl(optionalhook=True)  # (no xdist in the minimum-Python run: scripts/test-min-python.sh)
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile` in lanes (above): with N workers, the last one is the waiting lane and the others
-    the busy lane (with one worker, it runs everything). A file is still one unit of work, so the jobs
-    its tests share run once."""
+    the busy lane (one worker runs everything). A file is still one unit of work, so the jobs its tests
+    share run once."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -68,11 +73,12 @@ def pytest_xdist_make_scheduler(config, log):
             super().schedule()
 
         def _assign_work_unit(self, node) -> None:
-            """Hand `node` its lane's next file: moved to the front of the queue, which xdist pops."""
-            busy_lane = node is not self.waiting_lane
-            scope = min(self.workqueue, key=lambda path: lane_rank(path, busy_lane))
-            self.workqueue.move_to_end(scope, last=False)
-            super()._assign_work_unit(node)
+            """Hand `node` its lane's next file (moved to the front of the queue, which xdist pops), or
+            nothing: a waiting worker with no file of its lane left stays idle until the run ends."""
+            path = next_file(self.workqueue, busy_lane=node is not self.waiting_lane)
+            if path is not None:
+                self.workqueue.move_to_end(path, last=False)
+                super()._assign_work_unit(node)
 
     return Lanes(config, log)
 
@@ -80,7 +86,8 @@ def pytest_xdist_make_scheduler(config, log):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """With DPUOFFLOAD_TEST_TIMES=FILE, append each test's wall seconds and the CPU seconds it and the
-    processes it started used (set-up and tear-down included) to FILE, a JSON line per test.
+    processes it started used (set-up and tear-down included), its xdist worker and the time it ended to
+    FILE, a JSON line per test.
 
     Why: a test's wall time alone cannot tell a job that fills the cores from one that waits (a peer
     timeout, Slurm), and which worker a test file should go to depends on that (docs/testing.md,
@@ -92,7 +99,8 @@ def pytest_runtest_protocol(item, nextitem):
     start, wall = _cpu_seconds(), time.perf_counter()
     yield
     line = {"test": item.nodeid, "wall_s": round(time.perf_counter() - wall, 2),
-            "cpu_s": round(_cpu_seconds() - start, 2)}
+            "cpu_s": round(_cpu_seconds() - start, 2), "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+            "ended": round(time.time(), 1)}
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
 
