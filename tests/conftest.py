@@ -21,17 +21,19 @@ def bundled_data(tmp_path_factory) -> Path:
     return out
 
 
-# Lanes (scripts/test.sh: three workers on two cores, one test file each at a time, `--dist loadfile`).
-# The job files that keep the cores busy (CPU over wall 1.5-1.8 alone, `DPUOFFLOAD_TEST_TIMES`) go to
-# two "busy" workers, longest first (seconds of wall in the thirty-first session's clean clone); every
-# other file (the unit tier, and the jobs that mostly wait: emulated machines, Slurm, peer timeouts) to
-# the last worker, the "waiting" lane, its longest first too. A busy worker with no busy file left takes
-# the waiting lane's next file; the waiting lane never takes a busy file.
-# Why (RESULTS.md, "The test suite's own time", thirty-second session): two busy files side by side took
-# less time than one after the other for the same CPU (eight files: 547 s against 663 s of wall, 1,084 and
-# 1,124 s of CPU), but three at once cost more CPU than they saved (six files: 536 s of wall and 1,066 s of
-# CPU with three workers, 428 s and 835 s with two). The one busy worker of the earlier grouping left the
-# other idle for 12 of its 20 minutes; the waiting files beside two busy workers fill their jobs' gaps.
+# Lanes (scripts/test.sh: two workers on two cores, one test file each at a time, `--dist loadfile`).
+# The job files that keep the cores busy (CPU over wall 1.5-1.8 alone, `DPUOFFLOAD_TEST_TIMES`) go to the
+# busy lane, longest first (seconds of wall in the thirty-first session's clean clone); every other file
+# (the unit tier, and the jobs that mostly wait: emulated machines, Slurm, peer timeouts) to the last
+# worker, the waiting lane, its longest first too. The busy lane, with no busy file left, takes the
+# waiting lane's next file; the waiting lane never takes a busy file. With N workers, N - 1 are busy lanes.
+# Why one busy lane (RESULTS.md, "The test suite's own time", thirty-second session): in the whole suite
+# two busy lanes (three workers) cost more CPU than they saved: 23:48 and 2,393 CPU s, on a stretch of
+# the VM no slower than the one where one busy lane took 23:27 and 2,132 CPU s; each busy file ran 2-3x
+# slower (checkpoint 469 s against 168 s, the benchmarks' pinned smoke runs 532 s against 311 s). Alone,
+# without the waiting files beside them, two busy files side by side had beaten one after the other
+# (eight files: 547 s against 663 s, for the same CPU), and three at once had lost to two (six files:
+# 536 s and 1,066 CPU s against 428 s and 835 s).
 BUSY = tuple(f"tests/jobs/test_{name}.py" for name in (
     "benchmarks", "checkpoint", "rollback", "offload_modes", "lossy_forward", "dpu_failure", "stream_trainer",
     "restart", "auto", "stream_jobs", "examples", "gpu_benchmark", "api_jobs", "naive", "mpich", "training",
