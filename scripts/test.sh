@@ -92,15 +92,14 @@ fi
 # project again: a 1 + 1-rank job spent 9.24 s of CPU without, 8.95 s with (RESULTS.md, "Measurements
 # by hand"). Python reads these files whatever that variable says, and skips any a later edit made stale.
 "$VENV/bin/python" -m compileall -q -j 0 api common host dpu launch benchmarks examples tests >/dev/null
-# Two pytest workers by default, one test file each at a time (--dist loadfile, so the jobs a file's
-# tests share run once), in lanes (tests/conftest.py): one worker takes the job files that keep both
-# cores busy, longest first, and the other the unit tier and the jobs that mostly wait (emulated
-# machines, Slurm, peer timeouts), so the waits fill the busy jobs' gaps; the busy worker with no busy file
-# left takes a waiting one, never the other way round. Two busy workers beside the waiting one cost more
-# CPU than they saved (docs/testing.md). DPUOFFLOAD_TEST_WORKERS=0 runs the tests in this one process
-# (easier to read when debugging).
+# Three pytest workers on the two cores by default, one test file each at a time (--dist loadfile, so
+# the jobs a file's tests share run once), in lanes (tests/conftest.py): two workers take the job files
+# that keep the cores busy, longest first, and the third the unit tier and the jobs that mostly wait
+# (emulated machines, Slurm, peer timeouts), so the waits fill the busy jobs' gaps; a busy worker with no
+# busy file left takes a waiting one, never the other way round (docs/testing.md).
+# DPUOFFLOAD_TEST_WORKERS=0 runs the tests in this one process (easier to read when debugging).
 # The 25 slowest tests are listed at the end: where the suite's time goes (target: 20 minutes on 2 cores).
-WORKERS=${DPUOFFLOAD_TEST_WORKERS:-2}
+WORKERS=${DPUOFFLOAD_TEST_WORKERS:-3}
 if [ "$TIER" = unit ]; then
   set -- tests/unit "$@"
 fi

@@ -21,19 +21,18 @@ def bundled_data(tmp_path_factory) -> Path:
     return out
 
 
-# Lanes (scripts/test.sh: two workers on two cores, one test file each at a time, `--dist loadfile`).
+# Lanes (scripts/test.sh: three workers on two cores, one test file each at a time, `--dist loadfile`).
 # The job files that keep the cores busy (CPU over wall 1.5-1.8 alone, `DPUOFFLOAD_TEST_TIMES`) go to the
-# busy lane, longest first (seconds of wall in the thirty-first session's clean clone); every other file
+# busy lanes, longest first (seconds of wall in the thirty-first session's clean clone); every other file
 # (the unit tier, and the jobs that mostly wait: emulated machines, Slurm, peer timeouts) to the last
-# worker, the waiting lane, its longest first too. The busy lane, with no busy file left, takes the
-# waiting lane's next file; the waiting lane never takes a busy file. With N workers, N - 1 are busy lanes.
-# Why one busy lane (RESULTS.md, "The test suite's own time", thirty-second session): in the whole suite
-# two busy lanes (three workers) cost more CPU than they saved: 23:48 and 2,393 CPU s, on a stretch of
-# the VM no slower than the one where one busy lane took 23:27 and 2,132 CPU s; each busy file ran 2-3x
-# slower (checkpoint 469 s against 168 s, the benchmarks' pinned smoke runs 532 s against 311 s). Alone,
-# without the waiting files beside them, two busy files side by side had beaten one after the other
-# (eight files: 547 s against 663 s, for the same CPU), and three at once had lost to two (six files:
-# 536 s and 1,066 CPU s against 428 s and 835 s).
+# worker, the waiting lane, its longest first too. A busy lane with no busy file left takes the waiting
+# lane's next file; the waiting lane never takes a busy file. With N workers, N - 1 are busy lanes.
+# Why (RESULTS.md, "The test suite's own time", thirty-second session). The VM's speed moved by half
+# between runs, so the runs compare by wall seconds per CPU second of the suite: two busy lanes 0.597 and
+# 0.600 (23:48 with 2,393 CPU s; 25:27 with 2,546), one busy lane 0.660 and 0.675 (23:27 with 2,132;
+# 28:18 with 2,516). One busy lane leaves the other worker idle for the last half of the run. The waiting
+# lane never takes a busy file because three busy files at once lost to two (six files: 536 s and
+# 1,066 CPU s against 428 s and 835 s).
 BUSY = tuple(f"tests/jobs/test_{name}.py" for name in (
     "benchmarks", "checkpoint", "rollback", "offload_modes", "lossy_forward", "dpu_failure", "stream_trainer",
     "restart", "auto", "stream_jobs", "examples", "gpu_benchmark", "api_jobs", "naive", "mpich", "training",
