@@ -47,13 +47,11 @@ def next_file(queue: Iterable[str], busy_lane: bool) -> Optional[str]:
     """The test file a worker of the busy lane (or of the waiting lane) takes next from `queue`, or None
     (the waiting lane leaves the busy files to the busy lane, above). Each lane's longest first (`BUSY`,
     `WAITING`; the files they do not name after them, in the waiting lane)."""
-    def rank(path: str) -> tuple[int, int]:
-        busy = path in BUSY
-        order = BUSY if busy else WAITING
-        return (0 if busy == busy_lane else 1, order.index(path) if path in order else len(order))
+    def rank(path: str) -> tuple[bool, int]:
+        order = BUSY if path in BUSY else WAITING
+        return (order is not (BUSY if busy_lane else WAITING), order.index(path) if path in order else len(order))
 
-    path = min(queue, key=rank, default=None)
-    return None if path is None or (not busy_lane and path in BUSY) else path
+    return min((path for path in queue if busy_lane or path not in BUSY), key=rank, default=None)
 
 
 @pytest.hookimpl(optionalhook=True)  # (no xdist in the minimum-Python run: scripts/test-min-python.sh)
