@@ -91,28 +91,6 @@ def rollback_run(bundled_data, log, inject, launch=SPARE, mode="none", extra=())
                            "--recovery", "rollback", "--inject", inject, *extra], timeout=300)
 
 
-@pytest.mark.mpi
-def test_death_in_a_step_is_replayed_by_the_spare_bit_exactly(bundled_data, tmp_path, reference):
-    """Host rank 1 dies after step 5; the spare replays step 6 from host rank 0's pre-step state."""
-    res = rollback_run(bundled_data, tmp_path, "host:1@5")
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "spare rank 0 (world rank 3, node" in res.stdout and "takes host rank 1's seat: it replays the failed " \
-        "step from epoch 1, step 5 done (global step 5)" in res.stdout
-    assert "died at global step 6 (epoch 1, step 6): rollback, spare rank 0 (world rank 3" in res.stdout
-    assert "and replayed the step" in res.stdout and "no sample lost" in res.stdout
-    got = read_jsonl(tmp_path / "metrics.jsonl")
-    mine, want = epochs(got), epochs(reference)
-    for epoch in (0, 1):
-        for key in ("weights_sha256", "val_loss_sum", "val_correct", "step_losses"):
-            assert mine[epoch][key] == want[epoch][key], (epoch, key)
-    [rec] = [r for r in got if r["event"] == "recovery"]
-    assert (rec["strategy"], rec["lost_world_ranks"], rec["replaced_by"], rec["state_from"]) == \
-        ("rollback", [1], [[3, 1]], 0)
-    assert rec["replayed_steps"] == 1 and rec["samples_lost"] == 0 and rec["bytes_moved"] > 1e6
-    assert [r["weights_sha256"] for r in got if r["event"] == "end"] == \
-        [r["weights_sha256"] for r in reference if r["event"] == "end"]
-
-
 EXACT = ("weights_sha256", "val_loss_sum", "val_correct", "step_losses", "train_loss", "train_acc")
 
 
@@ -198,14 +176,25 @@ def assert_same_checkpoints(ck, ref, steps, slicing):
 @pytest.mark.mpi
 def test_checkpoints_survive_a_death_next_to_one_to_the_bit(bundled_data, tmp_path, reference_log, reference):
     """Host rank 1 dies right after step 6's optimizer step, before handing step 6's checkpoint
-    over; the survivor detects it in step 7 and the spare replays that step from the state of step
-    6. The spare sends the dead rank's part of step 6 (the keeper waited for it), so every
-    checkpoint is committed and equals the uninterrupted run's; a run resumed from step 6 (half of
-    it written by the spare) ends on the uninterrupted run's weights."""
+    over; the survivor detects it in step 7 and the spare replays that step from host rank 0's state of
+    step 6: said in the log and the recovery record (one step replayed, no sample lost, the state sent),
+    and every epoch's record equals the uninterrupted run's to the bit. The spare sends the dead rank's
+    part of step 6 (the keeper waited for it), so every checkpoint is committed and equals the
+    uninterrupted run's; a run resumed from step 6 (half of it written by the spare) ends on the
+    uninterrupted run's weights."""
     ck = tmp_path / "ck"
     res = rollback_run(bundled_data, tmp_path, "host:1@6", extra=["--ckpt-dir", str(ck), "--ckpt-every", "3",
                                                                    "--ckpt-keep", "10"])
     assert res.returncode == 0, res.stdout + res.stderr
+    assert "spare rank 0 (world rank 3, node" in res.stdout and "takes host rank 1's seat: it replays the failed " \
+        "step from epoch 1, step 6 done (global step 6)" in res.stdout
+    assert "died at global step 7 (epoch 1, step 7): rollback, spare rank 0 (world rank 3" in res.stdout
+    assert "and replayed the step" in res.stdout and "no sample lost" in res.stdout
+    [rec] = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["event"] == "recovery"]
+    assert (rec["strategy"], rec["lost_world_ranks"], rec["replaced_by"], rec["state_from"]) == \
+        ("rollback", [1], [[3, 1]], 0)
+    assert rec["replayed_steps"] == 1 and rec["samples_lost"] == 0 and rec["bytes_moved"] > 1e6
+    assert_records_exact(tmp_path, reference)  # (every epoch's weights, validation and step losses)
     assert "NOT saved" not in res.stdout + res.stderr
     assert "checkpoint step 6 committed" in res.stdout
     assert_same_checkpoints(ck, reference_log / "ck", [3, 6, 9, 12, 15], {})
@@ -308,36 +297,6 @@ run_and_exit_fast(lambda: run(sys.argv[1:]))
 """
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("recovery", ["lossy-forward", "rollback"])
-def test_a_failed_collective_with_no_rank_dead_is_redone_to_the_bit(bundled_data, tmp_path, monkeypatch, recovery,
-                                                                   reference):
-    """A real job whose group shrinks although no rank died (host rank 1 revokes it, `FALSE_ALARM`):
-    the call is redone on the same ranks, said in one line and not as a recovery, and the weights are the
-    uninterrupted run's. A standing-by spare (rollback) follows the pool's regroup and stays a spare."""
-    wrapper = tmp_path / "python"
-    wrapper.write_text(f'#!/bin/sh\nif [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then shift 2; '
-                       f'exec {sys.executable} -c "$FALSE_ALARM" "$@"; fi\nexec {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
-    monkeypatch.setenv("FALSE_ALARM", FALSE_ALARM)
-    launch = SPARE if recovery == "rollback" else LAUNCH
-    training = [*RUN, "--data", str(bundled_data / "cifar10"), "--mode", "none", "--log-dir", str(tmp_path),
-                "--recovery", recovery]
-    res = dpurun([*launch, "--python", str(wrapper)], training, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "false alarm: 1 shrink(s), 0 recorded, 0 regroup(s), generation 0, size 2, 1 redone" in res.stdout, \
-        res.stdout
-    assert res.stdout.count("[dpuoffload] an allreduce of the host ranks failed (MPI's agreement), yet the shrink "
-                            "found all 2 host ranks alive: redone on the same ranks (host rank 0's call: "
-                            "MPI_ERR_REVOKED: Communication Object Revoked)") == 1, res.stdout
-    assert "host rank 1's call, in" not in res.stdout  # (its own revoke: nothing more to say)
-    assert "died" not in res.stdout + res.stderr and "global step" not in res.stdout, res.stdout + res.stderr
-    got = read_jsonl(tmp_path / "metrics.jsonl")
-    assert not [r for r in got if r["event"] == "recovery"]
-    assert [r["weights_sha256"] for r in got if r["event"] == "end"] == \
-        [r["weights_sha256"] for r in reference if r["event"] == "end"]
-
-
 # A spare standing by that acts on the host ranks' END 6 s after it came (a starved core, a slow node), started
 # through dpurun's --python by a wrapper that leaves every other rank as it is.
 LATE_SPARE = """
@@ -352,18 +311,40 @@ run_and_exit_fast(lambda: run(sys.argv[1:]))
 
 
 @pytest.mark.mpi
-def test_a_spare_that_hears_the_end_late_sees_no_death(bundled_data, tmp_path, monkeypatch):
-    """The spares standing by pass a last barrier with the host ranks (`SparePool.release`): a spare once
-    waited 1 s for END, then took the host ranks' normal exit for deaths, the last one fatal."""
+@pytest.mark.parametrize("recovery", ["lossy-forward", "rollback"])
+def test_a_failed_collective_with_no_rank_dead_is_redone_to_the_bit(bundled_data, tmp_path, monkeypatch, recovery,
+                                                                   reference):
+    """A real job whose group shrinks although no rank died (host rank 1 revokes it, `FALSE_ALARM`):
+    the call is redone on the same ranks, said in one line and not as a recovery, and the weights are the
+    uninterrupted run's. A standing-by spare (rollback) follows the pool's regroup and stays a spare.
+
+    Under rollback the spare also acts on the host ranks' END 6 s late (`LATE_SPARE`): the spares standing
+    by pass a last barrier with the host ranks (`SparePool.release`); a spare once waited 1 s for END, then
+    took the host ranks' normal exit for deaths, the last one fatal. (One job for both: a spare that stays a
+    spare through the regroup is the one that then hears the end late.)"""
     wrapper = tmp_path / "python"
-    wrapper.write_text(f'#!/bin/sh\nif [ "$DPUOFFLOAD_STANDBY" = spare ]; then shift 2; '
-                       f'exec {sys.executable} -c "$LATE_SPARE" "$@"; fi\nexec {sys.executable} "$@"\n')
+    late = (f'if [ "$DPUOFFLOAD_STANDBY" = spare ]; then shift 2; exec {sys.executable} -c "$LATE_SPARE" "$@"; fi\n'
+            if recovery == "rollback" else "")
+    wrapper.write_text(f'#!/bin/sh\n{late}if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then shift 2; '
+                       f'exec {sys.executable} -c "$FALSE_ALARM" "$@"; fi\nexec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
+    monkeypatch.setenv("FALSE_ALARM", FALSE_ALARM)
     monkeypatch.setenv("LATE_SPARE", LATE_SPARE)  # (the job's environment: tests.mpijobs.job_env copies this one)
+    launch = SPARE if recovery == "rollback" else LAUNCH
     training = [*RUN, "--data", str(bundled_data / "cifar10"), "--mode", "none", "--log-dir", str(tmp_path),
-                "--recovery", "rollback"]
-    res = dpurun([*SPARE, "--python", str(wrapper)], training, timeout=300)
+                "--recovery", recovery]
+    res = dpurun([*launch, "--python", str(wrapper)], training, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "died" not in res.stdout + res.stderr, res.stdout + res.stderr
+    assert "false alarm: 1 shrink(s), 0 recorded, 0 regroup(s), generation 0, size 2, 1 redone" in res.stdout, \
+        res.stdout
+    assert res.stdout.count("[dpuoffload] an allreduce of the host ranks failed (MPI's agreement), yet the shrink "
+                            "found all 2 host ranks alive: redone on the same ranks (host rank 0's call: "
+                            "MPI_ERR_REVOKED: Communication Object Revoked)") == 1, res.stdout
+    assert "host rank 1's call, in" not in res.stdout  # (its own revoke: nothing more to say)
+    assert "died" not in res.stdout + res.stderr and "global step" not in res.stdout, res.stdout + res.stderr
     assert [res.stdout.count(f"epoch {e}/2 |") for e in (1, 2)] == [1, 1]
     assert not (tmp_path / "failures.jsonl").exists()  # (written at the first death)
+    got = read_jsonl(tmp_path / "metrics.jsonl")
+    assert not [r for r in got if r["event"] == "recovery"]
+    assert [r["weights_sha256"] for r in got if r["event"] == "end"] == \
+        [r["weights_sha256"] for r in reference if r["event"] == "end"]
