@@ -103,4 +103,10 @@ WORKERS=${DPUOFFLOAD_TEST_WORKERS:-3}
 if [ "$TIER" = unit ]; then
   set -- tests/unit "$@"
 fi
-exec "$VENV/bin/python" -m pytest -ra --durations=25 -n "$WORKERS" --dist loadfile "$@"
+# DPUOFFLOAD_TEST_CENSUS=FILE: the CPU seconds of every process the suite starts, by kind and test file
+# (tests/census.py; docs/testing.md).
+CENSUS=()
+if [ -n "${DPUOFFLOAD_TEST_CENSUS:-}" ]; then
+  CENSUS=("$VENV/bin/python" -m tests.census "$DPUOFFLOAD_TEST_CENSUS" --)
+fi
+exec "${CENSUS[@]}" "$VENV/bin/python" -m pytest -ra --durations=25 -n "$WORKERS" --dist loadfile "$@"
