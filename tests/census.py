@@ -1,9 +1,10 @@
 """Where a command's CPU goes, process by process: `python -m tests.census OUT -- COMMAND...`.
 
-Runs COMMAND, reads `/proc` every quarter second while it runs, and writes to OUT (JSON) the CPU seconds
-every process used meanwhile, with what it was (a host rank, a DPU rank, dpurun's dry import, a benchmark,
-mpirun, a pytest worker, ...) and the test whose run started it (`PYTEST_CURRENT_TEST`, which pytest sets
-in its worker's environment and every process it starts inherits); a summary goes to stderr.
+Runs COMMAND, reads every process's CPU seconds (psutil, from `/proc`) every quarter second while it
+runs, and writes to OUT (JSON) the CPU seconds every process used meanwhile, with what it was (a host
+rank, a DPU rank, dpurun's dry import, a benchmark, mpirun, a pytest worker, ...) and the test whose run
+started it (`PYTEST_CURRENT_TEST`, which pytest sets in its worker's environment and every process it
+starts inherits); a summary goes to stderr.
 `DPUOFFLOAD_TEST_CENSUS=OUT bash scripts/test.sh` runs the suite under it.
 
 Why: the suite's time on two cores is its CPU seconds over two, and `DPUOFFLOAD_TEST_TIMES` undercounts
@@ -13,8 +14,7 @@ also shows what the seconds buy: mostly ranks importing torch.
 
 A process seen for less than a quarter second may be missed; processes that were there before the
 command count only what they used after. A pytest worker's own CPU (the tests that run in it) counts as
-outside any test: `/proc` shows the environment a process started with, not the one it set since. Linux
-only.
+outside any test: `/proc` shows the environment a process started with, not the one it set since.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
-TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+import psutil
+
 PERIOD = 0.25
 # (what a process is, a string its command line holds), first match wins: the program's own parts first.
 KINDS: tuple[tuple[str, str], ...] = (
@@ -55,12 +56,9 @@ def kind_of(cmdline: Sequence[str]) -> str:
     return os.path.basename(cmdline[0]) or "?"
 
 
-def started_by(environ: bytes) -> str:
+def started_by(environ: Mapping[str, str]) -> str:
     """The test file in a process's environment (`PYTEST_CURRENT_TEST`), "" outside any test."""
-    for entry in environ.split(b"\0"):
-        if entry.startswith(b"PYTEST_CURRENT_TEST="):
-            return entry[len(b"PYTEST_CURRENT_TEST="):].decode(errors="replace").split("::")[0]
-    return ""
+    return environ.get("PYTEST_CURRENT_TEST", "").split("::")[0]
 
 
 @dataclass
@@ -73,38 +71,29 @@ class Process:
     baseline_s: float = 0.0  # (what it had used before the census first saw it, if it was there at the start)
 
 
-def _cpu_and_start(pid: str) -> tuple[float, str]:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK, fields[19]  # utime + stime; starttime
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
 class Census:
-    """The sampling loop; `seen` keys processes by (pid, start time), so a reused pid is a new process."""
+    """The sampling loop (psutil reads `/proc`); `seen` keys processes by (pid, start time), so a reused
+    pid is a new process."""
 
     def __init__(self) -> None:
-        self.seen: dict[tuple[str, str], Process] = {}
+        self.seen: dict[tuple[int, float], Process] = {}
         self.first = True
         self.stop = threading.Event()
 
     def sample(self) -> None:
-        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        for ps in psutil.process_iter():
             try:
-                cpu, start = _cpu_and_start(pid)
-                proc = self.seen.get((pid, start))
+                times = ps.cpu_times()
+                cpu, key = times.user + times.system, (ps.pid, ps.create_time())
+                proc = self.seen.get(key)
                 if proc is None:
-                    cmdline = [a.decode(errors="replace") for a in _read(f"/proc/{pid}/cmdline").split(b"\0") if a]
-                    environ = _read(f"/proc/{pid}/environ") if cmdline else b""
-                    proc = Process(int(pid), kind_of(cmdline), started_by(environ), " ".join(cmdline)[:300],
+                    cmdline = ps.cmdline()
+                    environ = ps.environ() if cmdline else {}
+                    proc = Process(ps.pid, kind_of(cmdline), started_by(environ), " ".join(cmdline)[:300],
                                    baseline_s=cpu if self.first else 0.0)
-                    self.seen[(pid, start)] = proc
+                    self.seen[key] = proc
                 proc.cpu_s = max(proc.cpu_s, cpu - proc.baseline_s)
-            except (OSError, IndexError, ValueError):
+            except psutil.Error:
                 continue  # (gone between listing and reading, or not ours to read)
         self.first = False
 

@@ -105,7 +105,7 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def _cpu_seconds() -> float:
-    """This process's CPU seconds and those of the children it has waited for (dpurun, mpirun and, through
-    them, the ranks)."""
+    """This process's CPU seconds and those of the children it has waited for (dpurun, mpirun and the
+    ranks their own parents waited for: less than all, `tests/census.py` counts every process)."""
     return sum(getattr(resource.getrusage(who), field) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
                for field in ("ru_utime", "ru_stime"))

@@ -22,15 +22,15 @@ def test_a_process_is_named_by_its_command_line_the_programs_own_parts_first():
 
 
 def test_the_test_comes_from_the_environment_the_process_started_with():
-    env = b"PATH=/bin\0PYTEST_CURRENT_TEST=tests/jobs/test_rollback.py::test_x[rollback] (call)\0HOME=/root\0"
+    env = {"PATH": "/bin", "PYTEST_CURRENT_TEST": "tests/jobs/test_rollback.py::test_x[rollback] (call)"}
     assert started_by(env) == "tests/jobs/test_rollback.py"
-    assert started_by(b"PATH=/bin\0") == ""
+    assert started_by({"PATH": "/bin"}) == ""
 
 
 def test_a_sample_finds_this_process_and_counts_only_the_cpu_used_after_the_first():
     census = Census()
     census.sample()
-    me = next(p for (pid, _), p in census.seen.items() if int(pid) == os.getpid())
+    me = next(p for (pid, _), p in census.seen.items() if pid == os.getpid())
     assert me.cpu_s == 0.0 and me.baseline_s > 0  # (there before the census: its CPU so far is not counted)
     deadline = os.times().elapsed + 0.3
     while os.times().elapsed < deadline:
