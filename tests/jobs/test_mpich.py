@@ -1,7 +1,7 @@
 """The MPMD job under MPICH for real (PyPI's `mpich` wheel: Hydra's `mpiexec`), not only its
 command line: scripts/test.sh sets up `.venv-mpich` (mpi4py's binary wheel on MPICH 5, torch shared
 with `.venv`). dpurun detects the flavor from `mpirun --version` and writes Hydra's syntax; `da`
-trains to the bit as `none` does, and as the same run does under Open MPI.
+under MPICH trains to the bit as `none` does under Open MPI (the same batches, losses and weights).
 
 (Here the tests that start processes; those that run in one process: tests/unit/test_mpich.py.)
 """
@@ -41,10 +41,13 @@ def _run(dpurun: str, bundled_data, log, mode: str, venv=VENV) -> tuple[subproce
 
 
 @pytest.fixture(scope="module")
-def mpich_runs(mpich_dpurun, bundled_data, tmp_path_factory) -> dict[str, tuple]:
-    """The same job in none and da under MPICH, run once for the tests below."""
+def runs(mpich_dpurun, bundled_data, tmp_path_factory) -> dict[str, tuple]:
+    """`da` under MPICH and `none` under Open MPI (the project's main venv), the same flags otherwise, run
+    once for the tests below: one job under each library, and the reference is the other library's."""
     log = tmp_path_factory.mktemp("mpich")
-    return {mode: (*_run(mpich_dpurun, bundled_data, log / mode, mode), log / mode) for mode in ("none", "da")}
+    ompi = str(REPO / ".venv" / "bin" / "dpurun")
+    return {"mpich-da": (*_run(mpich_dpurun, bundled_data, log / "mpich-da", "da"), log / "mpich-da"),
+            "ompi-none": (*_run(ompi, bundled_data, log / "ompi-none", "none", venv=REPO / ".venv"), log / "ompi-none")}
 
 
 def _losses(records: list[dict]) -> list[list[float]]:
@@ -55,8 +58,9 @@ def _weights(records: list[dict]) -> str:
     return next(e for e in records if e["event"] == "end")["weights_sha256"]
 
 
-def test_da_under_mpich_equals_none(mpich_runs):
-    (_, none, none_log), (da_res, da, da_log) = mpich_runs["none"], mpich_runs["da"]
+def test_da_under_mpich_equals_none(runs):
+    """The DPU ranks under MPICH build the batches the host ranks build for themselves in `none`."""
+    (da_res, da, da_log), (_, none, none_log) = runs["mpich-da"], runs["ompi-none"]
     launched = da_res.stderr.split("dpurun: running:")[1].splitlines()[0]
     assert launched.split()[0] == str(VENV / "bin" / "mpirun") and " -n 2 " in launched and " : -n 2 " in launched
     assert "--oversubscribe" not in launched and "--mca" not in launched  # Hydra's syntax, no Open MPI flags
@@ -65,11 +69,11 @@ def test_da_under_mpich_equals_none(mpich_runs):
     assert _losses(none) == _losses(da) and _weights(none) == _weights(da)
 
 
-def test_da_under_mpich_equals_the_same_job_under_open_mpi(mpich_runs, bundled_data, tmp_path):
-    """MPICH and Open MPI (the project's main venv) train the same da job to the same losses and weights."""
-    _, mpich, _ = mpich_runs["da"]
-    ompi_res, ompi = _run(str(REPO / ".venv" / "bin" / "dpurun"), bundled_data, tmp_path / "ompi", "da",
-                          venv=REPO / ".venv")
+def test_da_under_mpich_equals_the_same_job_under_open_mpi(runs):
+    """MPICH and Open MPI train the same job to the same losses and weights: the Open MPI run is `none`,
+    which trains as `da` to the bit under Open MPI (tests/jobs/test_offload_modes.py), so one Open MPI job
+    is the reference for both libraries and for the DPU path."""
+    (_, mpich, _), (ompi_res, ompi, _) = runs["mpich-da"], runs["ompi-none"]
     assert "--mca" in ompi_res.stderr.split("dpurun: running:")[1].splitlines()[0]  # (Open MPI's syntax: its mpirun)
     assert _losses(ompi) == _losses(mpich) and len(_losses(ompi)) == 2
     assert _weights(ompi) == _weights(mpich)
