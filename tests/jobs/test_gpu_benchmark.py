@@ -54,3 +54,18 @@ def test_gpu_benchmark_quick_on_a_cpu(tmp_path):
     assert "interpreter and imports" in line.group(3)  # (the 3 largest parts of host rank 0's start-up)
     parts = r["jobs"]["da"][0]["startup_parts_s"]
     assert sum(parts.values()) == pytest.approx(r["jobs"]["da"][0]["startup_s"], abs=0.05)
+
+
+@pytest.mark.parametrize("args, env, said", [
+    (["--device", "tpu"], {}, "gpu-check.sh: --device tpu: give cpu (a rehearsal without a GPU) or cuda (the default)"),
+    (["--device", "cpu"], {"DPUOFFLOAD_GPU_CHECK_BUDGET_S": "8m"},
+     "gpu-check.sh: DPUOFFLOAD_GPU_CHECK_BUDGET_S=8m: give whole seconds (default 480)"),
+])
+def test_gpu_check_refuses_a_bad_device_or_budget_before_it_sets_anything_up(tmp_path, args, env, said):
+    """scripts/gpu-check.sh: a wrong --device or budget is one line and exit 2, before any set-up or test
+    (a GPU lease is short: nothing of it is spent on a typo), and no output folder is made."""
+    out = tmp_path / "out"
+    res = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh"), *args, str(out)], capture_output=True,
+                         text=True, env={**job_env(), **env}, cwd=REPO, timeout=60)
+    assert res.returncode == 2 and res.stderr.strip() == said, res.stdout + res.stderr
+    assert not out.exists()
